@@ -1,0 +1,1 @@
+//! `attn-tools`: benchmark helpers for the `attn-gpu` kernels.
