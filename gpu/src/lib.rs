@@ -1,2 +1,28 @@
 //! `attn-gpu`: CUDA kernels for the operations of `attn-reference`, compiled at run time with
-//! NVRTC. The crate builds and its callers test on machines without CUDA.
+//! NVRTC for the device's own architecture and cached per process. The crate builds, and its
+//! callers test, on machines without CUDA: opening a GPU there returns
+//! [`GpuError::Unavailable`].
+//!
+//! Every op validates its inputs with the reference's `validate_*` rules before any launch,
+//! checks the launch, and (unless [`Gpu::set_checked`] turned it off) the kernel's completion.
+//! Indexing is 64-bit throughout.
+
+pub mod cumsum;
+pub mod device;
+pub mod error;
+pub mod gate;
+pub mod kernels;
+mod params;
+pub mod seq_scan;
+pub mod tensor;
+
+pub use cumsum::{cumsum, cumsum_into};
+pub use device::Gpu;
+pub use error::{GpuError, GpuResult};
+pub use gate::{
+    kda_gate, kda_gate_chunk_cumsum, kda_gate_chunk_cumsum_into, kda_gate_into, GateInputs,
+};
+pub use seq_scan::{
+    chunk_global_cumsum, chunk_global_cumsum_into, chunk_local_cumsum, chunk_local_cumsum_into,
+};
+pub use tensor::{DeviceTensor, HostElem};

@@ -1,0 +1,128 @@
+// Shared device helpers: element types, widening/narrowing conversions, vector loads/stores and
+// warp scans. Prepended to every kernel source by the host (NVRTC gets no include headers), so
+// nothing here depends on the CUDA toolkit's headers.
+
+// Minimum resident 256-thread blocks per multiprocessor asked of the register allocator
+// (overridable with -DATTN_MIN_BLOCKS=N through ATTN_NVRTC_OPTS for tuning).
+#ifndef ATTN_MIN_BLOCKS
+#define ATTN_MIN_BLOCKS 3
+#endif
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+// Raw 16-bit storage of the half-precision types; arithmetic is done after widening to fp32.
+struct bf16 { unsigned short x; };
+struct f16 { unsigned short x; };
+
+// ---- widening (input element -> accumulator) ----
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ double widen(double v) { return v; }
+__device__ __forceinline__ float widen(bf16 v) { return __uint_as_float(((unsigned)v.x) << 16); }
+__device__ __forceinline__ float widen(f16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+    return f;
+}
+
+// ---- narrowing (accumulator -> output element), round to nearest even ----
+template <typename T> struct Narrow;
+template <> struct Narrow<float> {
+    __device__ __forceinline__ static float from(float v) { return v; }
+    __device__ __forceinline__ static float from(double v) { return (float)v; }
+};
+template <> struct Narrow<double> {
+    __device__ __forceinline__ static double from(float v) { return (double)v; }
+    __device__ __forceinline__ static double from(double v) { return v; }
+};
+template <> struct Narrow<bf16> {
+    __device__ __forceinline__ static bf16 from(float v) {
+        bf16 r;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.x) : "f"(v));
+        return r;
+    }
+};
+template <> struct Narrow<f16> {
+    __device__ __forceinline__ static f16 from(float v) {
+        f16 r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(v));
+        return r;
+    }
+};
+
+// ---- vectors of N elements, loaded/stored in pieces of at most 16 bytes ----
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+
+template <typename T> struct Piece { static constexpr int N = 16 / sizeof(T); };
+
+// Loads N consecutive elements starting at p (p aligned to min(N * sizeof(T), 16) bytes) and
+// widens them into acc[0..N).
+template <typename T, typename Acc, int N>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, Acc (&acc)[N]) {
+    constexpr int P = N < Piece<T>::N ? N : Piece<T>::N;
+#pragma unroll
+    for (int k = 0; k < N; k += P) {
+        Vec<T, P> q = *reinterpret_cast<const Vec<T, P>*>(p + k);
+#pragma unroll
+        for (int j = 0; j < P; ++j) acc[k + j] = (Acc)widen(q.v[j]);
+    }
+}
+
+// Narrows acc[0..N) to T and stores them at p (aligned like load_vec).
+template <typename T, typename Acc, int N>
+__device__ __forceinline__ void store_vec(T* __restrict__ p, const Acc (&acc)[N]) {
+    constexpr int P = N < Piece<T>::N ? N : Piece<T>::N;
+#pragma unroll
+    for (int k = 0; k < N; k += P) {
+        Vec<T, P> q;
+#pragma unroll
+        for (int j = 0; j < P; ++j) q.v[j] = Narrow<T>::from(acc[k + j]);
+        *reinterpret_cast<Vec<T, P>*>(p + k) = q;
+    }
+}
+
+// Inclusive scan of v over the 32 lanes of a full warp, lane order (a fixed tree: deterministic).
+template <typename Acc> __device__ __forceinline__ Acc warp_incl_scan(Acc v, int lane) {
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        Acc n = __shfl_up_sync(0xffffffffu, v, off);
+        if (lane >= off) v += n;
+    }
+    return v;
+}
+
+// Sum of v over the 32 lanes of a full warp, the same fixed tree in every lane.
+template <typename Acc> __device__ __forceinline__ Acc warp_sum(Acc v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// Reads one float element of a tensor whose dtype is only known at run time (small side inputs
+// such as A_log and dt_bias). Codes match the host's `dtype_code`.
+__device__ __forceinline__ double load_any(const void* p, int dtype, i64 i) {
+    switch (dtype) {
+    case 0: return reinterpret_cast<const double*>(p)[i];
+    case 1: return reinterpret_cast<const float*>(p)[i];
+    case 2: return widen(reinterpret_cast<const bf16*>(p)[i]);
+    default: return widen(reinterpret_cast<const f16*>(p)[i]);
+    }
+}
+
+// The (input, output, accumulator) dtype combinations every scan kernel is instantiated for:
+// M(Tin, Tout, Acc, in_tag, out_tag). Half-precision inputs accumulate in fp32; anything
+// touching fp64 accumulates in fp64.
+#define FOR_SCAN_DTYPES(M)                    \
+    M(float, float, float, f32, f32)          \
+    M(float, double, double, f32, f64)        \
+    M(double, double, double, f64, f64)       \
+    M(double, float, double, f64, f32)        \
+    M(bf16, bf16, float, bf16, bf16)          \
+    M(bf16, float, float, bf16, f32)          \
+    M(bf16, double, double, bf16, f64)        \
+    M(f16, f16, float, f16, f16)              \
+    M(f16, float, float, f16, f32)            \
+    M(f16, double, double, f16, f64)
+
+// Widest vector of T in one 16-byte access.
+template <typename T> struct VMax { static constexpr int N = 16 / sizeof(T); };

@@ -1,0 +1,52 @@
+// The KDA gate (spec ops-cumsum.md section 4), per element of g [B, T, HV, K] at column
+// c = hv * K + k of the flattened [HV * K] row:
+//   a = g + dt_bias[c]                      (a = g without dt_bias)
+//   no lower_bound:  y = -exp(A_log[hv]) * softplus(a),  softplus(a) = a for a > 20, else log1p(exp(a))
+//   lower_bound lb:  y = lb * sigmoid(exp(A_log[hv]) * a)   (lb * sigmoid(a) without A_log)
+// computed in the accumulator type (fp32, or fp64 for fp64 data).
+
+struct GateArgs {
+    u64 a_log;            // const void*, dtype a_log_dtype
+    u64 dt_bias;          // const void*, dtype dt_bias_dtype
+    i64 a_log_dtype;      // -1: absent
+    i64 dt_bias_dtype;    // -1: absent
+    i64 has_lower_bound;
+    double lower_bound;
+    i64 head_dim;         // K
+};
+
+__device__ __forceinline__ float gexp(float v) { return expf(v); }
+__device__ __forceinline__ double gexp(double v) { return exp(v); }
+__device__ __forceinline__ float glog1p(float v) { return log1pf(v); }
+__device__ __forceinline__ double glog1p(double v) { return log1p(v); }
+
+template <typename Acc, int VEC> struct Gate {
+    Acc bias[VEC];
+    Acc coef[VEC];  // exp(A_log[hv]), or 1 without A_log
+    Acc lb;
+    bool bounded;
+
+    __device__ __forceinline__ void init(const GateArgs& g, i64 c0) {
+        bounded = g.has_lower_bound != 0;
+        lb = (Acc)g.lower_bound;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const i64 c = c0 + k;
+            bias[k] = g.dt_bias_dtype >= 0 ? (Acc)load_any(reinterpret_cast<const void*>(g.dt_bias), (int)g.dt_bias_dtype, c) : Acc(0);
+            coef[k] = g.a_log_dtype >= 0 ? gexp((Acc)load_any(reinterpret_cast<const void*>(g.a_log), (int)g.a_log_dtype, c / g.head_dim)) : Acc(1);
+        }
+    }
+
+    __device__ __forceinline__ void apply(Acc (&v)[VEC]) const {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const Acc a = v[k] + bias[k];
+            if (bounded) {
+                v[k] = lb / (Acc(1) + gexp(-(coef[k] * a)));
+            } else {
+                const Acc sp = a > Acc(20) ? a : glog1p(gexp(a));
+                v[k] = -coef[k] * sp;
+            }
+        }
+    }
+};

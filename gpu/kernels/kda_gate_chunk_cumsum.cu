@@ -1,0 +1,13 @@
+// `kda_gate_chunk_cumsum` (spec ops-cumsum.md section 5): chunk_local_cumsum(kda_gate(g)) in one
+// pass. The strided chunk scan of chunk_local_cumsum with the gate (gate.cuh) applied to each
+// element as it is loaded: the gate values live only in registers.
+
+#define GATE_SCAN_KERNELS(TIN, TOUT, ACC, IN, OUT)                                                \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_vec_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, VMax<TIN>::N, true>(a);                                      \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_scalar_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, 1, true>(a);                                                 \
+    }
+
+FOR_SCAN_DTYPES(GATE_SCAN_KERNELS)

@@ -1,0 +1,188 @@
+//! `cumsum` on the GPU (spec ops-cumsum.md section 1): `y[.., i, ..] = Σ_{j ≤ i} x[.., j, ..]`
+//! along `dim` (`j ≥ i` when `reverse`), accumulated in fp32 (fp64 when fp64 is involved) and
+//! rounded once to the output dtype.
+//!
+//! With the plan `(outer, len, inner)` of [`attn_reference::cumsum::validate_cumsum`], one
+//! kernel per call:
+//! - `inner == 1`, many rows of moderate length: one warp per row (`cumsum_rows_*`);
+//! - `inner == 1`, long rows or few rows: tiles chained by a deterministic single-pass
+//!   look-back (`cumsum_lookback_*`), which also scans one lane of 10^8+ elements;
+//! - `inner > 1` (scan axis in the middle or outermost): one thread per 16 bytes of adjacent
+//!   lanes, walking the scan axis with loads in flight (`cumsum_strided_*`).
+
+use crate::device::Gpu;
+use crate::error::GpuResult;
+use crate::kernels::Module;
+use crate::params::{check_float, grid_for, scan_output_dtype, tag, vmax, RowArgs, StridedArgs};
+use crate::tensor::DeviceTensor;
+use attn_reference::cumsum::{validate_cumsum, CumsumPlan};
+use attn_reference::{Dtype, Error};
+
+/// Warps per look-back tile (rows.cuh `LB_WARPS`).
+const LB_WARPS: usize = 8;
+
+/// Elements one warp scans per step in rows.cuh (`U * 32 * VEC`).
+fn warp_elems(vec: usize) -> usize {
+    let u = if vec >= 8 { 4 } else { 8 };
+    u * 32 * vec
+}
+
+/// Which kernel scans a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CumsumStrategy {
+    /// `inner == 1`: one warp per row.
+    Rows,
+    /// `inner == 1`: tiles with a single-pass look-back.
+    Lookback,
+    /// `inner > 1`: a thread per group of adjacent lanes.
+    Strided,
+}
+
+/// The strategy [`cumsum`] uses for `plan` on a GPU with `sm_count` multiprocessors.
+pub fn strategy(plan: &CumsumPlan, sm_count: usize) -> CumsumStrategy {
+    if plan.inner > 1 {
+        CumsumStrategy::Strided
+    } else if plan.len > 16384 || (plan.len > 1024 && plan.outer * 4 < sm_count * 64) {
+        CumsumStrategy::Lookback
+    } else {
+        CumsumStrategy::Rows
+    }
+}
+
+/// Validates a `cumsum` call from shapes and dtypes alone (no GPU needed): `x` holds floats,
+/// `dim` is in range (the reference's rule), `y` has `x`'s shape and dtype float32, float64 or
+/// `x`'s own.
+pub fn check_cumsum(
+    x_shape: &[usize],
+    x_dtype: Dtype,
+    dim: i64,
+    y_shape: &[usize],
+    y_dtype: Dtype,
+) -> attn_reference::Result<CumsumPlan> {
+    check_float("x", x_dtype)?;
+    let plan = validate_cumsum(x_shape, dim)?;
+    scan_output_dtype(x_dtype, Some(y_dtype))?;
+    if y_shape != x_shape {
+        return Err(Error::shape(
+            "y",
+            format!("the shape of x {x_shape:?}"),
+            y_shape,
+        ));
+    }
+    Ok(plan)
+}
+
+/// `cumsum(x, dim, reverse)` into a new tensor of `output_dtype` (`None`: `x`'s dtype).
+pub fn cumsum(
+    gpu: &Gpu,
+    x: &DeviceTensor,
+    dim: i64,
+    reverse: bool,
+    output_dtype: Option<Dtype>,
+) -> GpuResult<DeviceTensor> {
+    check_float("x", x.dtype())?;
+    validate_cumsum(x.shape(), dim)?;
+    let od = scan_output_dtype(x.dtype(), output_dtype)?;
+    let mut y = DeviceTensor::alloc(gpu, x.shape(), od)?;
+    cumsum_into(gpu, x, dim, reverse, &mut y)?;
+    Ok(y)
+}
+
+/// `cumsum` written into `y` (same shape as `x`; dtype float32, float64 or `x`'s).
+pub fn cumsum_into(
+    gpu: &Gpu,
+    x: &DeviceTensor,
+    dim: i64,
+    reverse: bool,
+    y: &mut DeviceTensor,
+) -> GpuResult<()> {
+    let plan = check_cumsum(x.shape(), x.dtype(), dim, y.shape(), y.dtype())?;
+    if x.numel() == 0 {
+        return Ok(());
+    }
+    let pair = format!("{}_{}", tag(x.dtype()), tag(y.dtype()));
+    match strategy(&plan, gpu.sm_count()) {
+        CumsumStrategy::Strided => {
+            let vec = if plan.inner % vmax(x.dtype()) == 0 {
+                vmax(x.dtype())
+            } else {
+                1
+            };
+            let kind = if vec > 1 { "vec" } else { "scalar" };
+            let ncv = plan.inner / vec;
+            let args = StridedArgs {
+                x: x.ptr(gpu),
+                y: y.ptr_mut(gpu),
+                cols: plan.inner as i64,
+                ncv: ncv as i64,
+                njobs: plan.outer as i64,
+                rows_per_batch: plan.len as i64,
+                seg: plan.len as i64,
+                jobs_per_batch: 1,
+                reverse: reverse as i64,
+                scale: 1.0,
+                ..Default::default()
+            };
+            let name = format!("cumsum_strided_{kind}_{pair}");
+            gpu.launch(
+                Module::Cumsum,
+                &name,
+                grid_for(plan.outer * ncv),
+                256,
+                &args,
+            )
+        }
+        CumsumStrategy::Rows => {
+            let vec = if plan.len % vmax(x.dtype()) == 0 {
+                vmax(x.dtype())
+            } else {
+                1
+            };
+            let kind = if vec > 1 { "vec" } else { "scalar" };
+            let args = RowArgs {
+                x: x.ptr(gpu),
+                y: y.ptr_mut(gpu),
+                rows: plan.outer as i64,
+                len: plan.len as i64,
+                reverse: reverse as i64,
+                ..Default::default()
+            };
+            let name = format!("cumsum_rows_{kind}_{pair}");
+            gpu.launch(Module::Cumsum, &name, grid_for(plan.outer * 32), 256, &args)
+        }
+        CumsumStrategy::Lookback => {
+            let vec = if plan.len % vmax(x.dtype()) == 0 {
+                vmax(x.dtype())
+            } else {
+                1
+            };
+            let kind = if vec > 1 { "vec" } else { "scalar" };
+            let tile = LB_WARPS * warp_elems(vec);
+            let tiles_per_row = plan.len.div_ceil(tile);
+            let tiles = plan.outer * tiles_per_row;
+            if tiles > i32::MAX as usize {
+                return Err(Error::shape("x", "fewer than 2^31 scan tiles", x.shape()).into());
+            }
+            // Status<Acc> entries are 16 bytes: tile aggregates, group aggregates, super-group
+            // prefixes, each indexed below `tiles`.
+            let scratch = gpu.scratch(3 * tiles * 16)?;
+            let status = {
+                let buf = scratch.buf.as_ref().expect("scratch allocated");
+                let (p, _g) = cudarc::driver::DevicePtr::device_ptr(buf, gpu.stream());
+                p
+            };
+            let args = RowArgs {
+                x: x.ptr(gpu),
+                y: y.ptr_mut(gpu),
+                rows: plan.outer as i64,
+                len: plan.len as i64,
+                reverse: reverse as i64,
+                status,
+                epoch: scratch.epoch as i64,
+                tiles_per_row: tiles_per_row as i64,
+            };
+            let name = format!("cumsum_lookback_{kind}_{pair}");
+            gpu.launch(Module::Cumsum, &name, tiles as u32, 256, &args)
+        }
+    }
+}

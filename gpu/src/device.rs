@@ -1,0 +1,292 @@
+//! The GPU handle: driver context, one stream, the NVRTC module cache, and checked launches.
+//!
+//! Opening never panics: the driver and NVRTC libraries are probed first (cudarc would panic on
+//! first use otherwise), and any failure becomes [`GpuError::Unavailable`].
+
+use crate::error::{GpuError, GpuResult};
+use crate::kernels::Module;
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// An open GPU: one context and one stream; kernels are compiled on first use.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    name: String,
+    arch: (i32, i32),
+    sm_count: usize,
+    modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    scratch: Mutex<Scratch>,
+    checked: std::sync::atomic::AtomicBool,
+}
+
+/// Zero-initialised device scratch reused by the look-back scan; `epoch` tags the flags of one
+/// launch so that stale flags from earlier launches never match.
+pub(crate) struct Scratch {
+    pub buf: Option<CudaSlice<u8>>,
+    pub epoch: u32,
+}
+
+static SHARED: OnceLock<Result<Gpu, String>> = OnceLock::new();
+
+impl Gpu {
+    /// Opens device `ordinal`. Errors (never panics) when the driver, NVRTC or the device is
+    /// missing.
+    pub fn open(ordinal: usize) -> GpuResult<Gpu> {
+        // SAFETY: these only try to dlopen the libraries.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::Unavailable(
+                "the CUDA driver library (libcuda) was not found".into(),
+            ));
+        }
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(GpuError::Unavailable(
+                "the NVRTC library (libnvrtc) was not found".into(),
+            ));
+        }
+        // cudarc panics on missing symbols of an old library: turn that into an error too.
+        std::panic::catch_unwind(AssertUnwindSafe(|| Self::open_checked(ordinal))).unwrap_or_else(
+            |p| {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(GpuError::Unavailable(format!(
+                    "CUDA initialisation failed: {msg}"
+                )))
+            },
+        )
+    }
+
+    fn open_checked(ordinal: usize) -> GpuResult<Gpu> {
+        let count = CudaContext::device_count()
+            .map_err(|e| GpuError::Unavailable(format!("cuInit/cuDeviceGetCount failed: {e}")))?;
+        if count <= 0 || ordinal >= count as usize {
+            return Err(GpuError::Unavailable(format!(
+                "device {ordinal} requested, {count} device(s) present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(GpuError::driver("context creation"))?;
+        // One stream, used in order: cudarc's per-buffer event tracking is not needed.
+        // SAFETY: no buffer is shared with another stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let name = ctx.name().map_err(GpuError::driver("device name"))?;
+        let arch = ctx
+            .compute_capability()
+            .map_err(GpuError::driver("compute capability"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(GpuError::driver("multiprocessor count"))? as usize;
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            arch,
+            sm_count,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(Scratch {
+                buf: None,
+                epoch: 0,
+            }),
+            checked: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+
+    /// The process-wide GPU 0, opened once (the opening error is remembered too).
+    pub fn shared() -> GpuResult<&'static Gpu> {
+        match SHARED.get_or_init(|| Gpu::open(0).map_err(|e| e.to_string())) {
+            Ok(g) => Ok(g),
+            Err(e) => Err(GpuError::Unavailable(e.clone())),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Compute capability `(major, minor)`.
+    pub fn arch(&self) -> (i32, i32) {
+        self.arch
+    }
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// With `checked` (the default) every op waits for its kernel and reports a failed
+    /// execution against that kernel; benchmarks turn it off to queue launches.
+    pub fn set_checked(&self, checked: bool) {
+        self.checked
+            .store(checked, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Waits for all queued work; reports an asynchronous failure.
+    pub fn synchronize(&self) -> GpuResult<()> {
+        self.stream
+            .synchronize()
+            .map_err(GpuError::driver("stream synchronisation"))
+    }
+
+    /// NVRTC options: the device's own architecture, the toolkit include dir when present.
+    fn compile_options(&self) -> Vec<String> {
+        let mut opts = vec![
+            format!("--gpu-architecture=compute_{}{}", self.arch.0, self.arch.1),
+            "--std=c++17".to_string(),
+        ];
+        if let Some(inc) = cuda_include_dir() {
+            opts.push(format!("--include-path={inc}"));
+        }
+        // Extra NVRTC options for tuning experiments, e.g. `-DATTN_MIN_BLOCKS=2`.
+        if let Ok(extra) = std::env::var("ATTN_NVRTC_OPTS") {
+            opts.extend(extra.split_whitespace().map(str::to_string));
+        }
+        opts
+    }
+
+    /// Compiles (once per process and device) and loads `module`.
+    pub fn module(&self, module: Module) -> GpuResult<Arc<CudaModule>> {
+        let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = cache.get(&module) {
+            return Ok(m.clone());
+        }
+        let options = self.compile_options();
+        let ptx = compile(module, &options)?;
+        let m = self.ctx.load_module(ptx).map_err(GpuError::driver(format!(
+            "loading module `{}`",
+            module.name()
+        )))?;
+        cache.insert(module, m.clone());
+        Ok(m)
+    }
+
+    pub(crate) fn function(&self, module: Module, kernel: &str) -> GpuResult<CudaFunction> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(kernel)
+        {
+            return Ok(f.clone());
+        }
+        let m = self.module(module)?;
+        let f = m
+            .load_function(kernel)
+            .map_err(GpuError::driver(format!("looking up kernel `{kernel}`")))?;
+        self.functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(kernel.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Launches `kernel` of `module` with one by-value parameter struct, checks the launch,
+    /// and (when checked) its completion.
+    pub(crate) fn launch<P: DeviceRepr>(
+        &self,
+        module: Module,
+        kernel: &str,
+        grid: u32,
+        block: u32,
+        params: &P,
+    ) -> GpuResult<()> {
+        let f = self.function(module, kernel)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(params);
+        // SAFETY: `P` is the `#[repr(C)]` mirror of the kernel's parameter struct, and every
+        // pointer in it was sized and validated by the calling op.
+        unsafe { b.launch(cfg) }.map_err(GpuError::driver(format!("launch of `{kernel}`")))?;
+        if self.checked.load(std::sync::atomic::Ordering::Relaxed) {
+            self.stream
+                .synchronize()
+                .map_err(GpuError::driver(format!("execution of `{kernel}`")))?;
+        }
+        Ok(())
+    }
+
+    /// The look-back scratch, holding at least `bytes` zero-initialised bytes (grown and
+    /// zeroed when needed), with a fresh epoch for this launch.
+    pub(crate) fn scratch(&self, bytes: usize) -> GpuResult<std::sync::MutexGuard<'_, Scratch>> {
+        let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let too_small = s.buf.as_ref().is_none_or(|b| b.len() < bytes);
+        if too_small || s.epoch == u32::MAX {
+            let len = bytes.max(s.buf.as_ref().map_or(0, |b| b.len())).max(256);
+            s.buf = Some(
+                self.stream
+                    .alloc_zeros::<u8>(len)
+                    .map_err(GpuError::driver("look-back scratch allocation"))?,
+            );
+            s.epoch = 0;
+        }
+        s.epoch += 1;
+        Ok(s)
+    }
+}
+
+/// `$CUDA_HOME/include`, `$CUDA_PATH/include` or `/usr/local/cuda/include`, if it exists.
+fn cuda_include_dir() -> Option<String> {
+    let candidates = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .map(|d| format!("{d}/include"))
+        .chain(std::iter::once("/usr/local/cuda/include".to_string()));
+    candidates
+        .into_iter()
+        .find(|d| std::path::Path::new(d).is_dir())
+}
+
+/// NVRTC-compiles one module; the error carries the compiler log.
+fn compile(module: Module, options: &[String]) -> GpuResult<cudarc::nvrtc::Ptx> {
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: options.to_vec(),
+        name: Some(format!("{}.cu", module.name())),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(module.source(), opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => GpuError::Compile {
+            module: module.name().to_string(),
+            options: options.join(" "),
+            log: log.to_string_lossy().into_owned(),
+        },
+        other => GpuError::Compile {
+            module: module.name().to_string(),
+            options: options.join(" "),
+            log: other.to_string(),
+        },
+    })
+}
+
+/// Compiles every module's source to PTX for `arch` (e.g. `(9, 0)`) without a device: used to
+/// check the sources where NVRTC exists but no GPU does.
+pub fn compile_all_ptx(arch: (i32, i32)) -> GpuResult<Vec<(Module, String)>> {
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(GpuError::Unavailable(
+            "the NVRTC library (libnvrtc) was not found".into(),
+        ));
+    }
+    let options = vec![
+        format!("--gpu-architecture=compute_{}{}", arch.0, arch.1),
+        "--std=c++17".to_string(),
+    ];
+    Module::ALL
+        .iter()
+        .map(|&m| compile(m, &options).map(|p| (m, p.to_src())))
+        .collect()
+}

@@ -1,0 +1,46 @@
+//! Errors of the GPU crate: refused input (the reference's typed [`attn_reference::Error`],
+//! raised before any launch), an absent CUDA stack, and driver or NVRTC failures with their
+//! context.
+
+use cudarc::driver::DriverError;
+
+/// Why a GPU call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GpuError {
+    /// The input was refused before any work (names the argument).
+    #[error(transparent)]
+    Input(#[from] attn_reference::Error),
+    /// No usable GPU: the driver library, NVRTC, or a device is missing.
+    #[error("no GPU available: {0}")]
+    Unavailable(String),
+    /// NVRTC refused a kernel source; `log` is the compiler's log.
+    #[error("NVRTC failed to compile module `{module}` ({options}):\n{log}")]
+    Compile {
+        module: String,
+        options: String,
+        log: String,
+    },
+    /// A driver call failed (`context` says which: allocation, copy, launch of a kernel, ...).
+    #[error("CUDA driver error during {context}: {source}")]
+    Driver {
+        context: String,
+        #[source]
+        source: DriverError,
+    },
+    /// A host-side tensor conversion was asked for the wrong element type.
+    #[error("tensor `{arg}` holds {got}, not {expected}")]
+    HostDtype {
+        arg: String,
+        expected: &'static str,
+        got: &'static str,
+    },
+}
+
+impl GpuError {
+    pub(crate) fn driver(context: impl Into<String>) -> impl FnOnce(DriverError) -> GpuError {
+        let context = context.into();
+        move |source| GpuError::Driver { context, source }
+    }
+}
+
+pub type GpuResult<T> = std::result::Result<T, GpuError>;

@@ -1,0 +1,59 @@
+//! The CUDA sources, embedded at build time and assembled per module: every module is the shared
+//! headers followed by its op's `.cu` file (NVRTC gets no include files).
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+const GATE: &str = include_str!("../kernels/gate.cuh");
+const STRIDED: &str = include_str!("../kernels/strided.cuh");
+const ROWS: &str = include_str!("../kernels/rows.cuh");
+
+/// One NVRTC module: a name (the op id) and its `.cu` file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Module {
+    Cumsum,
+    ChunkLocalCumsum,
+    ChunkGlobalCumsum,
+    KdaGate,
+    KdaGateChunkCumsum,
+}
+
+impl Module {
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::Cumsum => "cumsum",
+            Module::ChunkLocalCumsum => "chunk_local_cumsum",
+            Module::ChunkGlobalCumsum => "chunk_global_cumsum",
+            Module::KdaGate => "kda_gate",
+            Module::KdaGateChunkCumsum => "kda_gate_chunk_cumsum",
+        }
+    }
+
+    fn op_source(self) -> &'static str {
+        match self {
+            Module::Cumsum => include_str!("../kernels/cumsum.cu"),
+            Module::ChunkLocalCumsum => include_str!("../kernels/chunk_local_cumsum.cu"),
+            Module::ChunkGlobalCumsum => include_str!("../kernels/chunk_global_cumsum.cu"),
+            Module::KdaGate => include_str!("../kernels/kda_gate.cu"),
+            Module::KdaGateChunkCumsum => include_str!("../kernels/kda_gate_chunk_cumsum.cu"),
+        }
+    }
+
+    /// The complete translation unit handed to NVRTC.
+    pub fn source(self) -> String {
+        let mut s = String::from(COMMON);
+        s.push_str(GATE);
+        s.push_str(STRIDED);
+        if self == Module::Cumsum {
+            s.push_str(ROWS);
+        }
+        s.push_str(self.op_source());
+        s
+    }
+
+    pub const ALL: [Module; 5] = [
+        Module::Cumsum,
+        Module::ChunkLocalCumsum,
+        Module::ChunkGlobalCumsum,
+        Module::KdaGate,
+        Module::KdaGateChunkCumsum,
+    ];
+}
