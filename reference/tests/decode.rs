@@ -294,4 +294,37 @@ proptest! {
         let hk = if bhsd { to_bhsd(&hk) } else { hk };
         prop_assert!(hk.iter().zip(want.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
+
+}
+
+proptest! {
+    // Long rows: a few cases suffice (each one is 3 rows of 4096 keys).
+    #![proptest_config(ProptestConfig::with_cases(4))]
+
+    /// A long row (`n = 4000` of `S = 4096`) next to an empty and a full one, both layouts,
+    /// against the oracle.
+    #[test]
+    fn long_rows(l_q in prop::sample::select(vec![1usize, 2, 7]), causal: bool, seed: u64) {
+        let geo = (3, 0, l_q, 1, 4, 64, 4096);
+        let mut p = problem(&mut Rng::new(seed), geo, false, causal, None);
+        p.seqlens = vec![4000, 0, 4096];
+        for (r, &n) in p.seqlens.iter().enumerate() {
+            p.k.slice_mut(s![r, n as usize.., .., ..]).fill(f64::NAN);
+            p.v.slice_mut(s![r, n as usize.., .., ..]).fill(f64::NAN);
+        }
+        let (o, lse) = oracle(&p);
+        for layout in [CacheLayout::Bshd, CacheLayout::Bhsd] {
+            let (k, v) = match layout {
+                CacheLayout::Bshd => (p.k.clone(), p.v.clone()),
+                CacheLayout::Bhsd => (to_bhsd(&p.k), to_bhsd(&p.v)),
+            };
+            let out = run(&p, p.q.view(), k.view(), v.view(), layout);
+            if let Err(e) = check_close("o", &o.clone().into_dyn(), &out.o.into_dyn(), 1e-10) {
+                prop_assert!(false, "{:?}: {}", layout, e);
+            }
+            if let Err(e) = check_close("lse", &lse.clone().into_dyn(), &out.lse.into_dyn(), 1e-10) {
+                prop_assert!(false, "{:?}: {}", layout, e);
+            }
+        }
+    }
 }
