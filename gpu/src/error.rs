@@ -37,6 +37,14 @@ pub enum GpuError {
 }
 
 impl GpuError {
+    /// Wraps a driver error with what was being done (for callers using cudarc directly).
+    pub fn driver_ctx(context: &str) -> impl FnOnce(DriverError) -> GpuError + '_ {
+        move |source| GpuError::Driver {
+            context: context.to_string(),
+            source,
+        }
+    }
+
     pub(crate) fn driver(context: impl Into<String>) -> impl FnOnce(DriverError) -> GpuError {
         let context = context.into();
         move |source| GpuError::Driver { context, source }

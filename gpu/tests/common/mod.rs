@@ -1,0 +1,162 @@
+//! Shared helpers of the GPU tests: finding the GPU at run time, seeded inputs rounded to a
+//! device dtype, poisoned outputs, and the spec's comparison rule.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use attn_gpu::{DeviceTensor, Gpu};
+use attn_reference::Dtype;
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+
+/// The GPU, or `None` after printing why there is none. With `ATTN_REQUIRE_GPU=1` a missing
+/// GPU is a failure.
+pub fn gpu_or_skip(test: &str) -> Option<&'static Gpu> {
+    match Gpu::shared() {
+        Ok(g) => Some(g),
+        Err(e) => {
+            if std::env::var("ATTN_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("{test}: ATTN_REQUIRE_GPU=1 but no GPU: {e}");
+            }
+            eprintln!("{test}: not run, no GPU: {e}");
+            None
+        }
+    }
+}
+
+/// SplitMix64, seeded by proptest.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    pub fn array(&mut self, shape: &[usize], lo: f64, hi: f64) -> ArrayD<f64> {
+        ArrayD::from_shape_simple_fn(IxDyn(shape), || self.uniform(lo, hi))
+    }
+}
+
+pub const FLOATS: [Dtype; 4] = [Dtype::F32, Dtype::F64, Dtype::BF16, Dtype::F16];
+
+/// Rounds `a` to `dtype`, uploads it in that dtype, and returns the device tensor with the
+/// exact (widened) values the device holds.
+pub fn upload(gpu: &Gpu, a: &ArrayD<f64>, dtype: Dtype) -> (DeviceTensor, ArrayD<f64>) {
+    match dtype {
+        Dtype::F64 => (DeviceTensor::from_array(gpu, a.view()).unwrap(), a.clone()),
+        Dtype::F32 => {
+            let h = a.mapv(|v| v as f32);
+            (
+                DeviceTensor::from_array(gpu, h.view()).unwrap(),
+                h.mapv(f64::from),
+            )
+        }
+        Dtype::BF16 => {
+            let h = a.mapv(bf16::from_f64);
+            (
+                DeviceTensor::from_array(gpu, h.view()).unwrap(),
+                h.mapv(f64::from),
+            )
+        }
+        Dtype::F16 => {
+            let h = a.mapv(f16::from_f64);
+            (
+                DeviceTensor::from_array(gpu, h.view()).unwrap(),
+                h.mapv(f64::from),
+            )
+        }
+        _ => unreachable!("float dtypes only"),
+    }
+}
+
+/// Downloads any float tensor widened to f64.
+pub fn download(gpu: &Gpu, t: &DeviceTensor) -> ArrayD<f64> {
+    match t.dtype() {
+        Dtype::F64 => t.to_array::<f64>(gpu).unwrap(),
+        Dtype::F32 => t.to_array::<f32>(gpu).unwrap().mapv(f64::from),
+        Dtype::BF16 => t.to_array::<bf16>(gpu).unwrap().mapv(f64::from),
+        Dtype::F16 => t.to_array::<f16>(gpu).unwrap().mapv(f64::from),
+        d => panic!("not a float tensor: {d}"),
+    }
+}
+
+/// A fresh output tensor with every element NaN.
+pub fn poisoned(gpu: &Gpu, shape: &[usize], dtype: Dtype) -> DeviceTensor {
+    let mut t = DeviceTensor::alloc(gpu, shape, dtype).unwrap();
+    t.poison(gpu).unwrap();
+    t
+}
+
+/// The spec's threshold for a candidate computed in the accumulator of (input, output).
+pub fn threshold(input: Dtype, output: Dtype, fp32: f64) -> f64 {
+    match (input, output) {
+        (_, Dtype::BF16 | Dtype::F16) => 5e-3,
+        (Dtype::F64, _) | (_, Dtype::F64) => 1e-10,
+        _ => fp32,
+    }
+}
+
+/// The spec's comparison: no NaN/Inf where `want` is finite (so every poisoned element must
+/// have been written), the same NaN/±Inf where `want` is not finite, and
+/// `max_abs <= 1e-6` or `RMS(want - got) / (RMS(want) + 1e-8) <= thr` over the finite elements.
+pub fn assert_close(what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>, thr: f64) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let (mut d2, mut r2, mut max_abs, mut n) = (0.0f64, 0.0f64, 0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+        if w.is_finite() {
+            assert!(g.is_finite(), "{what}: element {i} is {g}, expected {w}");
+            d2 += (g - w) * (g - w);
+            r2 += w * w;
+            max_abs = max_abs.max((g - w).abs());
+            n += 1;
+        } else if w.is_nan() {
+            assert!(g.is_nan(), "{what}: element {i} is {g}, expected NaN");
+        } else {
+            assert_eq!(g, w, "{what}: element {i}");
+        }
+    }
+    if n == 0 {
+        return;
+    }
+    let ratio = (d2 / n as f64).sqrt() / ((r2 / n as f64).sqrt() + 1e-8);
+    assert!(
+        max_abs <= 1e-6 || ratio <= thr,
+        "{what}: max_abs {max_abs:e}, ratio {ratio:e} > {thr:e}"
+    );
+}
+
+/// Bitwise equality of two downloads (NaN payloads included).
+pub fn assert_bit_identical(what: &str, a: &ArrayD<f64>, b: &ArrayD<f64>) {
+    for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "{what}: element {i} differs: {x} vs {y}"
+        );
+    }
+}
+
+/// Random `cu_seqlens` over `t` tokens with `n` sequences, zero lengths allowed.
+pub fn random_cu_seqlens(rng: &mut Rng, t: usize, n: usize) -> Vec<i64> {
+    let mut cuts: Vec<i64> = (0..n.saturating_sub(1))
+        .map(|_| rng.below(t + 1) as i64)
+        .collect();
+    cuts.sort_unstable();
+    let mut cu = vec![0];
+    cu.extend(cuts);
+    cu.push(t as i64);
+    cu
+}

@@ -1,0 +1,73 @@
+//! More than 2^31 elements (64-bit indexing): one look-back lane, the rows kernel and the
+//! strided kernel, each over > 2^31 bf16 elements in {-1, 0, 1}, whose fp32 prefix sums are
+//! exact (|sum| < 2^24), so every element is checked exactly against an integer prefix sum.
+//! Needs about 13 GB of device memory per case; without a GPU it says why and passes.
+
+mod common;
+
+use attn_gpu::cumsum::{strategy, CumsumStrategy};
+use attn_gpu::{cumsum_into, DeviceTensor};
+use attn_reference::cumsum::validate_cumsum;
+use attn_reference::Dtype;
+use common::{gpu_or_skip, poisoned};
+use half::bf16;
+use ndarray::{ArrayViewD, IxDyn};
+
+/// x[i] in {-1, 0, 1} from a hash of i and the seed.
+fn value(i: usize, seed: u64) -> i8 {
+    let mut z = (i as u64)
+        .wrapping_add(seed)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z ^= z >> 29;
+    z = z.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z ^= z >> 32;
+    (z % 3) as i8 - 1
+}
+
+#[test]
+fn cumsum_over_more_than_2_pow_31_elements_is_exact() {
+    let Some(gpu) = gpu_or_skip("cumsum_over_more_than_2_pow_31_elements_is_exact") else {
+        return;
+    };
+    let cases: [(&[usize], i64, CumsumStrategy); 3] = [
+        (&[(1 << 31) + 4099], 0, CumsumStrategy::Lookback),
+        (&[(1 << 21) + 1, 1024], -1, CumsumStrategy::Rows),
+        (&[5, (1 << 29) + 3], 0, CumsumStrategy::Strided),
+    ];
+    for (shape, dim, want_strategy) in cases {
+        let plan = validate_cumsum(shape, dim).unwrap();
+        assert_eq!(strategy(&plan, gpu.sm_count()), want_strategy, "{shape:?}");
+        let n: usize = shape.iter().product();
+        assert!(n > 1 << 31);
+        let seed = n as u64;
+        let host: Vec<bf16> = (0..n)
+            .map(|i| bf16::from_f32(value(i, seed) as f32))
+            .collect();
+        let x = DeviceTensor::from_array(gpu, ArrayViewD::from_shape(IxDyn(shape), &host).unwrap())
+            .unwrap();
+        drop(host);
+        let mut y = poisoned(gpu, shape, Dtype::F32);
+        cumsum_into(gpu, &x, dim, false, &mut y).unwrap();
+        drop(x);
+        let got = y.to_array::<f32>(gpu).unwrap();
+        let got = got.as_slice().unwrap();
+        // lanes: (outer, inner) pairs, scanned along len with stride inner
+        let (outer, len, inner) = (plan.outer, plan.len, plan.inner);
+        let mut acc = vec![0i64; inner];
+        for o in 0..outer {
+            acc.iter_mut().for_each(|a| *a = 0);
+            for l in 0..len {
+                let base = (o * len + l) * inner;
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a += value(base + c, seed) as i64;
+                    let g = got[base + c];
+                    assert!(
+                        g == *a as f32,
+                        "{shape:?} dim {dim}: element {} is {g}, expected {a}",
+                        base + c
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! `bench_gpu`: times the attn-gpu scan and gate kernels on the spec's benchmark shapes against
+//! the device-to-device copy ceiling measured in the same run.
+//!
+//! Method: CUDA events around each launch, launches queued back to back (no host sync in the
+//! timed region), warm-up first, median of `--iters` (default 30, at least 20) repeats. Inputs
+//! are rotated over enough copies to exceed 3x the L2 cache (at least 2 when memory allows).
+//! Bytes moved = every input element read once + every output element written once. The copy
+//! ceiling is a `cuMemcpyDtoDAsync` of 1 GiB (2 GiB moved).
+//!
+//! Usage: `bench_gpu [--json PATH] [--filter SUBSTR] [--iters N]`. Prints a table; `--json`
+//! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
+
+use attn_gpu::{
+    chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into, kda_gate_into, DeviceTensor,
+    GateInputs, Gpu, GpuResult,
+};
+use attn_reference::gate::KdaGateChunkCumsumParams;
+use attn_reference::{Dtype, RCP_LN2};
+use cudarc::driver::sys::CUevent_flags;
+use half::bf16;
+use ndarray::{ArrayD, IxDyn};
+use serde_json::json;
+
+/// One benchmark shape: its name (shared with `bench_anchors.py`), the input shape and dtype,
+/// the output dtype, and the op.
+struct Case {
+    name: &'static str,
+    shape: Vec<usize>,
+    din: Dtype,
+    dout: Dtype,
+    op: Op,
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Cumsum { dim: i64 },
+    ChunkLocal { chunk: i64 },
+    KdaGate,
+    KdaGateChunkCumsum { chunk: i64 },
+}
+
+fn cases() -> Vec<Case> {
+    let c = |name, shape: &[usize], din, dout, op| Case {
+        name,
+        shape: shape.to_vec(),
+        din,
+        dout,
+        op,
+    };
+    use Dtype::{BF16, F32};
+    vec![
+        c(
+            "cumsum_seed_dim2_f32",
+            &[16, 16, 1024, 64, 64],
+            F32,
+            F32,
+            Op::Cumsum { dim: 2 },
+        ),
+        c(
+            "cumsum_seed_dim2_bf16_f32",
+            &[16, 16, 1024, 64, 64],
+            BF16,
+            F32,
+            Op::Cumsum { dim: 2 },
+        ),
+        c(
+            "cumsum_rows_last_f32",
+            &[1048576, 1024],
+            F32,
+            F32,
+            Op::Cumsum { dim: -1 },
+        ),
+        c(
+            "cumsum_rows_last_bf16_f32",
+            &[1048576, 1024],
+            BF16,
+            F32,
+            Op::Cumsum { dim: -1 },
+        ),
+        c(
+            "cumsum_dim0_f32",
+            &[1024, 1048576],
+            F32,
+            F32,
+            Op::Cumsum { dim: 0 },
+        ),
+        c(
+            "cumsum_one_lane_f32",
+            &[1 << 28],
+            F32,
+            F32,
+            Op::Cumsum { dim: 0 },
+        ),
+        c(
+            "chunk_local_cumsum_bf16_f32",
+            &[1, 32768, 32, 128],
+            BF16,
+            F32,
+            Op::ChunkLocal { chunk: 64 },
+        ),
+        c(
+            "kda_gate_bf16_f32",
+            &[1, 32768, 32, 128],
+            BF16,
+            F32,
+            Op::KdaGate,
+        ),
+        c(
+            "kda_gate_chunk_cumsum_1x32768x32x128",
+            &[1, 32768, 32, 128],
+            BF16,
+            F32,
+            Op::KdaGateChunkCumsum { chunk: 64 },
+        ),
+        c(
+            "kda_gate_chunk_cumsum_8x4096x16x128",
+            &[8, 4096, 16, 128],
+            BF16,
+            F32,
+            Op::KdaGateChunkCumsum { chunk: 64 },
+        ),
+        c(
+            "kda_gate_chunk_cumsum_1x131072x8x128",
+            &[1, 131072, 8, 128],
+            BF16,
+            F32,
+            Op::KdaGateChunkCumsum { chunk: 64 },
+        ),
+    ]
+}
+
+/// A device tensor of `shape` in `dtype` filled with a tiled block of random values in
+/// `[lo, hi)` (real data, never zeros).
+fn random_tensor(
+    gpu: &Gpu,
+    shape: &[usize],
+    dtype: Dtype,
+    lo: f32,
+    hi: f32,
+    seed: u64,
+) -> GpuResult<DeviceTensor> {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let block: Vec<f32> = (0..(1usize << 20).min(n))
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect();
+    let at = |i: usize| block[i % block.len()];
+    match dtype {
+        Dtype::F32 => {
+            let a = ArrayD::from_shape_fn(IxDyn(&[n]), |i| at(i[0]))
+                .into_shape_with_order(IxDyn(shape))
+                .unwrap();
+            DeviceTensor::from_array(gpu, a.view())
+        }
+        Dtype::BF16 => {
+            let a = ArrayD::from_shape_fn(IxDyn(&[n]), |i| bf16::from_f32(at(i[0])))
+                .into_shape_with_order(IxDyn(shape))
+                .unwrap();
+            DeviceTensor::from_array(gpu, a.view())
+        }
+        d => panic!("bench inputs are f32 or bf16, not {d}"),
+    }
+}
+
+/// Median of per-launch event times (ms) of `iters` launches queued back to back.
+fn time_ms(
+    gpu: &Gpu,
+    iters: usize,
+    mut launch: impl FnMut(usize) -> GpuResult<()>,
+) -> GpuResult<f64> {
+    let ctx = gpu.context();
+    let ev = |_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    for i in 0..5 {
+        launch(i)?;
+    }
+    let events = (0..=iters)
+        .map(ev)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(attn_gpu::GpuError::driver_ctx("event creation"))?;
+    events[0]
+        .record(gpu.stream())
+        .map_err(attn_gpu::GpuError::driver_ctx("event record"))?;
+    for (i, e) in events[1..].iter().enumerate() {
+        launch(i)?;
+        e.record(gpu.stream())
+            .map_err(attn_gpu::GpuError::driver_ctx("event record"))?;
+    }
+    gpu.synchronize()?;
+    let mut t: Vec<f64> = events
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).map(f64::from))
+        .collect::<Result<_, _>>()
+        .map_err(attn_gpu::GpuError::driver_ctx("event timing"))?;
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(t[t.len() / 2])
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut json_path = None;
+    let mut filter = String::new();
+    let mut iters = 30usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--json" => json_path = args.next(),
+            "--filter" => filter = args.next().unwrap_or_default(),
+            "--iters" => iters = args.next().and_then(|v| v.parse().ok()).unwrap_or(30).max(20),
+            other => return Err(format!("unknown argument {other}; usage: bench_gpu [--json PATH] [--filter SUBSTR] [--iters N]").into()),
+        }
+    }
+    let gpu = Gpu::shared()?;
+    gpu.set_checked(false);
+    let l2 = gpu
+        .context()
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?
+        as usize;
+    let (free, _) = gpu.context().mem_get_info()?;
+
+    // the copy ceiling
+    let n = 1usize << 30;
+    let src = gpu.stream().alloc_zeros::<u8>(n)?;
+    let mut dst = gpu.stream().alloc_zeros::<u8>(n)?;
+    let copy_ms = time_ms(gpu, iters, |_| {
+        gpu.stream()
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(attn_gpu::GpuError::driver_ctx("copy"))
+    })?;
+    drop((src, dst));
+    let ceiling = 2.0 * n as f64 / (copy_ms * 1e-3) / 1e9;
+    println!(
+        "device: {} ({} SMs, L2 {} MB), copy ceiling {:.0} GB/s ({:.3} ms for 2 GiB moved)",
+        gpu.name(),
+        gpu.sm_count(),
+        l2 >> 20,
+        ceiling,
+        copy_ms
+    );
+    println!(
+        "{:<40} {:>10} {:>10} {:>9} {:>8}",
+        "case", "ms", "GB/s", "ceiling", "sets"
+    );
+
+    let mut rows = Vec::new();
+    for case in cases().into_iter().filter(|c| c.name.contains(&filter)) {
+        let numel: usize = case.shape.iter().product();
+        let in_bytes = numel * case.din.size_bytes();
+        let bytes = in_bytes + numel * case.dout.size_bytes();
+        let mut sets = (3 * l2).div_ceil(in_bytes).max(2);
+        while sets > 1 && sets * in_bytes + bytes > free * 3 / 4 {
+            sets -= 1;
+        }
+        let inputs = (0..sets)
+            .map(|i| match case.op {
+                Op::Cumsum { .. } | Op::ChunkLocal { .. } => {
+                    random_tensor(gpu, &case.shape, case.din, -1.0, 1.0, i as u64 + 1)
+                }
+                _ => random_tensor(gpu, &case.shape, case.din, -6.0, 6.0, i as u64 + 1),
+            })
+            .collect::<GpuResult<Vec<_>>>()?;
+        let hv = case.shape.get(2).copied().unwrap_or(1);
+        let k = case.shape.get(3).copied().unwrap_or(1);
+        let a_log = random_tensor(gpu, &[hv], Dtype::F32, -2.0, 1.0, 99)?;
+        let dt_bias = random_tensor(gpu, &[hv * k], Dtype::F32, -1.0, 1.0, 98)?;
+        let side = GateInputs {
+            a_log: Some(&a_log),
+            dt_bias: Some(&dt_bias),
+        };
+        let mut out = DeviceTensor::alloc(gpu, &case.shape, case.dout)?;
+        let ms = time_ms(gpu, iters, |i| {
+            let x = &inputs[i % sets];
+            match case.op {
+                Op::Cumsum { dim } => cumsum_into(gpu, x, dim, false, &mut out),
+                Op::ChunkLocal { chunk } => {
+                    chunk_local_cumsum_into(gpu, x, None, chunk, false, None, &mut out)
+                }
+                Op::KdaGate => kda_gate_into(gpu, x, &side, None, &mut out),
+                Op::KdaGateChunkCumsum { chunk } => {
+                    let p = KdaGateChunkCumsumParams {
+                        chunk_size: chunk,
+                        scale: Some(RCP_LN2),
+                        lower_bound: None,
+                        reverse: false,
+                    };
+                    kda_gate_chunk_cumsum_into(gpu, x, &side, None, &p, &mut out)
+                }
+            }
+        })?;
+        let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+        println!(
+            "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}",
+            case.name,
+            ms,
+            gbps,
+            100.0 * gbps / ceiling,
+            sets
+        );
+        rows.push(json!({
+            "name": case.name, "shape": case.shape, "in_dtype": case.din.name(), "out_dtype": case.dout.name(),
+            "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling, "sets": sets,
+        }));
+    }
+    gpu.set_checked(true);
+    gpu.synchronize()?;
+    if let Some(p) = json_path {
+        let doc = json!({
+            "device": gpu.name(), "sm_count": gpu.sm_count(), "l2_bytes": l2,
+            "ceiling_gbps": ceiling, "copy_ms": copy_ms, "iters": iters, "cases": rows,
+        });
+        std::fs::write(&p, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
