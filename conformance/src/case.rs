@@ -143,7 +143,12 @@ impl Case {
     pub fn read(path: impl AsRef<Path>) -> Result<Case> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| Problem::Io(e).at(path))?;
-        let case = Self::parse(path, &bytes).map_err(|p| p.at(path))?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    /// [`parse`](Case::parse)s and [`check`](Case::check)s the bytes of the case file `path`.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Case> {
+        let case = Self::parse(path, bytes).map_err(|p| p.at(path))?;
         case.check().map_err(|p| p.at(path))?;
         Ok(case)
     }
