@@ -191,8 +191,8 @@ pub struct Summary {
     pub device: Device,
     pub cases: usize,
     pub passed: usize,
-    /// The largest `ratio / threshold` over the op's compared outputs, as the ratio and the
-    /// threshold it was held to (`null` threshold: exact).
+    /// The worst compared output (a failed one first, else the largest `ratio / threshold`):
+    /// its ratio and the threshold it was held to (`null` threshold: exact).
     pub worst_ratio: f64,
     pub threshold: Option<f64>,
     pub worst_file: String,
@@ -211,11 +211,11 @@ pub fn summarize(rows: &[Row]) -> Vec<Summary> {
     by.into_iter()
         .map(|((op, device), files)| {
             let all: Vec<&Row> = files.values().flatten().copied().collect();
+            // a failed row is worse than any passing one, whatever its ratio
             let margin = |r: &Row| match r.threshold {
-                _ if r.ratio.is_nan() => f64::INFINITY,
+                _ if !r.pass || r.ratio.is_nan() => f64::INFINITY,
                 Some(t) => r.ratio / t,
-                None if r.pass => 0.0,
-                None => f64::INFINITY,
+                None => 0.0,
             };
             let worst = all
                 .iter()

@@ -214,6 +214,8 @@ impl Case {
     }
 
     /// The safetensors bytes of this case (written as is, without [`check`](Case::check)).
+    /// The `safetensors` crate takes the metadata as a hash map, so the header's key order (and
+    /// hence the file's sha256) may differ between two writes of the same case.
     pub fn to_bytes(&self) -> Result<Vec<u8>, Problem> {
         let mut meta: HashMap<String, String> = self.extra.clone().into_iter().collect();
         meta.insert("format".into(), FORMAT.into());
