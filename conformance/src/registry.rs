@@ -199,10 +199,10 @@ pub static OPS: &[OpSpec] = &[
         id: "kda_gate",
         summary: "KDA decay -exp(A_log)*softplus(g+dt_bias), or lower_bound*sigmoid(...)",
         inputs: &GATE_INPUTS,
-        params: &[P_LOWER, P_OUT_F32],
+        params: &[P_LOWER],
         outputs: &[output(
             "y",
-            |i, p| ops::out_class(i, p, "g"),
+            |_, _| Ok(DtypeClass::Float32),
             |_, _, c| Rule::default_for(c),
         )],
         cpu: ops::gates::kda_gate,

@@ -345,3 +345,27 @@ fn list_shows_every_op_with_defaults() {
         .unwrap()
         .contains(&json!("cpu")));
 }
+
+#[test]
+fn a_missing_required_output_fails_and_an_optional_one_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases = valid_cases(41);
+    let mut no_y = cases.remove(0); // cumsum
+    no_y.outputs.remove("y");
+    let f = write_case(dir.path(), "no_y", &no_y);
+    let o = conform(&["verify", p(&f)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("missing from the candidate"),
+        "{}",
+        stdout(&o)
+    );
+
+    let mut no_lse = cases.pop().unwrap(); // decode_attention: SDPA returns no lse
+    assert_eq!(no_lse.op, "decode_attention");
+    no_lse.outputs.remove("lse");
+    let f = write_case(dir.path(), "no_lse", &no_lse);
+    let o = conform(&["verify", p(&f)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("1 passed, 0 failed"), "{}", stdout(&o));
+}

@@ -102,6 +102,12 @@ fn shape_class_and_presence_mismatches_fail() {
     let c = compare(Some(&r), Some(&same), DtypeClass::Half, rule);
     assert!(!c.pass && c.reason.unwrap().contains("class"));
     assert!(compare(Some(&r), Some(&same), DtypeClass::Float32, rule).pass);
+    // a float64 candidate stands for any float class (the oracle's own outputs), not for int
+    let wide = t64(&[1.0, 2.0, 3.0]);
+    assert!(compare(Some(&r), Some(&wide), DtypeClass::Half, rule).pass);
+    assert!(!compare(Some(&r), Some(&wide), DtypeClass::Int, rule).pass);
+    let c = compare(Some(&r), Some(&same), DtypeClass::Float64, rule);
+    assert!(!c.pass, "float32 does not stand for float64");
     let c = compare(Some(&r), None, DtypeClass::Float32, rule);
     assert!(!c.pass && c.reason.unwrap().contains("missing"));
     let c = compare(None, Some(&same), DtypeClass::Float32, rule);

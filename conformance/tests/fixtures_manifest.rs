@@ -34,6 +34,11 @@ fn committed_fixtures_pass_verify() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+    eprintln!(
+        "{} fixtures of {} pass verify",
+        manifest.files.len(),
+        dir.display()
+    );
     for f in case_files(std::slice::from_ref(&dir)).unwrap() {
         let rel = f.strip_prefix(&dir).unwrap();
         assert!(
