@@ -91,7 +91,8 @@ pub fn find(id: &str) -> Option<&'static OpSpec> {
     OPS.iter().find(|o| o.id == id)
 }
 
-/// Whether GPU runners can run here; `Err` says why not.
+/// Whether GPU runners can run here; `Err` says why not. Until `attn-gpu` provides runners
+/// (and a run-time probe of the device, which belongs here), no op has one.
 pub fn gpu_status() -> Result<(), String> {
     if OPS.iter().any(|o| o.gpu.is_some()) {
         Ok(())

@@ -369,3 +369,41 @@ fn a_missing_required_output_fails_and_an_optional_one_is_skipped() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stdout(&o).contains("1 passed, 0 failed"), "{}", stdout(&o));
 }
+
+#[test]
+fn the_fixtures_folder_is_found_at_run_time() {
+    // <root>/crate stands for the conformance crate, <root>/fixtures for the fixtures folder
+    let root = tempfile::tempdir().unwrap();
+    let fixtures = root.path().join("fixtures");
+    let mut bad = valid_cases(12).remove(0);
+    perturb(bad.outputs.get_mut("y").unwrap(), 3);
+    write_case(&fixtures, "bad", &bad);
+    std::fs::create_dir_all(root.path().join("crate")).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let run = |manifest_dir: Option<&Path>, cwd: &Path| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_attn-conform"));
+        c.args(["run", "--device", "cpu"])
+            .env_remove("ATTN_FIXTURES")
+            .current_dir(cwd);
+        match manifest_dir {
+            Some(d) => c.env("CARGO_MANIFEST_DIR", d),
+            None => c.env_remove("CARGO_MANIFEST_DIR"),
+        };
+        c.output().unwrap()
+    };
+    // $CARGO_MANIFEST_DIR/../fixtures, read when the command runs
+    let o = run(Some(&root.path().join("crate")), elsewhere.path());
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("cumsum"), "{}", stdout(&o));
+    // else ./fixtures
+    let o = run(None, root.path());
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    // nothing there: exit 2, naming the folder it looked for
+    let o = run(None, elsewhere.path());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("fixtures folder not found"),
+        "{}",
+        stderr(&o)
+    );
+}
