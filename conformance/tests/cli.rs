@@ -146,6 +146,12 @@ fn unusable_cases_exit_2_naming_the_problem() {
     );
     refused(&int_input, "`x`");
 
+    // kv_cache_update needs one dtype for caches and new tokens
+    let mut kv = valid_cases(3).remove(5);
+    let k32 = Tensor::from_f64(&kv.inputs["k"].widen_f64(), Dtype::F32);
+    kv.inputs.insert("k".into(), k32);
+    refused(&kv, "bad dtype for `k`");
+
     // shapes that contradict each other: cu_seqlens does not end at T
     let mut bad_cu = valid_cases(3).remove(1);
     bad_cu
