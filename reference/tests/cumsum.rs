@@ -270,4 +270,39 @@ proptest! {
         let c = widen(&chunk_global_cumsum(g32.view(), None, reverse, None).unwrap());
         if let Err(e) = check_close("o", &r, &c, 1e-5) { prop_assert!(false, "{}", e); }
     }
+
+    /// The seed layout reduced in batch (`[2, 2, 64, 8, 8]`, scanned over `dim = 2`, stride 64)
+    /// and the scan lengths of 1000 the spec lists, against the naive loop.
+    #[test]
+    fn seed_layout_and_long_lanes(seed: u64, reverse: bool) {
+        let mut rng = Rng::new(seed);
+        let x = rng.array(&[2, 2, 64, 8, 8], -1.0, 1.0);
+        prop_assert!(same_bits(&cumsum(x.view(), 2, reverse).unwrap(), &naive_cumsum(&x, 2, reverse)));
+        prop_assert!(same_bits(&cumsum(x.view(), -3, reverse).unwrap(), &naive_cumsum(&x, 2, reverse)));
+        let x = rng.array(&[3, 1000, 2], -1.0, 1.0);
+        for axis in 0..3 {
+            prop_assert!(same_bits(&cumsum(x.view(), axis as i64, reverse).unwrap(), &naive_cumsum(&x, axis, reverse)));
+        }
+    }
+
+    /// Varlen with the spec's lengths (1, 15, 63, 64, 65, 1000 and 0) in random order, against
+    /// the independent chunked loop (local) and one chunk per sequence (global).
+    #[test]
+    fn spec_varlen_lengths(seed: u64, log_bt in 4u32..8, vector: bool, reverse: bool) {
+        let mut rng = Rng::new(seed);
+        let lens = [1usize, 15, 63, 64, 65, 1000, 0];
+        let order = rng.distinct(lens.len(), lens.len());
+        let mut cu = vec![0i64];
+        for i in order {
+            cu.push(cu[cu.len() - 1] + lens[i] as i64);
+        }
+        let t = *cu.last().unwrap() as usize;
+        let shape: Vec<usize> = if vector { vec![1, t, 2, 3] } else { vec![1, t, 2] };
+        let g = rng.array(&shape, -5.0, 0.0);
+        let bt = 1usize << log_bt;
+        let o = chunk_local_cumsum(g.view(), Some(&cu), bt as i64, reverse, Some(RCP_LN2)).unwrap();
+        prop_assert!(same_bits(&o, &naive_chunk_scan(&g, &cu, bt, reverse, Some(RCP_LN2))));
+        let o = chunk_global_cumsum(g.view(), Some(&cu), reverse, None).unwrap();
+        prop_assert!(same_bits(&o, &naive_chunk_scan(&g, &cu, t.next_power_of_two(), reverse, None)));
+    }
 }
