@@ -91,14 +91,13 @@ pub fn find(id: &str) -> Option<&'static OpSpec> {
     OPS.iter().find(|o| o.id == id)
 }
 
-/// Whether GPU runners can run here; `Err` says why not. Until `attn-gpu` provides runners
-/// (and a run-time probe of the device, which belongs here), no op has one.
+/// Whether GPU runners can run here: some op has one and a GPU answers at run time (the
+/// driver, NVRTC and a device are probed once per process); `Err` says why not.
 pub fn gpu_status() -> Result<(), String> {
-    if OPS.iter().any(|o| o.gpu.is_some()) {
-        Ok(())
-    } else {
-        Err("this build of attn-conform has no GPU runner for any op".into())
+    if !OPS.iter().any(|o| o.gpu.is_some()) {
+        return Err("this build of attn-conform has no GPU runner for any op".into());
     }
+    ops::gpu::status()
 }
 
 const fn float(name: &'static str, required: bool) -> InputSpec {
@@ -165,7 +164,7 @@ pub static OPS: &[OpSpec] = &[
             |i, p, c| scan_threshold(c, ops::cumsum_len(i, p)),
         )],
         cpu: ops::scans::cumsum,
-        gpu: None,
+        gpu: Some(ops::gpu::cumsum),
     },
     OpSpec {
         id: "chunk_local_cumsum",
@@ -181,7 +180,7 @@ pub static OPS: &[OpSpec] = &[
             },
         )],
         cpu: ops::scans::chunk_local_cumsum,
-        gpu: None,
+        gpu: Some(ops::gpu::chunk_local_cumsum),
     },
     OpSpec {
         id: "chunk_global_cumsum",
@@ -194,7 +193,7 @@ pub static OPS: &[OpSpec] = &[
             |i, _, c| scan_threshold(c, ops::longest_sequence(i)),
         )],
         cpu: ops::scans::chunk_global_cumsum,
-        gpu: None,
+        gpu: Some(ops::gpu::chunk_global_cumsum),
     },
     OpSpec {
         id: "kda_gate",
@@ -207,7 +206,7 @@ pub static OPS: &[OpSpec] = &[
             |_, _, c| Rule::default_for(c),
         )],
         cpu: ops::gates::kda_gate,
-        gpu: None,
+        gpu: Some(ops::gpu::kda_gate),
     },
     OpSpec {
         id: "kda_gate_chunk_cumsum",
@@ -225,7 +224,7 @@ pub static OPS: &[OpSpec] = &[
             |_, _, c| Rule::default_for(c),
         )],
         cpu: ops::gates::kda_gate_chunk_cumsum,
-        gpu: None,
+        gpu: Some(ops::gpu::kda_gate_chunk_cumsum),
     },
     OpSpec {
         id: "kv_cache_update",

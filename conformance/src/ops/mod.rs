@@ -1,8 +1,9 @@
-//! CPU runners of the registry's ops (the float64 reference on a case's inputs) and the helpers
+//! CPU runners of the registry's ops (GPU runners of the scan and gate ops in [`gpu`]) (the float64 reference on a case's inputs) and the helpers
 //! their registry entries share: reading inputs by name, expected output classes, thresholds.
 
 pub mod decode;
 pub mod gates;
+pub mod gpu;
 pub mod scans;
 
 use crate::case::Tensors;
