@@ -23,6 +23,9 @@
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) cumsum_strided_vec_##IN##_##OUT(const StridedArgs a) { \
         strided_scan<TIN, TOUT, ACC, VMax<TIN>::N, false>(a);                                     \
     }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) cumsum_strided_half_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, VHalf<TIN>::N, false>(a);                                     \
+    }                                                                                             \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) cumsum_strided_scalar_##IN##_##OUT(const StridedArgs a) { \
         strided_scan<TIN, TOUT, ACC, 1, false>(a);                                                \
     }

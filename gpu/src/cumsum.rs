@@ -13,7 +13,9 @@
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
-use crate::params::{check_float, grid_for, scan_output_dtype, tag, vmax, RowArgs, StridedArgs};
+use crate::params::{
+    check_float, grid_for, scan_output_dtype, strided_width, tag, vmax, RowArgs, StridedArgs,
+};
 use crate::tensor::DeviceTensor;
 use attn_reference::cumsum::{validate_cumsum, CumsumPlan};
 use attn_reference::{Dtype, Error};
@@ -103,12 +105,7 @@ pub fn cumsum_into(
     let pair = format!("{}_{}", tag(x.dtype()), tag(y.dtype()));
     match strategy(&plan, gpu.sm_count()) {
         CumsumStrategy::Strided => {
-            let vec = if plan.inner % vmax(x.dtype()) == 0 {
-                vmax(x.dtype())
-            } else {
-                1
-            };
-            let kind = if vec > 1 { "vec" } else { "scalar" };
+            let (vec, kind) = strided_width(gpu.sm_count(), x.dtype(), plan.inner, plan.outer);
             let ncv = plan.inner / vec;
             let args = StridedArgs {
                 x: x.ptr(gpu),

@@ -129,3 +129,29 @@ pub(crate) fn scan_output_dtype(
 pub(crate) fn grid_for(threads: usize) -> u32 {
     threads.div_ceil(256).clamp(1, i32::MAX as usize) as u32
 }
+
+/// The lane width (elements per thread) of a strided scan over `cols` lanes in `jobs` jobs, and
+/// its kernel tag: 16-byte accesses (`vec`) when that still gives at least two waves of
+/// resident threads, else 8-byte accesses (`half`, twice the threads), else one element
+/// (`scalar`, any `cols`). A width must divide `cols` so that every access is aligned.
+pub(crate) fn strided_width(
+    sm_count: usize,
+    dtype: Dtype,
+    cols: usize,
+    jobs: usize,
+) -> (usize, &'static str) {
+    let vm = vmax(dtype);
+    let vh = (vm / 2).max(1);
+    // resident threads: 256-thread blocks, at least 3 per multiprocessor (ATTN_MIN_BLOCKS)
+    let resident = sm_count * 3 * 256;
+    let candidates = [(vm, "vec"), (vh, "half"), (1, "scalar")];
+    candidates
+        .into_iter()
+        .filter(|(v, _)| cols % v == 0)
+        .find(|(v, _)| jobs * (cols / v) >= 2 * resident)
+        .unwrap_or(if cols % vh == 0 {
+            (vh, "half")
+        } else {
+            (1, "scalar")
+        })
+}

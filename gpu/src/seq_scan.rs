@@ -9,7 +9,9 @@
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
-use crate::params::{check_float, grid_for, scan_output_dtype, tag, vmax, GateArgs, StridedArgs};
+use crate::params::{
+    check_float, grid_for, scan_output_dtype, strided_width, tag, GateArgs, StridedArgs,
+};
 use crate::tensor::DeviceTensor;
 use attn_reference::cumsum::{validate_seq_scan, SeqScanPlan};
 use attn_reference::{Dtype, Error};
@@ -83,12 +85,7 @@ pub(crate) fn launch_strided(
     if jobs.njobs == 0 || cols == 0 {
         return Ok(());
     }
-    let vec = if cols % vmax(g.dtype()) == 0 {
-        vmax(g.dtype())
-    } else {
-        1
-    };
-    let kind = if vec > 1 { "vec" } else { "scalar" };
+    let (vec, kind) = strided_width(gpu.sm_count(), g.dtype(), cols, jobs.njobs);
     let ncv = cols / vec;
     let (job_row0, job_len) = match &jobs.table {
         Some((r, l)) => (r.ptr(gpu), l.ptr(gpu)),

@@ -11,7 +11,7 @@ use attn_reference::cumsum as refr;
 use attn_reference::{Dtype, RCP_LN2};
 use common::*;
 use proptest::prelude::{any, prop, Strategy};
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::TestRunner;
 
 fn out_dtype(input: Dtype, pick: usize) -> Dtype {
     [input, Dtype::F32, Dtype::F64][pick % 3]
@@ -34,7 +34,7 @@ fn check_cumsum(
     cumsum_into(gpu, &x, dim, reverse, &mut y).unwrap();
     let want = refr::cumsum(xv.view(), dim, reverse).unwrap();
     let len = refr::validate_cumsum(shape, dim).unwrap().len;
-    let thr = threshold(din, dout, if len > 1 << 16 { 1e-4 } else { 1e-5 });
+    let thr = threshold(dout, if len > 1 << 16 { 1e-4 } else { 1e-5 });
     assert_close(
         &format!("cumsum {shape:?} dim {dim} rev {reverse} {din}->{dout}"),
         &download(gpu, &y),
@@ -62,7 +62,7 @@ fn cumsum_any_rank_dim_dtype_matches_reference() {
         0..3usize,
         any::<u64>(),
     );
-    TestRunner::new(Config::with_cases(48))
+    TestRunner::new(cases(48))
         .run(&s, |(shape, d, reverse, di, oi, seed)| {
             let r = shape.len() as i64;
             let dim = d.rem_euclid(2 * r) - r; // -r ..= r-1
@@ -98,7 +98,7 @@ fn cumsum_every_strategy_matches_reference() {
         0..3usize,
         any::<u64>(),
     );
-    TestRunner::new(Config::with_cases(40))
+    TestRunner::new(cases(40))
         .run(&s, |(shape, reverse, di, oi, seed)| {
             let dim = match shape.len() {
                 5 => 2,
@@ -203,7 +203,7 @@ fn cumsum_nan_and_inf_propagate_like_sequential_summation() {
         any::<bool>(),
         any::<u64>(),
     );
-    TestRunner::new(Config::with_cases(16))
+    TestRunner::new(cases(16))
         .run(&s, |(shape, reverse, seed)| {
             let mut rng = Rng::new(seed);
             let mut a = rng.array(&shape, -1.0, 1.0);
@@ -276,11 +276,11 @@ fn check_seq_scan(gpu: &Gpu, local: bool, case: SeqCase) {
         chunk_local_cumsum_into(gpu, &g, cu.as_deref(), bt as i64, reverse, scale, &mut o).unwrap();
         let w =
             refr::chunk_local_cumsum(gv.view(), cu.as_deref(), bt as i64, reverse, scale).unwrap();
-        (download(gpu, &o), w, threshold(din, dout, 1e-6))
+        (download(gpu, &o), w, threshold(dout, 1e-6))
     } else {
         chunk_global_cumsum_into(gpu, &g, cu.as_deref(), reverse, scale, &mut o).unwrap();
         let w = refr::chunk_global_cumsum(gv.view(), cu.as_deref(), reverse, scale).unwrap();
-        (download(gpu, &o), w, threshold(din, dout, 1e-5))
+        (download(gpu, &o), w, threshold(dout, 1e-5))
     };
     let op = if local {
         "chunk_local_cumsum"
@@ -300,7 +300,7 @@ fn chunk_local_cumsum_matches_reference() {
     let Some(gpu) = gpu_or_skip("chunk_local_cumsum_matches_reference") else {
         return;
     };
-    TestRunner::new(Config::with_cases(48))
+    TestRunner::new(cases(48))
         .run(&seq_case(), |case| {
             check_seq_scan(gpu, true, case);
             Ok(())
@@ -313,7 +313,7 @@ fn chunk_global_cumsum_matches_reference() {
     let Some(gpu) = gpu_or_skip("chunk_global_cumsum_matches_reference") else {
         return;
     };
-    TestRunner::new(Config::with_cases(48))
+    TestRunner::new(cases(48))
         .run(&seq_case(), |case| {
             check_seq_scan(gpu, false, case);
             Ok(())

@@ -11,14 +11,13 @@
 //! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
 
 use attn_gpu::{
-    chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into, kda_gate_into, DeviceTensor,
-    GateInputs, Gpu, GpuResult,
+    chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into,
+    kda_gate_into, DeviceTensor, GateInputs, Gpu, GpuResult,
 };
 use attn_reference::gate::KdaGateChunkCumsumParams;
 use attn_reference::{Dtype, RCP_LN2};
 use cudarc::driver::sys::CUevent_flags;
 use half::bf16;
-use ndarray::{ArrayD, IxDyn};
 use serde_json::json;
 
 /// One benchmark shape: its name (shared with `bench_anchors.py`), the input shape and dtype,
@@ -35,6 +34,7 @@ struct Case {
 enum Op {
     Cumsum { dim: i64 },
     ChunkLocal { chunk: i64 },
+    ChunkGlobal,
     KdaGate,
     KdaGateChunkCumsum { chunk: i64 },
 }
@@ -99,6 +99,13 @@ fn cases() -> Vec<Case> {
             Op::ChunkLocal { chunk: 64 },
         ),
         c(
+            "chunk_global_cumsum_bf16_f32",
+            &[1, 32768, 32, 128],
+            BF16,
+            F32,
+            Op::ChunkGlobal,
+        ),
+        c(
             "kda_gate_bf16_f32",
             &[1, 32768, 32, 128],
             BF16,
@@ -129,8 +136,8 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// A device tensor of `shape` in `dtype` filled with a tiled block of random values in
-/// `[lo, hi)` (real data, never zeros).
+/// A device tensor of `shape` in `dtype` filled with a tiled block of 2^20 random values in
+/// `[lo, hi)` (real data, never zeros): the block is uploaded once and copied on the device.
 fn random_tensor(
     gpu: &Gpu,
     shape: &[usize],
@@ -141,7 +148,7 @@ fn random_tensor(
 ) -> GpuResult<DeviceTensor> {
     let n: usize = shape.iter().product();
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let block: Vec<f32> = (0..(1usize << 20).min(n))
+    let block: Vec<f32> = (0..(1usize << 20).min(n).max(1))
         .map(|_| {
             s ^= s << 13;
             s ^= s >> 7;
@@ -149,22 +156,27 @@ fn random_tensor(
             lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
         })
         .collect();
-    let at = |i: usize| block[i % block.len()];
-    match dtype {
-        Dtype::F32 => {
-            let a = ArrayD::from_shape_fn(IxDyn(&[n]), |i| at(i[0]))
-                .into_shape_with_order(IxDyn(shape))
-                .unwrap();
-            DeviceTensor::from_array(gpu, a.view())
-        }
+    let blk = match dtype {
+        Dtype::F32 => DeviceTensor::from_slice(gpu, &block)?,
         Dtype::BF16 => {
-            let a = ArrayD::from_shape_fn(IxDyn(&[n]), |i| bf16::from_f32(at(i[0])))
-                .into_shape_with_order(IxDyn(shape))
-                .unwrap();
-            DeviceTensor::from_array(gpu, a.view())
+            let b: Vec<bf16> = block.iter().map(|&v| bf16::from_f32(v)).collect();
+            DeviceTensor::from_slice(gpu, &b)?
         }
         d => panic!("bench inputs are f32 or bf16, not {d}"),
+    };
+    let mut t = DeviceTensor::alloc(gpu, shape, dtype)?;
+    let (bb, total) = (blk.num_bytes(), t.num_bytes());
+    let mut off = 0;
+    while off < total {
+        let len = bb.min(total - off);
+        let src = blk.buffer().slice(0..len);
+        let mut dst = t.buffer_mut().slice_mut(off..off + len);
+        gpu.stream()
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(attn_gpu::GpuError::driver_ctx("tiling the input"))?;
+        off += len;
     }
+    Ok(t)
 }
 
 /// Median of per-launch event times (ms) of `iters` launches queued back to back.
@@ -278,6 +290,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Op::ChunkLocal { chunk } => {
                     chunk_local_cumsum_into(gpu, x, None, chunk, false, None, &mut out)
                 }
+                Op::ChunkGlobal => chunk_global_cumsum_into(gpu, x, None, false, None, &mut out),
                 Op::KdaGate => kda_gate_into(gpu, x, &side, None, &mut out),
                 Op::KdaGateChunkCumsum { chunk } => {
                     let p = KdaGateChunkCumsumParams {

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Times today's alternatives (the anchors) on the shapes of `bench_gpu`, in the same GPU run,
+and prints ours next to them.
+
+Anchors: `torch.cumsum` for the cumsum cases; FLA 0.6.0 `chunk_local_cumsum`,
+`chunk_global_cumsum`, `kda_gate_fwd`, `kda_gate_chunk_cumsum` (Triton) for the others, plus the
+two-kernel `kda_gate_fwd` + `chunk_local_cumsum` for the first fused shape. Times are medians of
+`triton.testing.do_bench` (warm-up 25 ms, 100 ms of repeats, L2 flushed before each repeat).
+Bytes count each input element read once and each output element written once. The copy
+ceiling is a 1 GiB `Tensor.copy_` (2 GiB moved) timed the same way.
+
+Usage: bench_anchors.py [--json OUT.json] [--ours bench_gpu.json] [--filter SUBSTR]
+With --ours, prints: case, ours (ms), anchor (ms), speedup (anchor / ours), the shares of each
+side's own copy ceiling, and the target.
+"""
+import argparse
+import json
+import math
+
+import torch
+import triton
+
+RCP_LN2 = 1.4426950216
+
+# name -> (shape, in dtype, out dtype, anchor, target share of ceiling, min speedup vs anchor)
+CASES = {
+    "cumsum_seed_dim2_f32": ([16, 16, 1024, 64, 64], "float32", "float32", ("cumsum", 2), 0.90, 1.0),
+    "cumsum_seed_dim2_bf16_f32": ([16, 16, 1024, 64, 64], "bfloat16", "float32", ("cumsum", 2), 0.85, 1.0),
+    "cumsum_rows_last_f32": ([1048576, 1024], "float32", "float32", ("cumsum", -1), 0.85, 1.0),
+    "cumsum_rows_last_bf16_f32": ([1048576, 1024], "bfloat16", "float32", ("cumsum", -1), 0.85, 1.0),
+    "cumsum_dim0_f32": ([1024, 1048576], "float32", "float32", ("cumsum", 0), 0.90, 1.0),
+    "cumsum_one_lane_f32": ([1 << 28], "float32", "float32", ("cumsum", 0), 0.80, 1.0),
+    "chunk_local_cumsum_bf16_f32": ([1, 32768, 32, 128], "bfloat16", "float32", ("fla_local",), 0.92, 1.05),
+    "chunk_global_cumsum_bf16_f32": ([1, 32768, 32, 128], "bfloat16", "float32", ("fla_global",), None, 1.0),
+    "kda_gate_bf16_f32": ([1, 32768, 32, 128], "bfloat16", "float32", ("fla_gate",), None, 1.0),
+    "kda_gate_chunk_cumsum_1x32768x32x128": ([1, 32768, 32, 128], "bfloat16", "float32", ("fla_fused",), 0.92, 1.05),
+    "kda_gate_chunk_cumsum_8x4096x16x128": ([8, 4096, 16, 128], "bfloat16", "float32", ("fla_fused",), 0.92, 1.05),
+    "kda_gate_chunk_cumsum_1x131072x8x128": ([1, 131072, 8, 128], "bfloat16", "float32", ("fla_fused",), 0.92, 1.05),
+}
+
+DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def anchor_fn(anchor, shape, din):
+    x = (torch.rand(shape, device="cuda", dtype=torch.float32) * 2 - 1)
+    if anchor[0] == "cumsum":
+        x = x.to(DT[din])
+        dim = anchor[1]
+        if din == "float32":
+            return lambda: torch.cumsum(x, dim)
+        return lambda: torch.cumsum(x, dim, dtype=torch.float32)
+    from fla.ops.utils.cumsum import chunk_global_cumsum, chunk_local_cumsum
+    from fla.ops.kda.gate import kda_gate_chunk_cumsum, kda_gate_fwd
+
+    g = (x * 6).to(DT[din])
+    if anchor[0] == "fla_local":
+        return lambda: chunk_local_cumsum(g, chunk_size=64, output_dtype=torch.float)
+    if anchor[0] == "fla_global":
+        return lambda: chunk_global_cumsum(g, output_dtype=torch.float)
+    H, K = shape[2], shape[3]
+    a_log = torch.rand(H, device="cuda") * 3 - 2
+    dt_bias = torch.rand(H * K, device="cuda") * 2 - 1
+    if anchor[0] == "fla_gate":
+        return lambda: kda_gate_fwd(g, a_log, dt_bias)
+    if anchor[0] == "fla_fused":
+        return lambda: kda_gate_chunk_cumsum(g, a_log, chunk_size=64, scale=RCP_LN2, dt_bias=dt_bias, output_dtype=torch.float)
+    if anchor[0] == "fla_two_kernels":
+        return lambda: chunk_local_cumsum(kda_gate_fwd(g, a_log, dt_bias), chunk_size=64, scale=RCP_LN2, output_dtype=torch.float)
+    raise ValueError(anchor)
+
+
+def nbytes(shape, din, dout):
+    n = math.prod(shape)
+    return n * (torch.finfo(DT[din]).bits // 8 + torch.finfo(DT[dout]).bits // 8)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--ours")
+    ap.add_argument("--filter", default="")
+    args = ap.parse_args()
+
+    src = torch.rand(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = bench(lambda: dst.copy_(src))
+    ceiling = 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e9
+    del src, dst
+    dev = torch.cuda.get_device_name()
+    print(f"anchors on {dev}: torch {torch.__version__}, triton {triton.__version__}; copy ceiling {ceiling:.0f} GB/s")
+    rows = {}
+    cases = dict(CASES)
+    cases["kda_gate_then_chunk_local_cumsum_1x32768x32x128"] = ([1, 32768, 32, 128], "bfloat16", "float32", ("fla_two_kernels",), None, None)
+    for name, (shape, din, dout, anchor, _, _) in cases.items():
+        if args.filter not in name:
+            continue
+        try:
+            fn = anchor_fn(anchor, shape, din)
+            ms = bench(fn)
+            b = nbytes(shape, din, dout)
+            rows[name] = {"anchor": anchor[0], "median_ms": ms, "bytes": b, "gbps": b / (ms * 1e-3) / 1e9,
+                          "share": b / (ms * 1e-3) / 1e9 / ceiling}
+            print(f"  {name:<50} {anchor[0]:<16} {ms:9.4f} ms {rows[name]['gbps']:7.0f} GB/s {100 * rows[name]['share']:5.1f}%")
+        except Exception as e:  # an anchor that cannot run is reported, not fatal
+            rows[name] = {"anchor": anchor[0], "error": repr(e)}
+            print(f"  {name:<50} {anchor[0]:<16} failed: {e!r}")
+        torch.cuda.empty_cache()
+    doc = {"device": dev, "torch": torch.__version__, "triton": triton.__version__, "ceiling_gbps": ceiling,
+           "copy_ms": copy_ms, "cases": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    if args.ours:
+        with open(args.ours) as f:
+            ours = json.load(f)
+        print()
+        print(f"ours on {ours['device']} (copy ceiling {ours['ceiling_gbps']:.0f} GB/s), anchors on {dev} (copy ceiling {ceiling:.0f} GB/s)")
+        hdr = f"{'case':<40} {'ours ms':>9} {'anchor ms':>10} {'speedup':>8} {'ours %ceil':>10} {'anchor %ceil':>12}  target"
+        print(hdr)
+        print("-" * len(hdr))
+        for c in ours["cases"]:
+            a = rows.get(c["name"], {})
+            spec = CASES.get(c["name"])
+            tgt = ""
+            ok = True
+            if spec:
+                share, speed = spec[4], spec[5]
+                if share:
+                    tgt += f">={100 * share:.0f}%"
+                    ok &= c["share"] >= share
+                if speed and "median_ms" in a:
+                    tgt += f" >={speed:.2f}x"
+                    ok &= a["median_ms"] / c["median_ms"] >= speed
+            am = a.get("median_ms")
+            sp = f"{am / c['median_ms']:.2f}x" if am else "n/a"
+            ash = f"{100 * a['share']:.1f}%" if am else "n/a"
+            amt = f"{am:.4f}" if am else "n/a"
+            print(f"{c['name']:<40} {c['median_ms']:9.4f} {amt:>10} {sp:>8} {100 * c['share']:9.1f}% {ash:>12}  {tgt} {'ok' if ok else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()

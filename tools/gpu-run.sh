@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU suite, run on the device machine from the repository root (staged by gpu-suite.sh):
+#
+#   bash STAGE/run.sh STAGE [all|tests|verify|sanitizer|bench]...
+#
+# Writes into $OUT: summary.txt (the short table of everything), tests.log, verify.log,
+# sanitizer.log, bench.txt, bench_gpu.json, bench_anchors.json.
+set -u -o pipefail
+S=${1:?usage: run.sh STAGE_DIR [parts]}
+shift
+PARTS=${*:-all}
+OUT=${OUT:-/tmp/attn-gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export ATTN_REQUIRE_GPU=1
+if [ -d "$S/fixtures" ]; then export ATTN_FIXTURES=$S/fixtures; else export ATTN_FIXTURES=$PWD/fixtures; fi
+SUM=$OUT/summary.txt
+want() { [[ " $PARTS " == *" all "* || " $PARTS " == *" $1 "* ]]; }
+say() { echo "$*" | tee -a "$SUM"; }
+
+say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader)"
+say "== parts: $PARTS"
+
+if want tests; then
+  for t in "$S"/bin/test_*; do
+    start=$(date +%s)
+    timeout 420 "$t" --test-threads 2 >>"$OUT/tests.log" 2>&1
+    rc=$?
+    say "tests $(basename "$t"): exit $rc, $(( $(date +%s) - start )) s, $(grep -h '^test result' "$OUT/tests.log" | tail -1)"
+  done
+  grep -E "panicked|FAILED" "$OUT/tests.log" | head -20 | tee -a "$SUM"
+fi
+
+if want verify; then
+  if [ -n "$(ls -A "$ATTN_FIXTURES" 2>/dev/null)" ]; then
+    timeout 300 "$S/bin/attn-conform" verify --device all "$ATTN_FIXTURES" >"$OUT/verify.log" 2>&1
+    say "verify --device all $ATTN_FIXTURES: exit $?, $(tail -1 "$OUT/verify.log")"
+    timeout 300 "$S/bin/attn-conform" verify --device gpu "$ATTN_FIXTURES" >>"$OUT/verify.log" 2>&1
+    say "verify --device gpu: exit $?, $(tail -1 "$OUT/verify.log")"
+  else
+    say "verify: no fixtures under $ATTN_FIXTURES"
+  fi
+fi
+
+if want sanitizer; then
+  # a reduced set of cases: the sanitizer slows kernels down by orders of magnitude
+  export ATTN_TEST_CASES=4
+  for tool in memcheck racecheck; do
+    for t in scans gates; do
+      timeout 400 compute-sanitizer --tool $tool --error-exitcode 3 "$S/bin/test_$t" --test-threads 1 \
+        --skip long_lane >>"$OUT/sanitizer.log" 2>&1
+      rc=$?
+      say "compute-sanitizer $tool test_$t: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+    done
+  done
+  unset ATTN_TEST_CASES
+fi
+
+if want bench; then
+  timeout 300 "$S/bin/bench_gpu" --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench.txt"
+  whl=$(ls "$S"/whl/fla_core-0.6.0-*.whl 2>/dev/null | head -1)
+  if [ -n "$whl" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site
+  fi
+  PYTHONUNBUFFERED=1 timeout 400 python3 "$S/bench_anchors.py" --json "$OUT/bench_anchors.json" --ours "$OUT/bench_gpu.json" 2>&1 | tee -a "$OUT/bench.txt"
+  sed -n '/^ours on/,$p' "$OUT/bench.txt" >>"$SUM"
+fi
+echo "== summary"; cat "$SUM"
