@@ -1,27 +1,44 @@
 // `kda_gate` (spec ops-cumsum.md section 4): y = gate(g) elementwise (gate.cuh), y in fp32.
-// One thread per VEC adjacent elements of the flattened g, grid-stride; `vec` needs HV * K to be
-// a multiple of 16 / sizeof(Tin).
+// `vec` needs HV * K to be a multiple of 16 / sizeof(Tin).
 
 struct GateElemArgs {
     u64 x;       // const Tin*
     u64 y;       // float*
-    i64 n;       // number of elements
+    i64 rows;    // B * T
     i64 cols;    // HV * K
     GateArgs gate;
 };
 
+// 2-D grid: x covers the columns (VEC per thread, fixed per thread so the gate constants of
+// its columns are computed once), y strides over the rows, GATE_ROWS rows loaded ahead.
+#define GATE_ROWS 4
+
 template <typename Tin, typename Acc, int VEC>
 __device__ __forceinline__ void gate_elementwise(const GateElemArgs& a) {
-    const i64 nv = a.n / VEC;
-    const i64 stride = (i64)gridDim.x * blockDim.x;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += stride) {
-        const i64 e0 = i * VEC;
-        Acc v[VEC];
-        load_vec<Tin, Acc, VEC>(reinterpret_cast<const Tin*>(a.x) + e0, v);
-        Gate<Acc, VEC> g;
-        g.init(a.gate, e0 % a.cols);
-        g.apply(v);
-        store_vec<float, Acc, VEC>(reinterpret_cast<float*>(a.y) + e0, v);
+    const i64 c0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (c0 >= a.cols) return;
+    Gate<Acc, VEC> g;
+    g.init(a.gate, c0);
+    const Tin* __restrict__ x = reinterpret_cast<const Tin*>(a.x) + c0;
+    float* __restrict__ y = reinterpret_cast<float*>(a.y) + c0;
+    for (i64 r = blockIdx.y; r < a.rows; r += (i64)gridDim.y * GATE_ROWS) {
+        Vec<Tin, VEC> raw[GATE_ROWS];
+#pragma unroll
+        for (int u = 0; u < GATE_ROWS; ++u) {
+            const i64 ru = r + (i64)u * gridDim.y;
+            if (ru < a.rows) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + ru * a.cols);
+        }
+#pragma unroll
+        for (int u = 0; u < GATE_ROWS; ++u) {
+            const i64 ru = r + (i64)u * gridDim.y;
+            if (ru < a.rows) {
+                Acc v[VEC];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) v[k] = (Acc)widen(raw[u].v[k]);
+                g.apply(v);
+                store_vec<float, Acc, VEC>(y + ru * a.cols, v);
+            }
+        }
     }
 }
 

@@ -9,10 +9,12 @@
 // - rows_warp: one warp per row (short rows, many of them);
 // - rows_lookback: rows cut into tiles of LB_WARPS warps; a tile's exclusive prefix comes from a
 //   single-pass look-back over the tiles before it in its row. The look-back is deterministic:
-//   tiles form groups of 32 and super-groups of 32 groups; a tile adds (inclusive prefix at the
-//   end of the previous super-group) + (aggregates of the earlier groups of its super-group) +
-//   (aggregates of the earlier tiles of its group), always in the same order, so repeated
-//   launches give bit-identical results whatever the scheduling.
+//   tiles form groups of 32, super-groups of 32 groups and hyper-groups of 32 super-groups; a
+//   tile adds (inclusive prefix at the end of the previous hyper-group) + (aggregates of the
+//   earlier super-groups of its hyper-group) + (of the earlier groups of its super-group) + (of
+//   the earlier tiles of its group), always in the same order, so repeated launches give
+//   bit-identical results whatever the scheduling. Aggregates are published as soon as a tile
+//   has loaded its data, so the only serial chain is one hop per 32768 tiles.
 
 #define LB_WARPS 8
 
@@ -22,7 +24,7 @@ struct RowArgs {
     i64 rows;
     i64 len;
     i64 reverse;
-    u64 status;         // Status<Acc>[3 * rows * tiles_per_row] (look-back only)
+    u64 status;         // Status<Acc>[4 * rows * tiles_per_row] (look-back only)
     i64 epoch;          // look-back: flags equal to this value are valid in this launch
     i64 tiles_per_row;  // look-back only
 };
@@ -107,24 +109,68 @@ __device__ __forceinline__ void rows_warp(const RowArgs& a) {
     }
 }
 
-template <typename Acc> struct alignas(16) Status {
-    unsigned flag;
-    unsigned pad;
-    Acc val;
-};
+// A look-back status word: `epoch` tags the value as published in this launch. fp32 packs
+// both into one 64-bit word (a single access, no fence); fp64 stores the value, then the flag
+// with release semantics, and reads the flag with acquire semantics.
+template <typename Acc> struct Status;
+template <> struct alignas(8) Status<float> { u64 w; };
+template <> struct alignas(16) Status<double> { unsigned flag; unsigned pad; double val; };
 
-template <typename Acc> __device__ __forceinline__ void publish(Status<Acc>* s, Acc v, unsigned epoch) {
-    *reinterpret_cast<volatile Acc*>(&s->val) = v;
-    __threadfence();
-    *reinterpret_cast<volatile unsigned*>(&s->flag) = epoch;
+__device__ __forceinline__ void publish(Status<float>* s, float v, unsigned epoch) {
+    const u64 w = ((u64)epoch << 32) | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(&s->w), "l"(w) : "memory");
+}
+__device__ __forceinline__ void publish(Status<double>* s, double v, unsigned epoch) {
+    *reinterpret_cast<volatile double*>(&s->val) = v;
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&s->flag), "r"(epoch) : "memory");
 }
 
-template <typename Acc> __device__ __forceinline__ Acc wait_read(const Status<Acc>* s, unsigned epoch) {
-    while (*reinterpret_cast<const volatile unsigned*>(&s->flag) != epoch) {
+__device__ __forceinline__ u64 load_word(const Status<float>* s) {
+    u64 w;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(&s->w));
+    return w;
+}
+
+// The four look-back levels of one tile. level(i) = sum over the warp of the value published
+// at at[i] by the lanes where need[i] holds, waiting until each is published. fp32: the
+// constructor issues every lane's (up to) four loads before any wait, so the levels cost one
+// round trip; fp64 reads each level in turn.
+template <typename Acc> struct Gather;
+template <> struct Gather<float> {
+    const Status<float>* const (&at)[4];
+    unsigned epoch;
+    u64 w[4];
+    __device__ __forceinline__ Gather(const Status<float>* const (&at_)[4], const bool (&need)[4],
+                                      unsigned epoch_)
+        : at(at_), epoch(epoch_) {
+        const u64 ready = (u64)epoch << 32;  // value 0.0f
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = need[i] ? load_word(at[i]) : ready;
     }
-    __threadfence();
-    return *reinterpret_cast<const volatile Acc*>(&s->val);
-}
+    __device__ __forceinline__ float level(int i) {
+        while ((unsigned)(w[i] >> 32) != epoch) w[i] = load_word(at[i]);
+        return warp_sum(__uint_as_float((unsigned)w[i]));
+    }
+};
+template <> struct Gather<double> {
+    const Status<double>* const (&at)[4];
+    const bool (&need)[4];
+    unsigned epoch;
+    __device__ __forceinline__ Gather(const Status<double>* const (&at_)[4], const bool (&need_)[4],
+                                      unsigned epoch_)
+        : at(at_), need(need_), epoch(epoch_) {}
+    __device__ __forceinline__ double level(int i) {
+        double v = 0.0;
+        if (need[i]) {
+            unsigned f;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(&at[i]->flag) : "memory");
+            } while (f != epoch);
+            v = *reinterpret_cast<const volatile double*>(&at[i]->val);
+        }
+        return warp_sum(v);
+    }
+};
 
 // One block (LB_WARPS warps) per tile; blockIdx.x = row * tiles_per_row + tile. A tile waits
 // only on tiles of lower index, which are dispatched before it.
@@ -154,11 +200,12 @@ __device__ __forceinline__ void rows_lookback(const RowArgs& a) {
     if (warp == 0) {
         const unsigned epoch = (unsigned)a.epoch;
         const i64 nt = a.rows * a.tiles_per_row;
-        const i64 gpr = (a.tiles_per_row + 31) / 32;       // groups per row
-        const i64 spr = (gpr + 31) / 32;                   // super-groups per row
-        Status<Acc>* A = reinterpret_cast<Status<Acc>*>(a.status) + row * a.tiles_per_row;
-        Status<Acc>* G = reinterpret_cast<Status<Acc>*>(a.status) + nt + row * gpr;
-        Status<Acc>* S = reinterpret_cast<Status<Acc>*>(a.status) + 2 * nt + row * spr;
+        Status<Acc>* base = reinterpret_cast<Status<Acc>*>(a.status);
+        // four regions of nt entries, each indexed by (row, index within the row)
+        Status<Acc>* A = base + row * a.tiles_per_row;           // tile aggregates
+        Status<Acc>* G = base + nt + row * a.tiles_per_row;      // group (32 tiles) aggregates
+        Status<Acc>* S = base + 2 * nt + row * a.tiles_per_row;  // super (32 groups) aggregates
+        Status<Acc>* P = base + 3 * nt + row * a.tiles_per_row;  // inclusive prefix per 32 supers
 
         const Acc wv = lane < LB_WARPS ? wsum[lane] : Acc(0);
         const Acc wincl = warp_incl_scan(wv, lane);
@@ -167,19 +214,24 @@ __device__ __forceinline__ void rows_lookback(const RowArgs& a) {
         const Acc agg = __shfl_sync(0xffffffffu, wincl, LB_WARPS - 1);
         if (lane == 0) publish(&A[t], agg, epoch);
 
-        const i64 g = t >> 5, s = t >> 10;
-        const int p = (int)(t & 31), gs = (int)(g & 31);
-        // earlier tiles of this group
-        Acc in_group = lane < p ? wait_read(&A[t - p + lane], epoch) : Acc(0);
-        in_group = warp_sum(in_group);
+        const i64 g = t >> 5, s = t >> 10, h = t >> 15;
+        const int p = (int)(t & 31), gs = (int)(g & 31), sh = (int)(s & 31);
+        // Lane l takes entry l of: the earlier tiles of this group, the earlier groups of this
+        // super-group, the earlier super-groups of this hyper-group; lane 0 also the inclusive
+        // prefix of the previous hyper-group. A group / super / hyper aggregate is published
+        // by its last tile, from sums of the same values in the same order.
+        const Status<Acc>* const at[4] = {&A[t - p + lane], &G[g - gs + lane], &S[s - sh + lane], &P[h - 1]};
+        const bool need[4] = {lane < p, lane < gs, lane < sh, h > 0 && lane == 0};
+        // aggregates are published as soon as their own inputs are in: no chain inside a hyper-group
+        Gather<Acc> gather(at, need, epoch);
+        const Acc in_group = gather.level(0);
         if (p == 31 && lane == 0) publish(&G[g], in_group + agg, epoch);
-        // earlier groups of this super-group
-        Acc in_super = lane < gs ? wait_read(&G[g - gs + lane], epoch) : Acc(0);
-        in_super = warp_sum(in_super);
-        // inclusive prefix at the end of the previous super-group
-        const Acc before = s > 0 ? wait_read(&S[s - 1], epoch) : Acc(0);
-        const Acc excl = (before + in_super) + in_group;
-        if (p == 31 && gs == 31 && lane == 0) publish(&S[s], excl + agg, epoch);
+        const Acc in_super = gather.level(1);
+        if (p == 31 && gs == 31 && lane == 0) publish(&S[s], (in_super + in_group) + agg, epoch);
+        const Acc in_hyper = gather.level(2);
+        const Acc before = gather.level(3);
+        const Acc excl = ((before + in_hyper) + in_super) + in_group;
+        if (p == 31 && gs == 31 && sh == 31 && lane == 0) publish(&P[h], excl + agg, epoch);
         if (lane < LB_WARPS) wsum[lane] = wex;
         if (lane == 0) tile_excl = excl;
     }

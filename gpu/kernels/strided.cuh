@@ -27,9 +27,14 @@ struct StridedArgs {
     GateArgs gate;
 };
 
+// Rows loaded ahead per thread (overridable with -DATTN_UNR=N for tuning).
+#ifndef ATTN_UNR
+#define ATTN_UNR 8
+#endif
+
 template <typename Tin, typename Tout, typename Acc, int VEC, bool GATE>
 __device__ __forceinline__ void strided_scan(const StridedArgs& a) {
-    constexpr int UNR = 8;
+    constexpr int UNR = ATTN_UNR;
     const i64 total = a.njobs * a.ncv;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     const Acc scale = (Acc)a.scale;

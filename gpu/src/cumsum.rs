@@ -105,7 +105,8 @@ pub fn cumsum_into(
     let pair = format!("{}_{}", tag(x.dtype()), tag(y.dtype()));
     match strategy(&plan, gpu.sm_count()) {
         CumsumStrategy::Strided => {
-            let (vec, kind) = strided_width(gpu.sm_count(), x.dtype(), plan.inner, plan.outer);
+            let (vec, kind) =
+                strided_width(gpu.sm_count(), x.dtype(), y.dtype(), plan.inner, plan.outer);
             let ncv = plan.inner / vec;
             let args = StridedArgs {
                 x: x.ptr(gpu),
@@ -124,7 +125,7 @@ pub fn cumsum_into(
             gpu.launch(
                 Module::Cumsum,
                 &name,
-                grid_for(plan.outer * ncv),
+                (grid_for(plan.outer * ncv), 1),
                 256,
                 &args,
             )
@@ -145,7 +146,13 @@ pub fn cumsum_into(
                 ..Default::default()
             };
             let name = format!("cumsum_rows_{kind}_{pair}");
-            gpu.launch(Module::Cumsum, &name, grid_for(plan.outer * 32), 256, &args)
+            gpu.launch(
+                Module::Cumsum,
+                &name,
+                (grid_for(plan.outer * 32), 1),
+                256,
+                &args,
+            )
         }
         CumsumStrategy::Lookback => {
             let vec = if plan.len % vmax(x.dtype()) == 0 {
@@ -160,9 +167,9 @@ pub fn cumsum_into(
             if tiles > i32::MAX as usize {
                 return Err(Error::shape("x", "fewer than 2^31 scan tiles", x.shape()).into());
             }
-            // Status<Acc> entries are 16 bytes: tile aggregates, group aggregates, super-group
-            // prefixes, each indexed below `tiles`.
-            let scratch = gpu.scratch(3 * tiles * 16)?;
+            // Status<Acc> entries are 16 bytes: tile, group and super-group aggregates and
+            // hyper-group prefixes, each region `tiles` entries.
+            let scratch = gpu.scratch(4 * tiles * 16)?;
             let status = {
                 let buf = scratch.buf.as_ref().expect("scratch allocated");
                 let (p, _g) = cudarc::driver::DevicePtr::device_ptr(buf, gpu.stream());
@@ -179,7 +186,7 @@ pub fn cumsum_into(
                 tiles_per_row: tiles_per_row as i64,
             };
             let name = format!("cumsum_lookback_{kind}_{pair}");
-            gpu.launch(Module::Cumsum, &name, tiles as u32, 256, &args)
+            gpu.launch(Module::Cumsum, &name, (tiles as u32, 1), 256, &args)
         }
     }
 }

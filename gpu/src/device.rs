@@ -192,19 +192,20 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Launches `kernel` of `module` with one by-value parameter struct, checks the launch,
+    /// Launches `kernel` of `module` on a `grid` of `block`-thread blocks with one by-value
+    /// parameter struct, checks the launch,
     /// and (when checked) its completion.
     pub(crate) fn launch<P: DeviceRepr>(
         &self,
         module: Module,
         kernel: &str,
-        grid: u32,
+        grid: (u32, u32),
         block: u32,
         params: &P,
     ) -> GpuResult<()> {
         let f = self.function(module, kernel)?;
         let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
+            grid_dim: (grid.0, grid.1, 1),
             block_dim: (block, 1, 1),
             shared_mem_bytes: 0,
         };

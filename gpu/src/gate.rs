@@ -10,7 +10,7 @@ use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
 use crate::params::{
-    check_float, dtype_code, grid_for, scan_output_dtype, tag, vmax, GateArgs, GateElemArgs,
+    check_float, dtype_code, scan_output_dtype, tag, vmax, GateArgs, GateElemArgs,
 };
 use crate::seq_scan::{check_out, jobs, launch_strided};
 use crate::tensor::DeviceTensor;
@@ -110,9 +110,9 @@ pub fn kda_gate_into(
     if y.shape() != g.shape() {
         return Err(Error::shape("y", format!("the shape of g {:?}", g.shape()), y.shape()).into());
     }
-    let n = g.numel();
     let cols = hv * k;
-    if n == 0 {
+    let rows = g.numel() / cols.max(1);
+    if g.numel() == 0 {
         return Ok(());
     }
     let vec = if cols % vmax(g.dtype()) == 0 {
@@ -124,13 +124,15 @@ pub fn kda_gate_into(
     let args = GateElemArgs {
         x: g.ptr(gpu),
         y: y.ptr_mut(gpu),
-        n: n as i64,
+        rows: rows as i64,
         cols: cols as i64,
         gate,
     };
     let name = format!("kda_gate_{kind}_{}", tag(g.dtype()));
-    let blocks = grid_for(n / vec).min((gpu.sm_count() * 16) as u32);
-    gpu.launch(Module::KdaGate, &name, blocks, 256, &args)
+    // x: the column blocks; y: enough row strides for ~16 blocks per multiprocessor
+    let gx = (cols / vec).div_ceil(256);
+    let gy = (gpu.sm_count() * 16).div_ceil(gx).clamp(1, rows.min(65535));
+    gpu.launch(Module::KdaGate, &name, (gx as u32, gy as u32), 256, &args)
 }
 
 /// `kda_gate_chunk_cumsum` into a new tensor of `output_dtype` (`None`: `g`'s dtype; the

@@ -60,7 +60,7 @@ unsafe impl DeviceRepr for StridedArgs {}
 pub(crate) struct GateElemArgs {
     pub x: u64,
     pub y: u64,
-    pub n: i64,
+    pub rows: i64,
     pub cols: i64,
     pub gate: GateArgs,
 }
@@ -130,26 +130,37 @@ pub(crate) fn grid_for(threads: usize) -> u32 {
     threads.div_ceil(256).clamp(1, i32::MAX as usize) as u32
 }
 
-/// The lane width (elements per thread) of a strided scan over `cols` lanes in `jobs` jobs, and
-/// its kernel tag: 16-byte accesses (`vec`) when that still gives at least two waves of
-/// resident threads, else 8-byte accesses (`half`, twice the threads), else one element
-/// (`scalar`, any `cols`). A width must divide `cols` so that every access is aligned.
+/// The lane width (elements per thread) of a strided scan over `cols` lanes in `jobs` jobs,
+/// and its kernel tag: `vec` (16-byte loads), `half` (8-byte loads, twice the threads) or
+/// `scalar` (one element, any `cols`). A width must divide `cols` so that every access is
+/// aligned. Preferred: the widest whose stores are at most 16 bytes per thread (a warp's store
+/// instruction then covers whole 32-byte sectors) and that still gives two waves of resident
+/// threads; else the narrowest vector width.
 pub(crate) fn strided_width(
     sm_count: usize,
-    dtype: Dtype,
+    din: Dtype,
+    dout: Dtype,
     cols: usize,
     jobs: usize,
 ) -> (usize, &'static str) {
-    let vm = vmax(dtype);
+    let vm = vmax(din);
     let vh = (vm / 2).max(1);
     // resident threads: 256-thread blocks, at least 3 per multiprocessor (ATTN_MIN_BLOCKS)
     let resident = sm_count * 3 * 256;
     let candidates = [(vm, "vec"), (vh, "half"), (1, "scalar")];
+    let divides = |v: usize| cols % v == 0;
+    // tuning override: ATTN_STRIDED_KIND=vec|half|scalar (ignored when it does not divide)
+    if let Ok(k) = std::env::var("ATTN_STRIDED_KIND") {
+        if let Some(&c) = candidates.iter().find(|(v, n)| *n == k && divides(*v)) {
+            return c;
+        }
+    }
+    let wide = din.size_bytes().max(dout.size_bytes());
     candidates
         .into_iter()
-        .filter(|(v, _)| cols % v == 0)
-        .find(|(v, _)| jobs * (cols / v) >= 2 * resident)
-        .unwrap_or(if cols % vh == 0 {
+        .filter(|&(v, _)| divides(v) && (v == 1 || v * wide <= 16))
+        .find(|&(v, _)| jobs * (cols / v) >= 2 * resident)
+        .unwrap_or(if divides(vh) {
             (vh, "half")
         } else {
             (1, "scalar")

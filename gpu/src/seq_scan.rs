@@ -85,7 +85,7 @@ pub(crate) fn launch_strided(
     if jobs.njobs == 0 || cols == 0 {
         return Ok(());
     }
-    let (vec, kind) = strided_width(gpu.sm_count(), g.dtype(), cols, jobs.njobs);
+    let (vec, kind) = strided_width(gpu.sm_count(), g.dtype(), o.dtype(), cols, jobs.njobs);
     let ncv = cols / vec;
     let (job_row0, job_len) = match &jobs.table {
         Some((r, l)) => (r.ptr(gpu), l.ptr(gpu)),
@@ -112,7 +112,7 @@ pub(crate) fn launch_strided(
         tag(g.dtype()),
         tag(o.dtype())
     );
-    gpu.launch(module, &name, grid_for(jobs.njobs * ncv), 256, &args)
+    gpu.launch(module, &name, (grid_for(jobs.njobs * ncv), 1), 256, &args)
 }
 
 /// `o` must have `g`'s shape and dtype float32, float64 or `g`'s own.
