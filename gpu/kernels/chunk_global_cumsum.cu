@@ -4,14 +4,17 @@
 // sequence.
 
 #define SEQ_KERNELS(TIN, TOUT, ACC, IN, OUT)                                                      \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_global_cumsum_vec_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, VMax<TIN>::N, false>(a);                                     \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_global_cumsum_half_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, VHalf<TIN>::N, false>(a);                                     \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_global_cumsum_scalar_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, 1, false>(a);                                                \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_global_cumsum_v1_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, 1, false>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_global_cumsum_v2_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), false>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_global_cumsum_v4_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), false>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_global_cumsum_v8_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), false>(a); \
     }
 
 FOR_SCAN_DTYPES(SEQ_KERNELS)

@@ -126,5 +126,3 @@ __device__ __forceinline__ double load_any(const void* p, int dtype, i64 i) {
 
 // Widest vector of T in one 16-byte access.
 template <typename T> struct VMax { static constexpr int N = 16 / sizeof(T); };
-// Half of that (8-byte accesses): twice the threads when lanes are too few to fill the GPU.
-template <typename T> struct VHalf { static constexpr int N = VMax<T>::N > 1 ? VMax<T>::N / 2 : 1; };

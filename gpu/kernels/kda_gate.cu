@@ -1,5 +1,5 @@
 // `kda_gate` (spec ops-cumsum.md section 4): y = gate(g) elementwise (gate.cuh), y in fp32.
-// `vec` needs HV * K to be a multiple of 16 / sizeof(Tin).
+// `v{W}`: W elements per thread; W must divide HV * K.
 
 struct GateElemArgs {
     u64 x;       // const Tin*
@@ -42,12 +42,18 @@ __device__ __forceinline__ void gate_elementwise(const GateElemArgs& a) {
     }
 }
 
-#define GATE_KERNELS(TIN, ACC, IN)                                                                \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_vec_##IN(const GateElemArgs a) {   \
-        gate_elementwise<TIN, ACC, VMax<TIN>::N>(a);                                              \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_scalar_##IN(const GateElemArgs a) { \
-        gate_elementwise<TIN, ACC, 1>(a);                                                         \
+#define GATE_KERNELS(TIN, ACC, IN) \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v1_##IN(const GateElemArgs a) { \
+        gate_elementwise<TIN, ACC, 1>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v2_##IN(const GateElemArgs a) { \
+        gate_elementwise<TIN, ACC, (2 <= VMax<TIN>::N ? 2 : 1)>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v4_##IN(const GateElemArgs a) { \
+        gate_elementwise<TIN, ACC, (4 <= VMax<TIN>::N ? 4 : 1)>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v8_##IN(const GateElemArgs a) { \
+        gate_elementwise<TIN, ACC, (8 <= VMax<TIN>::N ? 8 : 1)>(a); \
     }
 
 GATE_KERNELS(float, float, f32)

@@ -3,14 +3,17 @@
 // element as it is loaded: the gate values live only in registers.
 
 #define GATE_SCAN_KERNELS(TIN, TOUT, ACC, IN, OUT)                                                \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_vec_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, VMax<TIN>::N, true>(a);                                      \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_half_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, VHalf<TIN>::N, true>(a);                                      \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_scalar_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, 1, true>(a);                                                 \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v1_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, 1, true>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v2_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), true>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v4_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), true>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v8_##IN##_##OUT(const StridedArgs a) { \
+        strided_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), true>(a); \
     }
 
 FOR_SCAN_DTYPES(GATE_SCAN_KERNELS)

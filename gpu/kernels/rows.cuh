@@ -30,6 +30,20 @@ struct RowArgs {
 };
 
 template <int VEC> struct RowU { static constexpr int U = VEC >= 8 ? 4 : 8; };
+// Chunks per warp in a look-back tile (the host passes -DATTN_LB_U=N when $ATTN_LB_U is set,
+// a tuning knob; it sizes the tiles with the same value).
+#ifndef ATTN_LB_U
+#define ATTN_LB_U 0
+#endif
+// Default: twice the row kernel's chunks for fp32 accumulation, the same for fp64 (registers).
+template <int VEC, typename Acc> struct LbU {
+    static constexpr int U = ATTN_LB_U > 0 ? ATTN_LB_U : (sizeof(Acc) == 8 ? 1 : 2) * RowU<VEC>::U;
+};
+// Resident look-back blocks per multiprocessor asked of the register allocator: bigger tiles
+// (16 KB of fp32 per warp-chunk set) at 2 blocks beat smaller ones at 3-5 (NOTES.md, run 4).
+#ifndef ATTN_LB_MIN_BLOCKS
+#define ATTN_LB_MIN_BLOCKS 2
+#endif
 
 template <typename Tin, typename Acc, int VEC, int U> struct WarpTile {
     static constexpr int ELEMS = U * 32 * VEC;
@@ -176,7 +190,7 @@ template <> struct Gather<double> {
 // only on tiles of lower index, which are dispatched before it.
 template <typename Tin, typename Tout, typename Acc, int VEC>
 __device__ __forceinline__ void rows_lookback(const RowArgs& a) {
-    constexpr int U = RowU<VEC>::U;
+    constexpr int U = LbU<VEC, Acc>::U;
     typedef WarpTile<Tin, Acc, VEC, U> W;
     constexpr i64 TILE = (i64)LB_WARPS * W::ELEMS;
     __shared__ Acc wsum[LB_WARPS];

@@ -23,9 +23,18 @@ use attn_reference::{Dtype, Error};
 /// Warps per look-back tile (rows.cuh `LB_WARPS`).
 const LB_WARPS: usize = 8;
 
-/// Elements one warp scans per step in rows.cuh (`U * 32 * VEC`).
-fn warp_elems(vec: usize) -> usize {
-    let u = if vec >= 8 { 4 } else { 8 };
+/// `$ATTN_LB_U`: chunks per warp of a look-back tile (a tuning knob, passed to NVRTC too).
+pub(crate) fn lookback_u_override() -> Option<usize> {
+    std::env::var("ATTN_LB_U")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&u| (1..=32).contains(&u))
+}
+
+/// Elements one warp of a look-back tile scans (`U * 32 * VEC`, rows.cuh `LbU`).
+fn lookback_warp_elems(vec: usize, acc_f64: bool) -> usize {
+    let row_u = if vec >= 8 { 4 } else { 8 };
+    let u = lookback_u_override().unwrap_or(if acc_f64 { row_u } else { 2 * row_u });
     u * 32 * vec
 }
 
@@ -105,8 +114,7 @@ pub fn cumsum_into(
     let pair = format!("{}_{}", tag(x.dtype()), tag(y.dtype()));
     match strategy(&plan, gpu.sm_count()) {
         CumsumStrategy::Strided => {
-            let (vec, kind) =
-                strided_width(gpu.sm_count(), x.dtype(), y.dtype(), plan.inner, plan.outer);
+            let vec = strided_width(gpu.sm_count(), x.dtype(), y.dtype(), plan.inner, plan.outer);
             let ncv = plan.inner / vec;
             let args = StridedArgs {
                 x: x.ptr(gpu),
@@ -121,7 +129,7 @@ pub fn cumsum_into(
                 scale: 1.0,
                 ..Default::default()
             };
-            let name = format!("cumsum_strided_{kind}_{pair}");
+            let name = format!("cumsum_strided_v{vec}_{pair}");
             gpu.launch(
                 Module::Cumsum,
                 &name,
@@ -161,7 +169,8 @@ pub fn cumsum_into(
                 1
             };
             let kind = if vec > 1 { "vec" } else { "scalar" };
-            let tile = LB_WARPS * warp_elems(vec);
+            let acc_f64 = x.dtype() == Dtype::F64 || y.dtype() == Dtype::F64;
+            let tile = LB_WARPS * lookback_warp_elems(vec, acc_f64);
             let tiles_per_row = plan.len.div_ceil(tile);
             let tiles = plan.outer * tiles_per_row;
             if tiles > i32::MAX as usize {

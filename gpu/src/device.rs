@@ -149,6 +149,9 @@ impl Gpu {
         if let Some(inc) = cuda_include_dir() {
             opts.push(format!("--include-path={inc}"));
         }
+        if let Some(u) = crate::cumsum::lookback_u_override() {
+            opts.push(format!("-DATTN_LB_U={u}"));
+        }
         // Extra NVRTC options for tuning experiments, e.g. `-DATTN_MIN_BLOCKS=2`.
         if let Ok(extra) = std::env::var("ATTN_NVRTC_OPTS") {
             opts.extend(extra.split_whitespace().map(str::to_string));

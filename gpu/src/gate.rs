@@ -10,7 +10,7 @@ use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
 use crate::params::{
-    check_float, dtype_code, scan_output_dtype, tag, vmax, GateArgs, GateElemArgs,
+    check_float, dtype_code, scan_output_dtype, tag, widths, GateArgs, GateElemArgs,
 };
 use crate::seq_scan::{check_out, jobs, launch_strided};
 use crate::tensor::DeviceTensor;
@@ -115,12 +115,7 @@ pub fn kda_gate_into(
     if g.numel() == 0 {
         return Ok(());
     }
-    let vec = if cols % vmax(g.dtype()) == 0 {
-        vmax(g.dtype())
-    } else {
-        1
-    };
-    let kind = if vec > 1 { "vec" } else { "scalar" };
+    let vec = widths(g.dtype(), Dtype::F32, cols)[0];
     let args = GateElemArgs {
         x: g.ptr(gpu),
         y: y.ptr_mut(gpu),
@@ -128,7 +123,7 @@ pub fn kda_gate_into(
         cols: cols as i64,
         gate,
     };
-    let name = format!("kda_gate_{kind}_{}", tag(g.dtype()));
+    let name = format!("kda_gate_v{vec}_{}", tag(g.dtype()));
     // x: the column blocks; y: enough row strides for ~16 blocks per multiprocessor
     let gx = (cols / vec).div_ceil(256);
     let gy = (gpu.sm_count() * 16).div_ceil(gx).clamp(1, rows.min(65535));

@@ -130,39 +130,49 @@ pub(crate) fn grid_for(threads: usize) -> u32 {
     threads.div_ceil(256).clamp(1, i32::MAX as usize) as u32
 }
 
-/// The lane width (elements per thread) of a strided scan over `cols` lanes in `jobs` jobs,
-/// and its kernel tag: `vec` (16-byte loads), `half` (8-byte loads, twice the threads) or
-/// `scalar` (one element, any `cols`). A width must divide `cols` so that every access is
-/// aligned. Preferred: the widest whose stores are at most 16 bytes per thread (a warp's store
-/// instruction then covers whole 32-byte sectors) and that still gives two waves of resident
-/// threads; else the narrowest vector width.
+/// The widths (elements per thread) a strided or elementwise kernel may use for `din` ->
+/// `dout` over `cols` lanes, widest first: powers of two up to one 16-byte load, dividing
+/// `cols` (aligned accesses), with stores of at most 16 bytes (a warp's store instruction then
+/// covers whole 32-byte sectors); 1 always.
+pub(crate) fn widths(din: Dtype, dout: Dtype, cols: usize) -> Vec<usize> {
+    let wide = din.size_bytes().max(dout.size_bytes());
+    [8, 4, 2, 1]
+        .into_iter()
+        .filter(|&w| w == 1 || (w <= vmax(din) && cols % w == 0 && w * wide <= 16))
+        .collect()
+}
+
+/// The width of a strided scan over `cols` lanes in `jobs` jobs: the widest allowed one that
+/// still gives `STRIDED_WAVES` waves of resident threads (fewer, longer threads leave the GPU
+/// idle at the tail), else the narrowest vector width. `$ATTN_STRIDED_WIDTH` overrides it
+/// (a tuning knob; ignored when not allowed).
 pub(crate) fn strided_width(
     sm_count: usize,
     din: Dtype,
     dout: Dtype,
     cols: usize,
     jobs: usize,
-) -> (usize, &'static str) {
-    let vm = vmax(din);
-    let vh = (vm / 2).max(1);
+) -> usize {
+    let allowed = widths(din, dout, cols);
+    if let Some(w) = std::env::var("ATTN_STRIDED_WIDTH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|w| allowed.contains(w))
+    {
+        return w;
+    }
     // resident threads: 256-thread blocks, at least 3 per multiprocessor (ATTN_MIN_BLOCKS)
     let resident = sm_count * 3 * 256;
-    let candidates = [(vm, "vec"), (vh, "half"), (1, "scalar")];
-    let divides = |v: usize| cols % v == 0;
-    // tuning override: ATTN_STRIDED_KIND=vec|half|scalar (ignored when it does not divide)
-    if let Ok(k) = std::env::var("ATTN_STRIDED_KIND") {
-        if let Some(&c) = candidates.iter().find(|(v, n)| *n == k && divides(*v)) {
-            return c;
-        }
-    }
-    let wide = din.size_bytes().max(dout.size_bytes());
-    candidates
-        .into_iter()
-        .filter(|&(v, _)| divides(v) && (v == 1 || v * wide <= 16))
-        .find(|&(v, _)| jobs * (cols / v) >= 2 * resident)
-        .unwrap_or(if divides(vh) {
-            (vh, "half")
-        } else {
-            (1, "scalar")
-        })
+    let waves = std::env::var("ATTN_STRIDED_WAVES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(STRIDED_WAVES);
+    allowed
+        .iter()
+        .copied()
+        .find(|&w| jobs * (cols / w) >= waves * resident)
+        .unwrap_or_else(|| allowed.iter().copied().rev().find(|&w| w > 1).unwrap_or(1))
 }
+
+/// Waves of resident threads a strided scan aims for (see [`strided_width`]).
+const STRIDED_WAVES: usize = 4;

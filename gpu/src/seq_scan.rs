@@ -85,7 +85,7 @@ pub(crate) fn launch_strided(
     if jobs.njobs == 0 || cols == 0 {
         return Ok(());
     }
-    let (vec, kind) = strided_width(gpu.sm_count(), g.dtype(), o.dtype(), cols, jobs.njobs);
+    let vec = strided_width(gpu.sm_count(), g.dtype(), o.dtype(), cols, jobs.njobs);
     let ncv = cols / vec;
     let (job_row0, job_len) = match &jobs.table {
         Some((r, l)) => (r.ptr(gpu), l.ptr(gpu)),
@@ -107,7 +107,7 @@ pub(crate) fn launch_strided(
         gate,
     };
     let name = format!(
-        "{}_{kind}_{}_{}",
+        "{}_v{vec}_{}_{}",
         module.name(),
         tag(g.dtype()),
         tag(o.dtype())
