@@ -10,6 +10,12 @@
 //
 // With GATE the KDA gate (gate.cuh) is applied to every element before it is summed, so the
 // gate values never reach memory.
+//
+// Few lanes over long sequences (too few threads for the GPU) use three passes over jobs cut
+// into chunks of SPLIT_ROWS rows (MODE): SUMS writes each chunk's total to `sums`
+// [chunk job, cols]; a plain scan (MODE SCAN, over the sums, same direction) turns them into
+// running totals; CARRY rescans each chunk starting from the running total of the chunk before
+// it in its sequence (`job_carry`, or the previous/next chunk of a uniform layout).
 
 struct StridedArgs {
     u64 x;               // const Tin*
@@ -25,14 +31,20 @@ struct StridedArgs {
     i64 reverse;
     double scale;
     GateArgs gate;
+    u64 sums;       // Acc*: chunk totals (MODE_SUMS writes, MODE_CARRY reads running totals)
+    u64 job_carry;  // const i64* or 0: MODE_CARRY, the job whose running total starts this one (-1: none)
 };
+
+#define MODE_SCAN 0
+#define MODE_SUMS 1
+#define MODE_CARRY 2
 
 // Rows loaded ahead per thread (overridable with -DATTN_UNR=N for tuning).
 #ifndef ATTN_UNR
 #define ATTN_UNR 8
 #endif
 
-template <typename Tin, typename Tout, typename Acc, int VEC, bool GATE>
+template <typename Tin, typename Tout, typename Acc, int VEC, bool GATE, int MODE = MODE_SCAN>
 __device__ __forceinline__ void strided_scan(const StridedArgs& a) {
     constexpr int UNR = ATTN_UNR;
     const i64 total = a.njobs * a.ncv;
@@ -65,6 +77,19 @@ __device__ __forceinline__ void strided_scan(const StridedArgs& a) {
         Acc acc[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) acc[k] = Acc(0);
+        if (MODE == MODE_CARRY) {
+            i64 cj;
+            if (a.job_carry) {
+                cj = reinterpret_cast<const i64*>(a.job_carry)[job];
+            } else {
+                const i64 k = job % a.jobs_per_batch;
+                cj = a.reverse ? (k + 1 < a.jobs_per_batch ? job + 1 : -1) : (k > 0 ? job - 1 : -1);
+            }
+            if (cj >= 0) {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) acc[k] = reinterpret_cast<const Acc*>(a.sums)[cj * a.cols + c0 + k];
+            }
+        }
         for (i64 r = 0; r < n; r += UNR) {
             // raw (unwidened) rows in flight: UNR * 16 bytes per thread
             Vec<Tin, VEC> raw[UNR];
@@ -84,9 +109,13 @@ __device__ __forceinline__ void strided_scan(const StridedArgs& a) {
                         acc[k] += in[k];
                         o[k] = acc[k] * scale;
                     }
-                    store_vec<Tout, Acc, VEC>(y + (r + u) * step, o);
+                    if (MODE != MODE_SUMS) store_vec<Tout, Acc, VEC>(y + (r + u) * step, o);
                 }
             }
+        }
+        if (MODE == MODE_SUMS) {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) reinterpret_cast<Acc*>(a.sums)[job * a.cols + c0 + k] = acc[k];
         }
     }
 }

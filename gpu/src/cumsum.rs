@@ -13,9 +13,8 @@
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
-use crate::params::{
-    check_float, grid_for, scan_output_dtype, strided_width, tag, vmax, RowArgs, StridedArgs,
-};
+use crate::params::{check_float, grid_for, scan_output_dtype, tag, vmax, GateArgs, RowArgs};
+use crate::strided::{launch_strided, Jobs};
 use crate::tensor::DeviceTensor;
 use attn_reference::cumsum::{validate_cumsum, CumsumPlan};
 use attn_reference::{Dtype, Error};
@@ -113,31 +112,22 @@ pub fn cumsum_into(
     }
     let pair = format!("{}_{}", tag(x.dtype()), tag(y.dtype()));
     match strategy(&plan, gpu.sm_count()) {
-        CumsumStrategy::Strided => {
-            let vec = strided_width(gpu.sm_count(), x.dtype(), y.dtype(), plan.inner, plan.outer);
-            let ncv = plan.inner / vec;
-            let args = StridedArgs {
-                x: x.ptr(gpu),
-                y: y.ptr_mut(gpu),
-                cols: plan.inner as i64,
-                ncv: ncv as i64,
-                njobs: plan.outer as i64,
-                rows_per_batch: plan.len as i64,
-                seg: plan.len as i64,
-                jobs_per_batch: 1,
-                reverse: reverse as i64,
-                scale: 1.0,
+        CumsumStrategy::Strided => launch_strided(
+            gpu,
+            Module::Cumsum,
+            x,
+            y,
+            plan.inner,
+            &Jobs::whole(plan.outer, plan.len),
+            reverse,
+            None,
+            GateArgs {
+                a_log_dtype: -1,
+                dt_bias_dtype: -1,
+                head_dim: 1,
                 ..Default::default()
-            };
-            let name = format!("cumsum_strided_v{vec}_{pair}");
-            gpu.launch(
-                Module::Cumsum,
-                &name,
-                (grid_for(plan.outer * ncv), 1),
-                256,
-                &args,
-            )
-        }
+            },
+        ),
         CumsumStrategy::Rows => {
             let vec = if plan.len % vmax(x.dtype()) == 0 {
                 vmax(x.dtype())

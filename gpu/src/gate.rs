@@ -12,7 +12,8 @@ use crate::kernels::Module;
 use crate::params::{
     check_float, dtype_code, scan_output_dtype, tag, widths, GateArgs, GateElemArgs,
 };
-use crate::seq_scan::{check_out, jobs, launch_strided};
+use crate::seq_scan::check_out;
+use crate::strided::{launch_strided, Jobs};
 use crate::tensor::DeviceTensor;
 use attn_reference::cumsum::validate_seq_scan;
 use attn_reference::gate::{validate_kda_gate, KdaGateChunkCumsumParams};
@@ -159,12 +160,11 @@ pub fn kda_gate_chunk_cumsum_into(
     let ((_, _, hv, k), gate) = gate_args(gpu, g, side, params.lower_bound)?;
     let plan = validate_seq_scan(g.shape(), cu_seqlens, Some(params.chunk_size))?;
     check_out(g.shape(), g.dtype(), o.shape(), o.dtype())?;
-    let jobs = jobs(
-        gpu,
+    let jobs = Jobs::for_plan(
         &plan,
         cu_seqlens.is_some(),
         Some(params.chunk_size as usize),
-    )?;
+    );
     launch_strided(
         gpu,
         Module::KdaGateChunkCumsum,

@@ -14,6 +14,7 @@ pub mod gate;
 pub mod kernels;
 mod params;
 pub mod seq_scan;
+mod strided;
 pub mod tensor;
 
 pub use cumsum::{cumsum, cumsum_into};

@@ -50,6 +50,8 @@ pub(crate) struct StridedArgs {
     pub reverse: i64,
     pub scale: f64,
     pub gate: GateArgs,
+    pub sums: u64,
+    pub job_carry: u64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for StridedArgs {}

@@ -9,111 +9,11 @@
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
-use crate::params::{
-    check_float, grid_for, scan_output_dtype, strided_width, tag, GateArgs, StridedArgs,
-};
+use crate::params::{check_float, scan_output_dtype, GateArgs};
+use crate::strided::{launch_strided, Jobs};
 use crate::tensor::DeviceTensor;
 use attn_reference::cumsum::{validate_seq_scan, SeqScanPlan};
 use attn_reference::{Dtype, Error};
-
-/// The job table of a varlen call, kept alive until the launch is queued.
-pub(crate) struct Jobs {
-    pub njobs: usize,
-    pub rows_per_batch: usize,
-    pub seg: usize,
-    pub jobs_per_batch: usize,
-    pub table: Option<(DeviceTensor, DeviceTensor)>,
-}
-
-/// Jobs of `seg` tokens (`None`: whole sequences) over the sequences of `plan`.
-pub(crate) fn jobs(
-    gpu: &Gpu,
-    plan: &SeqScanPlan,
-    varlen: bool,
-    seg: Option<usize>,
-) -> GpuResult<Jobs> {
-    if !varlen {
-        let seg = seg.unwrap_or(plan.t).max(1);
-        let jpb = plan.t.div_ceil(seg);
-        return Ok(Jobs {
-            njobs: plan.b * jpb,
-            rows_per_batch: plan.t,
-            seg,
-            jobs_per_batch: jpb.max(1),
-            table: None,
-        });
-    }
-    let mut row0 = Vec::new();
-    let mut len = Vec::new();
-    for s in &plan.seqs {
-        for (a, e) in s.chunks(seg.unwrap_or(s.len()).max(1)) {
-            row0.push((s.batch * plan.t + a) as i64);
-            len.push((e - a) as i64);
-        }
-    }
-    let njobs = row0.len();
-    let table = if njobs > 0 {
-        Some((
-            DeviceTensor::from_slice(gpu, &row0)?,
-            DeviceTensor::from_slice(gpu, &len)?,
-        ))
-    } else {
-        None
-    };
-    Ok(Jobs {
-        njobs,
-        rows_per_batch: plan.t,
-        seg: 1,
-        jobs_per_batch: 1,
-        table,
-    })
-}
-
-/// Launches the strided scan of `module` over `jobs` (`gate` set for the fused KDA gate).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_strided(
-    gpu: &Gpu,
-    module: Module,
-    g: &DeviceTensor,
-    o: &mut DeviceTensor,
-    cols: usize,
-    jobs: &Jobs,
-    reverse: bool,
-    scale: Option<f64>,
-    gate: GateArgs,
-) -> GpuResult<()> {
-    if jobs.njobs == 0 || cols == 0 {
-        return Ok(());
-    }
-    let vec = strided_width(gpu.sm_count(), g.dtype(), o.dtype(), cols, jobs.njobs);
-    let ncv = cols / vec;
-    let (job_row0, job_len) = match &jobs.table {
-        Some((r, l)) => (r.ptr(gpu), l.ptr(gpu)),
-        None => (0, 0),
-    };
-    let args = StridedArgs {
-        x: g.ptr(gpu),
-        y: o.ptr_mut(gpu),
-        cols: cols as i64,
-        ncv: ncv as i64,
-        njobs: jobs.njobs as i64,
-        rows_per_batch: jobs.rows_per_batch as i64,
-        seg: jobs.seg as i64,
-        jobs_per_batch: jobs.jobs_per_batch as i64,
-        job_row0,
-        job_len,
-        reverse: reverse as i64,
-        scale: scale.unwrap_or(1.0),
-        gate,
-    };
-    let name = format!(
-        "{}_v{vec}_{}_{}",
-        module.name(),
-        tag(g.dtype()),
-        tag(o.dtype())
-    );
-    gpu.launch(module, &name, (grid_for(jobs.njobs * ncv), 1), 256, &args)
-}
 
 /// `o` must have `g`'s shape and dtype float32, float64 or `g`'s own.
 pub(crate) fn check_out(
@@ -170,7 +70,7 @@ fn seq_scan_into(
         o.dtype(),
     )?;
     let seg = chunk_size.map(|c| c as usize);
-    let jobs = jobs(gpu, &plan, cu_seqlens.is_some(), seg)?;
+    let jobs = Jobs::for_plan(&plan, cu_seqlens.is_some(), seg);
     launch_strided(
         gpu,
         module,

@@ -13,6 +13,17 @@ use common::{gpu_or_skip, poisoned};
 use half::bf16;
 use ndarray::{ArrayViewD, IxDyn};
 
+/// Runs `f(offset, part)` over 16 parts of `v` in parallel.
+fn par_chunks<T: Send>(v: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
+    let step = v.len().div_ceil(16).max(1);
+    std::thread::scope(|sc| {
+        for (k, part) in v.chunks_mut(step).enumerate() {
+            let f = &f;
+            sc.spawn(move || f(k * step, part));
+        }
+    });
+}
+
 /// x[i] in {-1, 0, 1} from a hash of i and the seed.
 fn value(i: usize, seed: u64) -> i8 {
     let mut z = (i as u64)
@@ -40,9 +51,12 @@ fn cumsum_over_more_than_2_pow_31_elements_is_exact() {
         let n: usize = shape.iter().product();
         assert!(n > 1 << 31);
         let seed = n as u64;
-        let host: Vec<bf16> = (0..n)
-            .map(|i| bf16::from_f32(value(i, seed) as f32))
-            .collect();
+        let mut host = vec![bf16::ZERO; n];
+        par_chunks(&mut host, |off, part| {
+            for (i, v) in part.iter_mut().enumerate() {
+                *v = bf16::from_f32(value(off + i, seed) as f32);
+            }
+        });
         let x = DeviceTensor::from_array(gpu, ArrayViewD::from_shape(IxDyn(shape), &host).unwrap())
             .unwrap();
         drop(host);
@@ -51,23 +65,45 @@ fn cumsum_over_more_than_2_pow_31_elements_is_exact() {
         drop(x);
         let got = y.to_array::<f32>(gpu).unwrap();
         let got = got.as_slice().unwrap();
-        // lanes: (outer, inner) pairs, scanned along len with stride inner
+        // lanes: (outer, inner) pairs, scanned along len with stride inner; checked in 16
+        // parallel parts (ranges of outer indices, or of columns when outer is small)
         let (outer, len, inner) = (plan.outer, plan.len, plan.inner);
-        let mut acc = vec![0i64; inner];
-        for o in 0..outer {
-            acc.iter_mut().for_each(|a| *a = 0);
-            for l in 0..len {
-                let base = (o * len + l) * inner;
-                for (c, a) in acc.iter_mut().enumerate() {
-                    *a += value(base + c, seed) as i64;
-                    let g = got[base + c];
-                    assert!(
-                        g == *a as f32,
-                        "{shape:?} dim {dim}: element {} is {g}, expected {a}",
-                        base + c
-                    );
-                }
+        let parts: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = if outer >= 16 {
+            let step = outer.div_ceil(16);
+            (0..outer)
+                .step_by(step)
+                .map(|o| (o..(o + step).min(outer), 0..inner))
+                .collect()
+        } else {
+            let step = inner.div_ceil(16);
+            (0..outer)
+                .flat_map(|o| {
+                    (0..inner)
+                        .step_by(step)
+                        .map(move |c| (o..o + 1, c..(c + step).min(inner)))
+                })
+                .collect()
+        };
+        std::thread::scope(|sc| {
+            for (orange, crange) in parts {
+                sc.spawn(move || {
+                    for o in orange {
+                        let mut acc = vec![0i64; crange.len()];
+                        for l in 0..len {
+                            let row = (o * len + l) * inner;
+                            for (a, c) in acc.iter_mut().zip(crange.clone()) {
+                                *a += value(row + c, seed) as i64;
+                                let g = got[row + c];
+                                assert!(
+                                    g == *a as f32,
+                                    "{shape:?} dim {dim}: element {} is {g}, expected {a}",
+                                    row + c
+                                );
+                            }
+                        }
+                    }
+                });
             }
-        }
+        });
     }
 }
