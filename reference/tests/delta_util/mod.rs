@@ -201,6 +201,8 @@ pub fn rows(x: &Array4<f64>, b: usize, bos: usize, eos: usize, h: usize) -> Arra
 /// A random realistic delta-rule case (spec 10.2): shapes, layout and tensors.
 pub struct Case {
     pub seed: u64,
+    /// 5% of tokens carry gates of −1000 (spec 10.2 hard forget).
+    pub hard_forget: bool,
     pub b: usize,
     pub t: usize,
     pub h: usize,
@@ -233,19 +235,48 @@ impl Case {
         kd: usize,
         vd: usize,
     ) -> Case {
+        let mut rng = Rng::new(seed ^ 0x5EED);
+        let cu = varlen.then(|| layout(&mut rng, n_seq, max_len));
+        Case::build(seed, cu, n_seq, max_len, h, group, kd, vd)
+    }
+
+    /// A case with the given `cu_seqlens` (`B = 1`), or `b` rows of `t` tokens when `None`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn build(
+        seed: u64,
+        cu: Option<Vec<i64>>,
+        b: usize,
+        t: usize,
+        h: usize,
+        group: usize,
+        kd: usize,
+        vd: usize,
+    ) -> Case {
         let mut rng = Rng::new(seed);
         let hv = h * group;
-        let (b, t, cu) = if varlen {
-            let cu = layout(&mut rng, n_seq, max_len);
-            (1, *cu.last().unwrap() as usize, Some(cu))
-        } else {
-            (n_seq, max_len, None)
+        let (n, b, t) = match &cu {
+            Some(cu) => (cu.len() - 1, 1, *cu.last().unwrap() as usize),
+            None => (b, b, t),
         };
-        let n = if varlen { n_seq } else { b };
         let gate_n = if rng.below(2) == 0 { 1.0 } else { 10.0 };
         let p_zero = if rng.below(2) == 0 { 0.0 } else { 0.5 };
+        let hard_forget = rng.below(4) == 0;
+        let mut g = gates(&mut rng, (b, t, hv, kd), gate_n, p_zero);
+        let mut gs = gates(&mut rng, (b, t, hv), gate_n, p_zero);
+        if hard_forget {
+            // 5% of tokens forget everything (spec 10.2): catches unmasked 0 · inf
+            for bi in 0..b {
+                for ti in 0..t {
+                    if rng.uniform() < 0.05 {
+                        g.slice_mut(s![bi, ti, .., ..]).fill(-1000.0);
+                        gs.slice_mut(s![bi, ti, ..]).fill(-1000.0);
+                    }
+                }
+            }
+        }
         Case {
             seed,
+            hard_forget,
             b,
             t,
             h,
@@ -255,8 +286,8 @@ impl Case {
             q: l2norm(rng.randn((b, t, h, kd))),
             k: l2norm(rng.randn((b, t, h, kd))),
             v: rng.randn((b, t, hv, vd)),
-            g: gates(&mut rng, (b, t, hv, kd), gate_n, p_zero),
-            gs: gates(&mut rng, (b, t, hv), gate_n, p_zero),
+            g,
+            gs,
             beta: betas(&mut rng, (b, t, hv)),
             h0: rng.randn((n, hv, kd, vd)),
             cu,
@@ -285,8 +316,97 @@ impl std::fmt::Debug for Case {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Case {{ seed: {}, B: {}, T: {}, H: {}, HV: {}, K: {}, V: {}, cu: {:?} }}",
-            self.seed, self.b, self.t, self.h, self.hv, self.kd, self.vd, self.cu
+            "Case {{ seed: {}, hard_forget: {}, B: {}, T: {}, H: {}, HV: {}, K: {}, V: {}, cu: {:?} }}",
+            self.seed, self.hard_forget, self.b, self.t, self.h, self.hv, self.kd, self.vd, self.cu
         )
+    }
+}
+
+/// Which gates a `chunk_gated_delta_rule_fwd_h` case carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateMode {
+    /// KDA: `k = kg` (per value head), `gk`.
+    Kda,
+    /// GDN: raw `k` (key heads, GVA), scalar `g`.
+    Gdn,
+    /// Raw `k`, `g` and `gk`.
+    Both,
+}
+
+/// Realistic inputs of section 2 (spec 10.2): `w`, `u`, `kg` from `kda_intra` on the case,
+/// chunk-local log2 gates for chunk size `bt`.
+pub struct FwdHCase {
+    pub k: Array4<f64>,
+    pub w: Array4<f64>,
+    pub u: Array4<f64>,
+    pub g: Option<Array3<f64>>,
+    pub gk: Option<Array4<f64>>,
+}
+
+pub fn fwd_h_case(c: &Case, mode: GateMode, bt: usize) -> FwdHCase {
+    use attn_reference::delta::{kda_intra, KdaIntraInputs, KdaIntraParams};
+    let bti = bt.max(32);
+    let gk_intra = chunk_cumsum_log2(&c.g.clone().into_dyn(), bti, c.cu())
+        .into_dimensionality::<ndarray::Ix4>()
+        .unwrap();
+    let intra = kda_intra(
+        &KdaIntraInputs {
+            q: c.q.view(),
+            k: c.k.view(),
+            v: c.v.view(),
+            gk: gk_intra.view(),
+            beta: c.beta.view(),
+            cu_seqlens: c.cu(),
+        },
+        &KdaIntraParams {
+            chunk_size: bti as i64,
+            ..KdaIntraParams::default()
+        },
+    )
+    .unwrap();
+    let gk = chunk_cumsum_log2(&c.g.clone().into_dyn(), bt, c.cu())
+        .into_dimensionality::<ndarray::Ix4>()
+        .unwrap();
+    let g = chunk_cumsum_log2(&c.gs.clone().into_dyn(), bt, c.cu())
+        .into_dimensionality::<ndarray::Ix3>()
+        .unwrap();
+    match mode {
+        GateMode::Kda => FwdHCase {
+            k: intra.kg,
+            w: intra.w,
+            u: intra.u,
+            g: None,
+            gk: Some(gk),
+        },
+        GateMode::Gdn => FwdHCase {
+            k: c.k.clone(),
+            w: intra.w,
+            u: intra.u,
+            g: Some(g),
+            gk: None,
+        },
+        GateMode::Both => FwdHCase {
+            k: c.k.clone(),
+            w: intra.w,
+            u: intra.u,
+            g: Some(g),
+            gk: Some(gk),
+        },
+    }
+}
+
+impl FwdHCase {
+    pub fn inputs<'a>(
+        &'a self,
+        c: &'a Case,
+        h0: Option<&'a Array4<f64>>,
+    ) -> attn_reference::delta::FwdHInputs<'a, f64> {
+        let mut i =
+            attn_reference::delta::FwdHInputs::new(self.k.view(), self.w.view(), self.u.view());
+        i.g = self.g.as_ref().map(|a| a.view());
+        i.gk = self.gk.as_ref().map(|a| a.view());
+        i.initial_state = h0.map(|a| a.view());
+        i.cu_seqlens = c.cu();
+        i
     }
 }
