@@ -287,4 +287,59 @@ proptest! {
             assert_close(&g32.o.mapv(f64::from), &g64r.o, 1e-5, "gdn o f32");
         }
     }
+
+    /// Spec 6.4: the in-kernel options equal the same call on inputs preprocessed by the test
+    /// (L2 norm with eps 1e-6 inside the root, `sigmoid(beta)·(1|2)`, softplus or lower-bound
+    /// gate), in both forms (f64, 1e-12).
+    #[test]
+    fn in_kernel_preprocessing_equals_precomputed_inputs(
+        c in case(), seed: u64, gate_form in 0usize..4, with_bias: bool, neg_eig: bool, bt in prop_oneof![Just(32i64), Just(64)],
+    ) {
+        let mut rng = delta_util::Rng::new(seed);
+        let (qr, kr): (Array4<f64>, Array4<f64>) = (rng.randn(c.q.raw_dim()), rng.randn(c.k.raw_dim()));
+        let graw: Array4<f64> = rng.randn(c.g.raw_dim());
+        let blog: ndarray::Array3<f64> = rng.randn(c.beta.raw_dim());
+        let a_log: ndarray::Array1<f64> = rng.randn(c.hv);
+        let dt_bias: ndarray::Array1<f64> = rng.randn(c.hv * c.kd);
+        // gate forms: 0 softplus(A_log), 1 lower bound -5 without A_log, 2 lower bound with A_log, 3 lower bound -2 safe_gate
+        let lower_bound = match gate_form { 0 => None, 3 => Some(-2.0), _ => Some(-5.0) };
+        let use_a_log = gate_form != 1;
+        let mut gate = graw.clone();
+        for ((bi, ti, hv, kk), x) in gate.indexed_iter_mut() {
+            let _ = (bi, ti);
+            let a = *x + if with_bias { dt_bias[hv * c.kd + kk] } else { 0.0 };
+            *x = match lower_bound {
+                None => -a_log[hv].exp() * if a > 20.0 { a } else { a.exp().ln_1p() },
+                Some(lb) => lb * delta_util::sigmoid(if use_a_log { a_log[hv].exp() * a } else { a }),
+            };
+        }
+        let m = if neg_eig { 2.0 } else { 1.0 };
+        let beta = blog.mapv(|x| m * delta_util::sigmoid(x));
+        let (qn, kn) = (delta_util::l2norm(qr.clone()), delta_util::l2norm(kr.clone()));
+        let mut raw = KdaFwdInputs::new(qr.view(), kr.view(), c.v.view(), graw.view(), blog.view());
+        raw.a_log = use_a_log.then(|| a_log.view());
+        raw.dt_bias = with_bias.then(|| dt_bias.view());
+        raw.initial_state = Some(c.h0.view());
+        raw.cu_seqlens = c.cu();
+        let mut pre = KdaFwdInputs::new(qn.view(), kn.view(), c.v.view(), gate.view(), beta.view());
+        pre.initial_state = Some(c.h0.view());
+        pre.cu_seqlens = c.cu();
+        let pr = KdaFwdParams {
+            output_final_state: true,
+            use_qk_l2norm_in_kernel: true,
+            use_gate_in_kernel: true,
+            lower_bound,
+            use_beta_sigmoid_in_kernel: true,
+            allow_neg_eigval: neg_eig,
+            safe_gate: gate_form == 3,
+            chunk_size: bt,
+            ..KdaFwdParams::default()
+        };
+        let pp = KdaFwdParams { output_final_state: true, chunk_size: bt, ..KdaFwdParams::default() };
+        let want = kda_fwd(&pre, &pp).unwrap();
+        for got in [kda_fwd(&raw, &pr).unwrap(), kda_fwd_chunked(&raw, &pr).unwrap()] {
+            assert_close(&got.o, &want.o, 1e-12, "o");
+            assert_close(got.final_state.as_ref().unwrap(), want.final_state.as_ref().unwrap(), 1e-12, "final_state");
+        }
+    }
 }

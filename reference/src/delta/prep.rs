@@ -46,7 +46,7 @@ pub(crate) fn beta<'a, T: Real>(
     } else {
         T::one()
     };
-    beta.mapv(|x| m / (T::one() + (-x).exp())).into()
+    beta.mapv(|x| m * crate::gate::sigmoid(x)).into()
 }
 
 /// The natural-log gate of one (sequence, value head): per key (`L × K`) or scalar (`L`).
