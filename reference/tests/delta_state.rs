@@ -287,3 +287,68 @@ fn auto_policy_splits_long_sequences_only_when_useful() {
     let p = auto_subseq_cu_seqlens(&[1 << 20, 1 << 20], 2, 200, 64, 132);
     assert_eq!(p.len() - 1, 16);
 }
+
+/// Spec 1.5: `T = 0` and zero-length sequences are valid: no rows, no chunks, and every final
+/// state equals the initial state.
+#[test]
+fn zero_tokens_pass_the_initial_state_through() {
+    let mut rng = Rng::new(11);
+    let h0: Array4<f64> = rng.randn((2, 2, 5, 3));
+    for (b, cu) in [(2usize, None), (1, Some(vec![0i64, 0, 0]))] {
+        let (k, w, u) = (
+            Array4::<f64>::zeros((b, 0, 1, 5)),
+            Array4::<f64>::zeros((b, 0, 2, 5)),
+            Array4::<f64>::zeros((b, 0, 2, 3)),
+        );
+        let mut inp = attn_reference::delta::FwdHInputs::new(k.view(), w.view(), u.view());
+        inp.initial_state = Some(h0.view());
+        inp.cu_seqlens = cu.as_deref();
+        let out = chunk_gated_delta_rule_fwd_h(&inp, &params(64, false)).unwrap();
+        assert_eq!(out.h.shape(), &[b, 0, 2, 5, 3]);
+        assert_eq!(out.v_new.as_ref().unwrap().shape(), &[b, 0, 2, 3]);
+        assert_eq!(out.final_state.as_ref().unwrap(), &h0);
+        let split = chunk_gated_delta_rule_fwd_h_split(
+            &FwdHSplitInputs {
+                fwd_h: inp.clone(),
+                subseq_cu_seqlens: None,
+            },
+            &params(64, false),
+        )
+        .unwrap();
+        assert_eq!(split.final_state.as_ref().unwrap(), &h0);
+        inp.initial_state = None;
+        let hm = fwd_h_pre_scan(&inp, &FwdHPreScanParams::default()).unwrap();
+        for n in 0..2 {
+            for hv in 0..2 {
+                assert_eq!(
+                    hm.slice(s![n, hv, .., 3..]).to_owned(),
+                    Array2::<f64>::eye(5)
+                );
+                assert!(hm.slice(s![n, hv, .., ..3]).iter().all(|&x| x == 0.0));
+            }
+        }
+        let q = Array4::<f64>::zeros((b, 0, 1, 5));
+        let g = Array4::<f64>::zeros((b, 0, 2, 5));
+        let beta = ndarray::Array3::<f64>::zeros((b, 0, 2));
+        let mut kin = attn_reference::delta::KdaFwdInputs::new(
+            q.view(),
+            q.view(),
+            u.view(),
+            g.view(),
+            beta.view(),
+        );
+        kin.initial_state = Some(h0.view());
+        kin.cu_seqlens = cu.as_deref();
+        let kp = attn_reference::delta::KdaFwdParams {
+            output_final_state: true,
+            ..Default::default()
+        };
+        for r in [
+            attn_reference::delta::kda_fwd(&kin, &kp).unwrap(),
+            attn_reference::delta::kda_fwd_chunked(&kin, &kp).unwrap(),
+        ] {
+            assert_eq!(r.o.shape(), &[b, 0, 2, 3]);
+            assert_eq!(r.final_state.as_ref().unwrap(), &h0);
+        }
+    }
+}
