@@ -36,6 +36,9 @@ fn l2norm(mut x: Array4<f64>) -> Array4<f64> {
     x
 }
 
+/// One timed call; returns one element so the work cannot be optimised away.
+type Job<'a> = Box<dyn Fn() -> f64 + Sync + 'a>;
+
 /// Wall time of `f` (best of `reps`) in the given pool.
 fn time<R: Send>(pool: &rayon::ThreadPool, reps: usize, f: impl Fn() -> R + Sync) -> f64 {
     (0..reps)
@@ -119,7 +122,7 @@ fn main() {
     println!("kda_fwd recurrent vs chunked: max |o| difference {max_abs:.2e}");
 
     let reps = 3;
-    let rows: [(&str, Box<dyn Fn() -> f64 + Sync>); 4] = [
+    let rows: [(&str, Job<'_>); 4] = [
         (
             "kda_fwd (recurrent)",
             Box::new(|| {
