@@ -343,3 +343,60 @@ proptest! {
         }
     }
 }
+
+/// Spec 6.9 / 2.8 at the largest key dimension: `K = 256`, `V = 5`, partial last chunks, GVA.
+#[test]
+fn k256_chunked_equals_recurrent() {
+    for (seed, bt) in [(1u64, 32i64), (2, 64)] {
+        let c = Case::build(seed, Some(vec![0, 70, 71, 140]), 1, 0, 1, 2, 256, 5);
+        let mut inp = KdaFwdInputs::new(
+            c.q.view(),
+            c.k.view(),
+            c.v.view(),
+            c.g.view(),
+            c.beta.view(),
+        );
+        inp.initial_state = Some(c.h0.view());
+        inp.cu_seqlens = c.cu();
+        let p = kda_params(
+            Opts {
+                l2norm: false,
+                beta_sigmoid: false,
+                neg_eig: false,
+                v_first: false,
+                h0: true,
+                scale: None,
+            },
+            bt,
+        );
+        let rec = kda_fwd(&inp, &p).unwrap();
+        let chk = kda_fwd_chunked(&inp, &p).unwrap();
+        assert_close(&chk.o, &rec.o, 1e-12, "o");
+        assert_close(
+            chk.final_state.as_ref().unwrap(),
+            rec.final_state.as_ref().unwrap(),
+            1e-12,
+            "final_state",
+        );
+        let mut gin = GdnFwdInputs::new(
+            c.q.view(),
+            c.k.view(),
+            c.v.view(),
+            c.gs.view(),
+            c.beta.view(),
+        );
+        gin.initial_state = Some(c.h0.view());
+        gin.cu_seqlens = c.cu();
+        let gp = GdnFwdParams {
+            output_final_state: true,
+            chunk_size: bt,
+            ..GdnFwdParams::default()
+        };
+        assert_close(
+            &gdn_fwd_chunked(&gin, &gp).unwrap().o,
+            &gdn_fwd(&gin, &gp).unwrap().o,
+            1e-12,
+            "gdn o",
+        );
+    }
+}
