@@ -91,7 +91,7 @@ proptest! {
     #[test]
     fn pre_scan_summary_is_affine_exit_map(c in case(), m in mode(), bt in bt()) {
         let fc = fwd_h_case(&c, m, bt);
-        let hm = fwd_h_pre_scan(&fc.inputs(&c, None), &FwdHPreScanParams { chunk_size: bt as i64 }).unwrap();
+        let hm = fwd_h_pre_scan(&fc.inputs(&c, None), &FwdHPreScanParams { chunk_size: bt as i64 }).unwrap().hm;
         let run = chunk_gated_delta_rule_fwd_h(&fc.inputs(&c, Some(&c.h0)), &params(bt, false)).unwrap();
         let fs = run.final_state.unwrap();
         for (n, &(_, bos, eos)) in c.seqs().iter().enumerate() {
@@ -317,7 +317,9 @@ fn zero_tokens_pass_the_initial_state_through() {
         .unwrap();
         assert_eq!(split.final_state.as_ref().unwrap(), &h0);
         inp.initial_state = None;
-        let hm = fwd_h_pre_scan(&inp, &FwdHPreScanParams::default()).unwrap();
+        let hm = fwd_h_pre_scan(&inp, &FwdHPreScanParams::default())
+            .unwrap()
+            .hm;
         for n in 0..2 {
             for hv in 0..2 {
                 assert_eq!(

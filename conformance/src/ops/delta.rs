@@ -110,7 +110,7 @@ pub fn fwd_h_pre_scan(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> 
     let params = d::FwdHPreScanParams {
         chunk_size: p.int("chunk_size")?,
     };
-    let hm = d::fwd_h_pre_scan(&f.inputs(), &params)?;
+    let hm = d::fwd_h_pre_scan(&f.inputs(), &params)?.hm;
     Ok(named(vec![("hm", Some(hm.into_dyn()))]))
 }
 

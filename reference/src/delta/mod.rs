@@ -36,7 +36,8 @@ pub use split::{
     auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h_split, fwd_h_merge, fwd_h_pre_scan,
     subseq_offsets, validate_chunk_gated_delta_rule_fwd_h_split, validate_fwd_h_merge,
     validate_fwd_h_pre_scan, FwdHMergeInputs, FwdHMergeOutputs, FwdHMergeParams, FwdHMergeShapes,
-    FwdHPreScanInputs, FwdHPreScanParams, FwdHSplitInputs, MergePlan, SplitPlan, DEFAULT_NUM_SMS,
+    FwdHPreScanInputs, FwdHPreScanOutputs, FwdHPreScanParams, FwdHSplitInputs, MergePlan,
+    SplitPlan, DEFAULT_NUM_SMS,
 };
 
 /// The largest key dimension of every op here (FLA holds the state as at most four 64-row

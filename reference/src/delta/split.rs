@@ -36,6 +36,13 @@ impl Default for FwdHPreScanParams {
     }
 }
 
+/// Output of [`fwd_h_pre_scan`] (spec 3.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FwdHPreScanOutputs<T> {
+    /// `[S, HV, K, V + K]`: `hm[s, hv] = [b | M]`.
+    pub hm: Array4<T>,
+}
+
 /// Validates a [`fwd_h_pre_scan`] call (spec 3.4).
 pub fn validate_fwd_h_pre_scan(
     shapes: &FwdHShapes<'_>,
@@ -59,7 +66,7 @@ pub fn validate_fwd_h_pre_scan(
 pub fn fwd_h_pre_scan<T: Real>(
     inp: &FwdHPreScanInputs<'_, T>,
     params: &FwdHPreScanParams,
-) -> Result<Array4<T>> {
+) -> Result<FwdHPreScanOutputs<T>> {
     let geo = validate_fwd_h_pre_scan(&inp.shapes(), inp.cu_seqlens, params)?;
     let (kd, vd, bt) = (geo.k, geo.v, geo.bt);
     let per_head: Vec<_> = tasks(&geo)
@@ -94,7 +101,7 @@ pub fn fwd_h_pre_scan<T: Real>(
     for (i, hv, x) in per_head {
         hm.slice_mut(s![i, hv, .., ..]).assign(&x);
     }
-    Ok(hm)
+    Ok(FwdHPreScanOutputs { hm })
 }
 
 /// Shapes of the inputs of [`fwd_h_merge`].
@@ -482,7 +489,8 @@ pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
         &FwdHPreScanParams {
             chunk_size: params.chunk_size,
         },
-    )?;
+    )?
+    .hm;
     let merged = fwd_h_merge(
         &FwdHMergeInputs {
             hm: hm.view(),
