@@ -82,6 +82,15 @@ impl OpSpec {
     pub fn output(&self, name: &str) -> Option<&OutputSpec> {
         self.outputs.iter().find(|o| o.name == name)
     }
+    /// Whether `name` is compared on its own: an output, or a part of one (`hm.b`); a case's
+    /// `tolerance` may name either.
+    pub fn compares(&self, name: &str) -> bool {
+        self.output(name).is_some()
+            || self
+                .outputs
+                .iter()
+                .any(|o| o.parts.iter().any(|p| p.name == name))
+    }
     pub fn input_names(&self) -> String {
         names(self.inputs.iter().map(|i| i.name))
     }

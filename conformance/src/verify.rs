@@ -111,7 +111,11 @@ fn compare_outputs(
         }
         let expected = (out.class)(&case.inputs, params)?;
         let class = x.map_or(expected, |x| x.dtype().class());
-        let tolerance = case.tolerance.get(out.name).copied();
+        let tolerance = |row: &str| {
+            (case.tolerance.get(row))
+                .or(case.tolerance.get(out.name))
+                .copied()
+        };
         // an output with parts is compared part by part (e.g. `hm.b`, `hm.M`)
         let compared: Vec<_> = if out.parts.is_empty() {
             vec![(out.name, out.rule, r.cloned(), x.cloned())]
@@ -122,7 +126,7 @@ fn compare_outputs(
                 .collect()
         };
         for (name, rule_fn, r, x) in compared {
-            let rule = match (device, tolerance) {
+            let rule = match (device, tolerance(name)) {
                 (Device::Cpu, Some(t)) => Rule::Threshold(t),
                 _ => rule_fn(&case.inputs, params, class),
             };

@@ -352,3 +352,43 @@ fn params_of_the_delta_ops_have_the_spec_defaults() {
     )
     .is_err());
 }
+
+/// A case's `tolerance` may name a part (`hm.b`) or the whole output (`hm`, both parts); an
+/// unknown name is refused.
+#[test]
+fn tolerance_keys_may_name_parts() {
+    let mut case = common::valid_cases(19)
+        .into_iter()
+        .find(|c| c.op == "fwd_h_pre_scan")
+        .unwrap();
+    let hm = case.outputs.get_mut("hm").unwrap();
+    let mut a = hm.widen_f64();
+    let v = a.shape()[3] - a.shape()[2];
+    a.slice_mut(ndarray::s![.., .., .., ..v])
+        .mapv_inplace(|x| x * 1.02);
+    *hm = Tensor::from_f64(&a, hm.dtype());
+    let thresholds = |case: &attn_conformance::Case| {
+        verify_case(case, Selection::Cpu)
+            .unwrap()
+            .iter()
+            .map(|r| (r.output.clone(), r.threshold.unwrap(), r.pass))
+            .collect::<Vec<_>>()
+    };
+    case.tolerance.insert("hm.b".into(), 0.05);
+    assert_eq!(
+        thresholds(&case),
+        [("hm.b".into(), 0.05, true), ("hm.M".into(), 1e-2, true)]
+    );
+    case.tolerance.clear();
+    case.tolerance.insert("hm".into(), 1e-3);
+    assert_eq!(
+        thresholds(&case),
+        [("hm.b".into(), 1e-3, false), ("hm.M".into(), 1e-3, true)]
+    );
+    case.tolerance.clear();
+    case.tolerance.insert("hm.x".into(), 1e-3);
+    assert!(matches!(
+        verify_case(&case, Selection::Cpu),
+        Err(Problem::BadTolerance(_))
+    ));
+}
