@@ -14,7 +14,9 @@ pub mod fwd_h;
 pub mod gdn;
 pub mod intra;
 pub mod kda;
+pub mod merge;
 mod prep;
+pub mod prescan;
 pub mod split;
 
 pub use check::{validate_delta_dtypes, DeltaDtypes, Geometry};
@@ -31,13 +33,18 @@ pub use intra::{
 pub use kda::{
     kda_fwd, kda_fwd_chunked, validate_kda_fwd, KdaFwdInputs, KdaFwdParams, KdaFwdShapes,
 };
+pub use merge::{
+    fwd_h_merge, validate_fwd_h_merge, FwdHMergeInputs, FwdHMergeOutputs, FwdHMergeParams,
+    FwdHMergeShapes, MergePlan,
+};
 pub use prep::DeltaFwdOutputs;
+pub use prescan::{
+    fwd_h_pre_scan, validate_fwd_h_pre_scan, FwdHPreScanInputs, FwdHPreScanOutputs,
+    FwdHPreScanParams,
+};
 pub use split::{
-    auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h_split, fwd_h_merge, fwd_h_pre_scan,
-    subseq_offsets, validate_chunk_gated_delta_rule_fwd_h_split, validate_fwd_h_merge,
-    validate_fwd_h_pre_scan, FwdHMergeInputs, FwdHMergeOutputs, FwdHMergeParams, FwdHMergeShapes,
-    FwdHPreScanInputs, FwdHPreScanOutputs, FwdHPreScanParams, FwdHSplitInputs, MergePlan,
-    SplitPlan, DEFAULT_NUM_SMS,
+    auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h_split, subseq_offsets,
+    validate_chunk_gated_delta_rule_fwd_h_split, FwdHSplitInputs, SplitPlan, DEFAULT_NUM_SMS,
 };
 
 /// The largest key dimension of every op here (FLA holds the state as at most four 64-row

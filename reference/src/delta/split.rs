@@ -1,274 +1,15 @@
-//! Intra-card split of the state recurrence (spec sections 3–5): `fwd_h_pre_scan` (affine
-//! summaries of sub-sequences), `fwd_h_merge` (prefix chain of the summaries) and
-//! `chunk_gated_delta_rule_fwd_h_split` (the two, then section 2 on the sub-sequences).
-//!
-//! Each chunk map is affine in the incoming state, `S_{c+1} = A_c S_c + B_c` with
-//! `A_c = γ_c diag(λ_c) − K̃_cᵀ W_c` and `B_c = K̃_cᵀ U_c`. The summary of a sub-sequence of
-//! chunks `0 .. m−1` is `M = A_{m−1} ⋯ A_0` and `b` (the exit state from zero), so that
-//! `S_out = M S_in + b`. Running the chunk step of section 2 on the augmented state
-//! `X = [b | M]` (`K × (V + K)`) from `[0 | I]` with values `[U | 0]` yields both at once.
+//! `chunk_gated_delta_rule_fwd_h_split` (spec section 5): section 2 computed by splitting
+//! sequences at chunk boundaries into sub-sequences, summarising them (`fwd_h_pre_scan`),
+//! merging the summaries into the pieces' initial states (`fwd_h_merge`) and running section 2
+//! on the pieces. Also the validation of a split (5.2) and the project's split policy (5.4).
 
-use super::check::{self, boundary, Geometry};
-use super::chunk;
-use super::fwd_h::{
-    self, chunk_gated_delta_rule_fwd_h, load_state, store_state, tasks, FwdHInputs, FwdHParams,
-    FwdHShapes,
-};
+use super::check::{boundary, Geometry};
+use super::fwd_h::{self, chunk_gated_delta_rule_fwd_h, FwdHInputs, FwdHParams, FwdHShapes};
+use super::merge::{fwd_h_merge, FwdHMergeInputs, FwdHMergeParams};
+use super::prescan::{fwd_h_pre_scan, FwdHPreScanParams};
 use crate::error::{Error, Result};
 use crate::scalar::Real;
-use ndarray::{s, Array2, Array3, Array4, ArrayView3, ArrayView4, Axis};
-use rayon::prelude::*;
-
-/// Inputs of [`fwd_h_pre_scan`]: those of section 2 without `initial_state` (which must be
-/// `None`); `cu_seqlens` delimits the summarised (sub-)sequences.
-pub type FwdHPreScanInputs<'a, T> = FwdHInputs<'a, T>;
-
-/// Parameters of [`fwd_h_pre_scan`] (spec 3.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FwdHPreScanParams {
-    /// `BT`: 16, 32 or 64 (default 64).
-    pub chunk_size: i64,
-}
-
-impl Default for FwdHPreScanParams {
-    fn default() -> Self {
-        FwdHPreScanParams { chunk_size: 64 }
-    }
-}
-
-/// Output of [`fwd_h_pre_scan`] (spec 3.2).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FwdHPreScanOutputs<T> {
-    /// `[S, HV, K, V + K]`: `hm[s, hv] = [b | M]`.
-    pub hm: Array4<T>,
-}
-
-/// Validates a [`fwd_h_pre_scan`] call (spec 3.4).
-pub fn validate_fwd_h_pre_scan(
-    shapes: &FwdHShapes<'_>,
-    cu_seqlens: Option<&[i64]>,
-    params: &FwdHPreScanParams,
-) -> Result<Geometry> {
-    let geo = fwd_h::validate_kwu(shapes, cu_seqlens, params.chunk_size)?;
-    if let Some(st) = shapes.initial_state {
-        return Err(Error::missing(
-            "initial_state",
-            "no initial_state (fwd_h_pre_scan summarises from zero)",
-            format!("a tensor of shape {st:?}"),
-        ));
-    }
-    Ok(geo)
-}
-
-/// `hm[s, hv] = [b | M]` (`[S, HV, K, V + K]`) for every (sub-)sequence `s` of `cu_seqlens`
-/// (spec 3.1): `M = A_{m−1} ⋯ A_0` and `b` the exit state from `S = 0`. An empty
-/// sub-sequence has `[0 | I]`.
-pub fn fwd_h_pre_scan<T: Real>(
-    inp: &FwdHPreScanInputs<'_, T>,
-    params: &FwdHPreScanParams,
-) -> Result<FwdHPreScanOutputs<T>> {
-    let geo = validate_fwd_h_pre_scan(&inp.shapes(), inp.cu_seqlens, params)?;
-    let (kd, vd, bt) = (geo.k, geo.v, geo.bt);
-    let per_head: Vec<_> = tasks(&geo)
-        .into_par_iter()
-        .map(|(i, hv)| {
-            let seq = geo.seqs[i];
-            let rows = s![seq.batch, seq.bos..seq.eos, hv, ..];
-            let k = inp.k.slice(s![seq.batch, seq.bos..seq.eos, geo.kh(hv), ..]);
-            let (w, u) = (inp.w.slice(rows), inp.u.slice(rows));
-            let g = inp
-                .g
-                .as_ref()
-                .map(|g| g.slice(s![seq.batch, seq.bos..seq.eos, hv]));
-            let gk = inp.gk.as_ref().map(|gk| gk.slice(rows));
-            let mut x = Array2::<T>::zeros((kd, vd + kd));
-            x.slice_mut(s![.., vd..]).assign(&Array2::eye(kd));
-            for a in (0..seq.len()).step_by(bt) {
-                let e = (a + bt).min(seq.len());
-                let d = chunk::delta(&x, w.slice(s![a..e, ..]), u.slice(s![a..e, ..]));
-                chunk::advance(
-                    &mut x,
-                    k.slice(s![a..e, ..]),
-                    &d,
-                    g.map(|g| g.slice_move(s![a..e])),
-                    gk.map(|gk| gk.slice_move(s![a..e, ..])),
-                );
-            }
-            (i, hv, x)
-        })
-        .collect();
-    let mut hm = Array4::<T>::zeros((geo.n(), geo.hv, kd, vd + kd));
-    for (i, hv, x) in per_head {
-        hm.slice_mut(s![i, hv, .., ..]).assign(&x);
-    }
-    Ok(FwdHPreScanOutputs { hm })
-}
-
-/// Shapes of the inputs of [`fwd_h_merge`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FwdHMergeShapes<'a> {
-    /// `[S, HV, K, V + K]`.
-    pub hm: &'a [usize],
-    /// `[N, HV, K, V]` (`[N, HV, V, K]` with `state_v_first`) when given.
-    pub initial_state: Option<&'a [usize]>,
-}
-
-/// The tensors of one [`fwd_h_merge`] call.
-#[derive(Debug, Clone)]
-pub struct FwdHMergeInputs<'a, T> {
-    /// Summaries `[b | M]` of all `S` sub-sequences, in packed order.
-    pub hm: ArrayView4<'a, T>,
-    /// `[N + 1]`: sequence `n` owns sub-sequences `subseq_offsets[n] .. subseq_offsets[n+1]`.
-    pub subseq_offsets: &'a [i64],
-    pub initial_state: Option<ArrayView4<'a, T>>,
-}
-
-/// Parameters of [`fwd_h_merge`] (spec 4.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FwdHMergeParams {
-    /// Layout of `initial_state` and of the outputs (`hm` is always key-first).
-    pub state_v_first: bool,
-    pub output_final_state: bool,
-}
-
-/// Outputs of [`fwd_h_merge`] (spec 4.3).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FwdHMergeOutputs<T> {
-    /// `[S, HV, K, V]` (or `[S, HV, V, K]`): the state entering every sub-sequence.
-    pub initial_states: Array4<T>,
-    /// `[N, HV, K, V]` (or `[N, HV, V, K]`) when `output_final_state`.
-    pub final_state: Option<Array4<T>>,
-}
-
-/// Validated geometry of a merge: `S` summaries of `N` sequences, `HV` heads, `K × V` states.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MergePlan {
-    pub s: usize,
-    pub n: usize,
-    pub hv: usize,
-    pub k: usize,
-    pub v: usize,
-}
-
-/// Validates a [`fwd_h_merge`] call (spec 4.6).
-pub fn validate_fwd_h_merge(
-    shapes: &FwdHMergeShapes<'_>,
-    subseq_offsets: &[i64],
-    params: &FwdHMergeParams,
-) -> Result<MergePlan> {
-    let hm = shapes.hm;
-    check::rank("hm", hm, 4)?;
-    let (s, hv, k) = (hm[0], hm[1], hm[2]);
-    check::positive("hm", "HV", hm, hv)?;
-    check::key_dim("hm", hm, k)?;
-    if hm[3] <= k {
-        return Err(Error::shape("hm", "[S, HV, K, V + K] with V >= 1", hm));
-    }
-    let v = hm[3] - k;
-    let arg = "subseq_offsets";
-    if subseq_offsets.len() < 2 {
-        return Err(boundary(
-            arg,
-            "length N + 1 >= 2",
-            format!("length {}", subseq_offsets.len()),
-        ));
-    }
-    if subseq_offsets[0] != 0 {
-        return Err(boundary(
-            arg,
-            "subseq_offsets[0] == 0",
-            format!("{}", subseq_offsets[0]),
-        ));
-    }
-    if let Some(i) = (1..subseq_offsets.len()).find(|&i| subseq_offsets[i] < subseq_offsets[i - 1])
-    {
-        return Err(boundary(
-            arg,
-            "non-decreasing values",
-            format!("subseq_offsets[{i}] = {}", subseq_offsets[i]),
-        ));
-    }
-    let last = subseq_offsets[subseq_offsets.len() - 1];
-    if last != s as i64 {
-        return Err(boundary(
-            arg,
-            format!("last value == S = {s}"),
-            format!("{last}"),
-        ));
-    }
-    let n = subseq_offsets.len() - 1;
-    if let Some(st) = shapes.initial_state {
-        check::rank("initial_state", st, 4)?;
-        let want = if params.state_v_first {
-            [n, hv, v, k]
-        } else {
-            [n, hv, k, v]
-        };
-        check::exact(
-            "initial_state",
-            st,
-            &want,
-            "[N, HV, K, V] (V, K with state_v_first)",
-        )?;
-    }
-    Ok(MergePlan { s, n, hv, k, v })
-}
-
-/// The prefix chain of spec 4.4: for every sequence `n` and head, `X ← initial_state[n]`,
-/// then for each of its sub-sequences `j`: `initial_states[j] = X`, `X ← M_j X + b_j`;
-/// `final_state[n] = X`.
-pub fn fwd_h_merge<T: Real>(
-    inp: &FwdHMergeInputs<'_, T>,
-    params: &FwdHMergeParams,
-) -> Result<FwdHMergeOutputs<T>> {
-    let shapes = FwdHMergeShapes {
-        hm: inp.hm.shape(),
-        initial_state: inp.initial_state.as_ref().map(|a| a.shape()),
-    };
-    let plan = validate_fwd_h_merge(&shapes, inp.subseq_offsets, params)?;
-    let (k, v, vf) = (plan.k, plan.v, params.state_v_first);
-    let offs = inp.subseq_offsets;
-    let chains: Vec<_> = (0..plan.n)
-        .flat_map(|n| (0..plan.hv).map(move |hv| (n, hv)))
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|(n, hv)| {
-            let mut x = load_state(inp.initial_state.as_ref(), n, hv, k, v, vf);
-            let mut entering = Vec::new();
-            for j in offs[n] as usize..offs[n + 1] as usize {
-                let sm = inp.hm.slice(s![j, hv, .., ..]);
-                entering.push(x.clone());
-                let mut next = sm.slice(s![.., ..v]).to_owned();
-                ndarray::linalg::general_mat_mul(
-                    T::one(),
-                    &sm.slice(s![.., v..]),
-                    &x,
-                    T::one(),
-                    &mut next,
-                );
-                x = next;
-            }
-            (n, hv, entering, x)
-        })
-        .collect();
-    let (sa, sb) = if vf { (v, k) } else { (k, v) };
-    let mut initial_states = Array4::<T>::zeros((plan.s, plan.hv, sa, sb));
-    let mut final_state = params
-        .output_final_state
-        .then(|| Array4::<T>::zeros((plan.n, plan.hv, sa, sb)));
-    for (n, hv, entering, x) in chains {
-        for (j, st) in (offs[n] as usize..).zip(&entering) {
-            store_state(initial_states.slice_mut(s![j, hv, .., ..]), st, vf);
-        }
-        if let Some(fs) = final_state.as_mut() {
-            store_state(fs.slice_mut(s![n, hv, .., ..]), &x, vf);
-        }
-    }
-    Ok(FwdHMergeOutputs {
-        initial_states,
-        final_state,
-    })
-}
+use ndarray::{Array3, Array4, ArrayView3, ArrayView4, Axis};
 
 /// The SM count assumed by the automatic split policy when none is given (H100/H200: 132).
 pub const DEFAULT_NUM_SMS: usize = 132;
@@ -303,11 +44,14 @@ pub fn auto_subseq_cu_seqlens(
         }
         let budget = nts.len().max(num_sms / units);
         while pieces.iter().sum::<usize>() > budget {
-            let (i, _) = pieces
+            // the sequence with the most pieces (the first of equals) loses one
+            let Some((i, _)) = pieces
                 .iter()
                 .enumerate()
                 .max_by_key(|&(i, &p)| (p, std::cmp::Reverse(i)))
-                .expect("at least one sequence when over budget");
+            else {
+                break;
+            };
             pieces[i] -= 1;
         }
     }
@@ -472,9 +216,9 @@ pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
     )?;
     let geo = &plan.geometry;
     let (b, t) = (geo.b, geo.t);
-    let (k, w, u) = (flat4(f.k), flat4(f.w), flat4(f.u));
-    let g = f.g.map(flat3);
-    let gk = f.gk.map(flat4);
+    let (k, w, u) = (flat4("k", f.k)?, flat4("w", f.w)?, flat4("u", f.u)?);
+    let g = f.g.map(|g| flat3("g", g)).transpose()?;
+    let gk = f.gk.map(|gk| flat4("gk", gk)).transpose()?;
     let pieces = FwdHInputs {
         k: k.view(),
         w: w.view(),
@@ -539,19 +283,19 @@ pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
 }
 
 /// A `[B, T, X, Y]` tensor as `[1, B·T, X, Y]` (standard layout copy).
-fn flat4<T: Real>(a: ArrayView4<'_, T>) -> Array4<T> {
+fn flat4<T: Real>(arg: &str, a: ArrayView4<'_, T>) -> Result<Array4<T>> {
     let sh = a.shape().to_vec();
-    let owned = a.as_standard_layout().into_owned();
-    owned
+    a.as_standard_layout()
+        .into_owned()
         .into_shape_with_order((1, sh[0] * sh[1], sh[2], sh[3]))
-        .expect("a standard-layout array reshapes")
+        .map_err(|e| Error::shape(arg, "a [B, T, ...] tensor", e.to_string()))
 }
 
 /// A `[B, T, X]` tensor as `[1, B·T, X]`.
-fn flat3<T: Real>(a: ArrayView3<'_, T>) -> Array3<T> {
+fn flat3<T: Real>(arg: &str, a: ArrayView3<'_, T>) -> Result<Array3<T>> {
     let sh = a.shape().to_vec();
-    let owned = a.as_standard_layout().into_owned();
-    owned
+    a.as_standard_layout()
+        .into_owned()
         .into_shape_with_order((1, sh[0] * sh[1], sh[2]))
-        .expect("a standard-layout array reshapes")
+        .map_err(|e| Error::shape(arg, "a [B, T, ...] tensor", e.to_string()))
 }
