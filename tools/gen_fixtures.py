@@ -2,6 +2,7 @@
 """Regenerates the conformance fixtures: `fixtures/<op>/<case>.safetensors` + `MANIFEST.json`.
 
     python3 tools/gen_fixtures.py --out fixtures [--ops OP ...] [--cases GLOB] [--device cuda|cpu]
+    python3 tools/gen_fixtures.py --out fixtures --manifest-only
 
 Every case is checked against its float64 oracle before it is written (a disagreeing case is
 refused and the command exits 1). With `--device cpu` the cases that need a GPU (FLA Triton,
@@ -42,6 +43,8 @@ def main() -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"],
                     default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--manifest-only", action="store_true",
+                    help="only rebuild MANIFEST.json from the files under --out")
     args = ap.parse_args()
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -53,6 +56,9 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
+    if args.manifest_only:
+        print(f"wrote {write_manifest(args.out)}")
+        return 0
     ops = set(args.ops) if args.ops else None
     unknown = (ops or set()) - {c.op for c in CASES}
     if unknown:

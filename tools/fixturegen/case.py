@@ -39,7 +39,8 @@ class Case:
     """One call of one op, ready to be written.
 
     `outputs` are the stored outputs, `oracle` the float64 values they are checked against
-    (same keys), `threshold` the ratio threshold per output (`None` = exact, bit for bit).
+    (same keys), `threshold` the ratio threshold per output (`None` = exact, bit for bit; a
+    dict `{label: (index, threshold)}` checks named parts of one output separately).
     `tolerance` is written into the metadata when set.
     """
 
@@ -106,14 +107,18 @@ def check(case: Case) -> list[str]:
             if not ok:
                 raise RefusedCase(f"{case.op}/{case.name}: out.{key} not bit-exact")
             continue
-        max_abs, ratio, fin_ok, why = compare(ref, out)
-        ok = fin_ok and (max_abs <= ABS_FLOOR or ratio <= thr)
-        lines.append(f"  out.{key} {tuple(out.shape)} {out.dtype}: max_abs={max_abs:.3e} "
-                     f"ratio={ratio:.3e} thr={thr:g} {'PASS' if ok else 'FAIL'} {why}")
-        if not ok:
-            raise RefusedCase(f"{case.op}/{case.name}: out.{key} disagrees with the float64 "
-                              f"oracle (max_abs={max_abs:.3e}, ratio={ratio:.3e}, "
-                              f"threshold={thr:g}) {why}")
+        # A dict threshold compares named parts separately: {"hm.b": (index, thr), ...}.
+        parts = thr.items() if isinstance(thr, dict) else [(key, (Ellipsis, thr))]
+        for label, (idx, t) in parts:
+            max_abs, ratio, fin_ok, why = compare(ref[idx], out[idx])
+            ok = fin_ok and (max_abs <= ABS_FLOOR or ratio <= t)
+            lines.append(f"  out.{label} {tuple(out[idx].shape)} {out.dtype}: "
+                         f"max_abs={max_abs:.3e} ratio={ratio:.3e} thr={t:g} "
+                         f"{'PASS' if ok else 'FAIL'} {why}")
+            if not ok:
+                raise RefusedCase(f"{case.op}/{case.name}: out.{label} disagrees with the "
+                                  f"float64 oracle (max_abs={max_abs:.3e}, ratio={ratio:.3e}, "
+                                  f"threshold={t:g}) {why}")
     for label, ref, x, thr in case.cross:
         max_abs, ratio, fin_ok, why = compare(ref, x)
         ok = fin_ok and (max_abs <= ABS_FLOOR or ratio <= thr)
