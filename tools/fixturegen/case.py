@@ -153,6 +153,7 @@ def write(case: Case, root: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata=meta)
+    canonicalize(tmp)
     os.replace(tmp, path)
     size = path.stat().st_size
     print(f"wrote {case.op}/{case.name}.safetensors ({size / 1024:.0f} KB, "
@@ -160,6 +161,24 @@ def write(case: Case, root: Path) -> Path:
     for line in lines:
         print(line)
     return path
+
+
+def canonicalize(path: Path) -> None:
+    """Rewrites the safetensors header in a fixed key order (metadata keys sorted, then the
+    tensors by name), so that the same case always gives the same bytes and sha256
+    (`save_file` writes the metadata map in hash order). The data section is unchanged."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    ordered = {}
+    if meta is not None:
+        ordered["__metadata__"] = dict(sorted(meta.items()))
+    for name in sorted(header):
+        ordered[name] = header[name]
+    text = json.dumps(ordered, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    Path(path).write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
 
 
 def read_metadata(path: Path) -> dict:
