@@ -1,0 +1,438 @@
+//! The `attn-conform` commands (`verify`, `run`, `list`), writing to given streams and returning
+//! the exit status: 0 all passed, 1 a comparison failed, 2 an input could not be used.
+
+use crate::case::Case;
+use crate::error::{Error, Problem};
+use crate::fixtures::{case_files, fixtures_dir, Manifests};
+use crate::registry::{self, OPS};
+use crate::verify::{verify_case, Device, Row, Selection};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const EXIT_PASS: u8 = 0;
+pub const EXIT_FAIL: u8 = 1;
+pub const EXIT_UNUSABLE: u8 = 2;
+
+/// The output streams of a command.
+pub struct Io<'a> {
+    pub out: &'a mut dyn Write,
+    pub err: &'a mut dyn Write,
+}
+
+/// Reads, checks against its manifest, and verifies one case file.
+pub fn verify_file(
+    path: &Path,
+    manifests: &mut Manifests,
+    selection: Selection,
+) -> Result<(String, Vec<Row>), Error> {
+    let bytes = std::fs::read(path).map_err(|e| Problem::Io(e).at(path))?;
+    manifests.check(path, &bytes)?;
+    let case = Case::from_bytes(path, &bytes)?;
+    let rows = verify_case(&case, selection).map_err(|p| p.at(path))?;
+    Ok((case.op, rows))
+}
+
+fn gpu_gate(selection: Selection, io: &mut Io<'_>) -> bool {
+    if selection == Selection::Gpu {
+        if let Err(why) = registry::gpu_status() {
+            let _ = writeln!(io.err, "error: --device gpu: no GPU: {why}");
+            return false;
+        }
+    }
+    true
+}
+
+fn status(unusable: usize, failed: usize) -> u8 {
+    if unusable > 0 {
+        EXIT_UNUSABLE
+    } else if failed > 0 {
+        EXIT_FAIL
+    } else {
+        EXIT_PASS
+    }
+}
+
+/// `verify [--device] [--json] FILE_OR_DIR...`: one row per compared output, then
+/// `N passed, M failed` (on stderr with `--json`, whose stdout is the JSON array of rows).
+pub fn verify(paths: &[PathBuf], selection: Selection, json: bool, io: &mut Io<'_>) -> u8 {
+    if !gpu_gate(selection, io) {
+        return EXIT_UNUSABLE;
+    }
+    let mut unusable = 0;
+    let files = match case_files(paths) {
+        Ok(f) if f.is_empty() => {
+            let _ = writeln!(
+                io.err,
+                "error: no .safetensors case file under the given paths"
+            );
+            return EXIT_UNUSABLE;
+        }
+        Ok(f) => f,
+        Err(e) => {
+            let _ = writeln!(io.err, "error: {e}");
+            return EXIT_UNUSABLE;
+        }
+    };
+    let mut manifests = Manifests::default();
+    for dir in paths.iter().filter(|p| p.is_dir()) {
+        for e in manifests.missing(dir).unwrap_or_else(|e| vec![e]) {
+            let _ = writeln!(io.err, "error: {e}");
+            unusable += 1;
+        }
+    }
+    let mut rows = Vec::new();
+    for f in &files {
+        match verify_file(f, &mut manifests, selection) {
+            Ok((_, r)) => rows.extend(r),
+            Err(e) => {
+                let _ = writeln!(io.err, "error: {e}");
+                unusable += 1;
+            }
+        }
+    }
+    let passed = rows.iter().filter(|r| r.pass).count();
+    let failed = rows.len() - passed;
+    let summary = format!("{passed} passed, {failed} failed");
+    if json {
+        let _ = writeln!(
+            io.out,
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        let _ = writeln!(io.err, "{summary}");
+    } else {
+        let _ = write!(io.out, "{}", rows_table(&rows));
+        let _ = writeln!(io.out, "{summary}");
+    }
+    status(unusable, failed)
+}
+
+fn sci(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+fn threshold(t: Option<f64>) -> String {
+    t.map_or("exact".into(), |t| format!("{t:.0e}"))
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let s: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<0$}", w[i]))
+            .collect();
+        s.join("  ").trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for r in rows {
+        out += &line(r.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn rows_table(rows: &[Row]) -> String {
+    let header = [
+        "file",
+        "op",
+        "device",
+        "output",
+        "shape",
+        "dtype",
+        "max_abs",
+        "ratio",
+        "threshold",
+        "result",
+    ];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let result = match (&r.reason, r.pass) {
+                (_, true) => "PASS".to_string(),
+                (Some(why), false) => format!("FAIL ({why})"),
+                (None, false) => "FAIL".to_string(),
+            };
+            vec![
+                r.file.clone(),
+                r.op.clone(),
+                r.device.to_string(),
+                r.output.clone(),
+                format!("{:?}", r.shape),
+                r.dtype.clone(),
+                sci(r.max_abs),
+                sci(r.ratio),
+                threshold(r.threshold),
+                result,
+            ]
+        })
+        .collect();
+    table(&header, &cells)
+}
+
+/// One `run` summary row: the cases of one op on one device.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub op: String,
+    pub device: Device,
+    pub cases: usize,
+    pub passed: usize,
+    /// The worst compared output (a failed one first, else the largest `ratio / threshold`):
+    /// its ratio and the threshold it was held to (`null` threshold: exact).
+    pub worst_ratio: f64,
+    pub threshold: Option<f64>,
+    pub worst_file: String,
+}
+
+/// Folds rows into one summary per (op, device); a case passes when all its rows pass.
+pub fn summarize(rows: &[Row]) -> Vec<Summary> {
+    let mut by: BTreeMap<(String, Device), BTreeMap<String, Vec<&Row>>> = BTreeMap::new();
+    for r in rows {
+        by.entry((r.op.clone(), r.device))
+            .or_default()
+            .entry(r.file.clone())
+            .or_default()
+            .push(r);
+    }
+    by.into_iter()
+        .map(|((op, device), files)| {
+            let all: Vec<&Row> = files.values().flatten().copied().collect();
+            // a failed row is worse than any passing one, whatever its ratio
+            let margin = |r: &Row| match r.threshold {
+                _ if !r.pass || r.ratio.is_nan() => f64::INFINITY,
+                Some(t) => r.ratio / t,
+                None => 0.0,
+            };
+            let worst = all
+                .iter()
+                .copied()
+                .max_by(|a, b| margin(a).total_cmp(&margin(b)));
+            Summary {
+                op,
+                device,
+                cases: files.len(),
+                passed: files
+                    .values()
+                    .filter(|rs| rs.iter().all(|r| r.pass))
+                    .count(),
+                worst_ratio: worst.map_or(0.0, |r| r.ratio),
+                threshold: worst.and_then(|r| r.threshold),
+                worst_file: worst.map_or(String::new(), |r| r.file.clone()),
+            }
+        })
+        .collect()
+}
+
+fn progress(n: usize) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(n as u64), ProgressDrawTarget::hidden());
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}") {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// `run [--fixtures DIR] [--device] [--json]`: every case under the fixtures folder on every
+/// selected device, one summary row per (op, device); exit 1 on any failure.
+pub fn run(fixtures: Option<&Path>, selection: Selection, json: bool, io: &mut Io<'_>) -> u8 {
+    if !gpu_gate(selection, io) {
+        return EXIT_UNUSABLE;
+    }
+    let dir = fixtures_dir(fixtures);
+    if !dir.is_dir() {
+        let _ = writeln!(
+            io.err,
+            "error: {}: fixtures folder not found",
+            dir.display()
+        );
+        return EXIT_UNUSABLE;
+    }
+    let mut manifests = Manifests::default();
+    let mut unusable = 0;
+    for e in manifests.missing(&dir).unwrap_or_else(|e| vec![e]) {
+        let _ = writeln!(io.err, "error: {e}");
+        unusable += 1;
+    }
+    let files = match case_files(std::slice::from_ref(&dir)) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = writeln!(io.err, "error: {e}");
+            return EXIT_UNUSABLE;
+        }
+    };
+    let pb = progress(files.len());
+    let (start, tty) = (Instant::now(), std::io::stderr().is_terminal());
+    let mut rows = Vec::new();
+    for f in &files {
+        if tty && pb.is_hidden() && start.elapsed() > Duration::from_millis(300) {
+            pb.set_draw_target(ProgressDrawTarget::stderr());
+        }
+        pb.set_message(f.display().to_string());
+        match verify_file(f, &mut manifests, selection) {
+            Ok((_, r)) => rows.extend(r),
+            Err(e) => {
+                pb.suspend(|| writeln!(io.err, "error: {e}")).ok();
+                unusable += 1;
+            }
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let summaries = summarize(&rows);
+    let (cases, passed) = summaries
+        .iter()
+        .fold((0, 0), |(c, p), s| (c + s.cases, p + s.passed));
+    let line = format!("{passed} passed, {} failed", cases - passed);
+    if json {
+        let _ = writeln!(
+            io.out,
+            "{}",
+            serde_json::to_string_pretty(&summaries).unwrap_or_default()
+        );
+        let _ = writeln!(io.err, "{line}");
+    } else {
+        let _ = write!(io.out, "{}", summary_table(&summaries));
+        for r in rows.iter().filter(|r| !r.pass) {
+            let why = r.reason.as_deref().unwrap_or("");
+            let _ = writeln!(
+                io.out,
+                "FAIL {} {} {} {}: {why}",
+                r.file, r.op, r.device, r.output
+            );
+        }
+        let _ = writeln!(io.out, "{line}");
+    }
+    if files.is_empty() {
+        let _ = writeln!(io.err, "note: no case file under {}", dir.display());
+    }
+    status(unusable, cases - passed)
+}
+
+fn summary_table(s: &[Summary]) -> String {
+    let header = [
+        "op",
+        "device",
+        "cases",
+        "passed",
+        "worst_ratio",
+        "threshold",
+        "result",
+    ];
+    let cells: Vec<Vec<String>> = s
+        .iter()
+        .map(|s| {
+            vec![
+                s.op.clone(),
+                s.device.to_string(),
+                s.cases.to_string(),
+                s.passed.to_string(),
+                sci(s.worst_ratio),
+                threshold(s.threshold),
+                if s.passed == s.cases { "PASS" } else { "FAIL" }.to_string(),
+            ]
+        })
+        .collect();
+    table(&header, &cells)
+}
+
+/// One op in `list --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpListing {
+    pub op: &'static str,
+    pub summary: &'static str,
+    pub inputs: Vec<serde_json::Value>,
+    pub params: Vec<serde_json::Value>,
+    pub outputs: Vec<&'static str>,
+    pub devices: Vec<&'static str>,
+}
+
+/// The registry as `list` shows it.
+pub fn listing() -> Vec<OpListing> {
+    OPS.iter()
+        .map(|op| OpListing {
+            op: op.id,
+            summary: op.summary,
+            inputs: op
+                .inputs
+                .iter()
+                .map(|i| {
+                    serde_json::json!({
+                        "name": i.name,
+                        "required": i.required,
+                        "kind": format!("{:?}", i.kind).to_lowercase(),
+                    })
+                })
+                .collect(),
+            params: op
+                .params
+                .iter()
+                .map(|p| {
+                    let default = p.default_value().ok().flatten();
+                    serde_json::json!({
+                        "name": p.name,
+                        "type": p.ty.describe(),
+                        "required": p.default.is_none(),
+                        "default": default,
+                    })
+                })
+                .collect(),
+            outputs: op.outputs.iter().map(|o| o.name).collect(),
+            devices: op.devices(),
+        })
+        .collect()
+}
+
+/// `list [--json]`: the ops, their inputs and parameters (with defaults), and their devices.
+pub fn list(json: bool, io: &mut Io<'_>) -> u8 {
+    let ops = listing();
+    if json {
+        let _ = writeln!(
+            io.out,
+            "{}",
+            serde_json::to_string_pretty(&ops).unwrap_or_default()
+        );
+        return EXIT_PASS;
+    }
+    for op in &ops {
+        let _ = writeln!(
+            io.out,
+            "{}  [{}]  {}",
+            op.op,
+            op.devices.join(", "),
+            op.summary
+        );
+        let inputs: Vec<String> = op
+            .inputs
+            .iter()
+            .map(|i| {
+                let opt = if i["required"] == true { "" } else { "?" };
+                format!("{}{opt}", i["name"].as_str().unwrap_or(""))
+            })
+            .collect();
+        let _ = writeln!(io.out, "    inputs:  {}", inputs.join(", "));
+        let params: Vec<String> = op
+            .params
+            .iter()
+            .map(|p| match p["required"] == true {
+                true => format!("{} (required)", p["name"].as_str().unwrap_or("")),
+                false => format!("{}={}", p["name"].as_str().unwrap_or(""), p["default"]),
+            })
+            .collect();
+        let _ = writeln!(io.out, "    params:  {}", params.join(", "));
+        let _ = writeln!(io.out, "    outputs: {}", op.outputs.join(", "));
+    }
+    EXIT_PASS
+}

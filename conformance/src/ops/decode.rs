@@ -1,0 +1,119 @@
+//! Runners of `kv_cache_update` and `decode_attention` (spec `ops-decode.md`).
+
+use super::{float_dim, indices, input, opt_indices};
+use crate::case::Tensors;
+use crate::compare::Rule;
+use crate::error::Problem;
+use crate::params::Params;
+use crate::tensor::Tensor;
+use attn_reference::decode::{self, CacheLayout};
+use attn_reference::{DtypeClass, Error};
+use ndarray::{ArrayD, Ix4};
+use std::str::FromStr;
+
+fn layout(p: &Params) -> Result<CacheLayout, Problem> {
+    Ok(CacheLayout::from_str(p.str("cache_layout")?)?)
+}
+
+fn rank4<'a, E>(a: &'a ArrayD<E>, name: &str) -> Result<ndarray::ArrayView4<'a, E>, Problem> {
+    a.view()
+        .into_dimensionality::<Ix4>()
+        .map_err(|_| Error::shape(name, "rank 4", a.shape()).into())
+}
+
+/// Runs the reference update on four arrays of one element type.
+fn update<E: Copy + Send + Sync>(
+    t: [&ArrayD<E>; 4],
+    seqlens: &[i64],
+    idx: Option<&[i64]>,
+    layout: CacheLayout,
+) -> Result<(ArrayD<E>, ArrayD<E>), Problem> {
+    let (kc, vc) = decode::kv_cache_update(
+        rank4(t[0], "k_cache")?,
+        rank4(t[1], "v_cache")?,
+        rank4(t[2], "k")?,
+        rank4(t[3], "v")?,
+        seqlens,
+        idx,
+        layout,
+    )?;
+    Ok((kc.into_dyn(), vc.into_dyn()))
+}
+
+/// `(k_cache, v_cache) = kv_cache_update(...)`, in the caches' own dtype (bit exact).
+pub fn kv_cache_update(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    const NAMES: [&str; 4] = ["k_cache", "v_cache", "k", "v"];
+    let (kc, vc) = (input(inputs, NAMES[0])?, input(inputs, NAMES[1])?);
+    let (k, v) = (input(inputs, NAMES[2])?, input(inputs, NAMES[3])?);
+    for (name, x) in NAMES.iter().zip([kc, vc, k, v]).skip(1) {
+        if x.dtype() != kc.dtype() {
+            let expected = format!("the dtype of k_cache ({})", kc.dtype());
+            return Err(Error::dtype(*name, expected, x.dtype().name()).into());
+        }
+    }
+    let seqlens = indices(inputs, "cache_seqlens")?;
+    let idx = opt_indices(inputs, "cache_batch_idx")?;
+    let (idx, layout) = (idx.as_deref(), layout(p)?);
+    let (k_out, v_out) = match (kc, vc, k, v) {
+        (Tensor::F64(a), Tensor::F64(b), Tensor::F64(c), Tensor::F64(d)) => {
+            let (x, y) = update([a, b, c, d], &seqlens, idx, layout)?;
+            (Tensor::F64(x), Tensor::F64(y))
+        }
+        (Tensor::F32(a), Tensor::F32(b), Tensor::F32(c), Tensor::F32(d)) => {
+            let (x, y) = update([a, b, c, d], &seqlens, idx, layout)?;
+            (Tensor::F32(x), Tensor::F32(y))
+        }
+        (Tensor::BF16(a), Tensor::BF16(b), Tensor::BF16(c), Tensor::BF16(d)) => {
+            let (x, y) = update([a, b, c, d], &seqlens, idx, layout)?;
+            (Tensor::BF16(x), Tensor::BF16(y))
+        }
+        (Tensor::F16(a), Tensor::F16(b), Tensor::F16(c), Tensor::F16(d)) => {
+            let (x, y) = update([a, b, c, d], &seqlens, idx, layout)?;
+            (Tensor::F16(x), Tensor::F16(y))
+        }
+        _ => {
+            return Err(Error::dtype("k_cache", "a float dtype", kc.dtype().name()).into());
+        }
+    };
+    Ok(Tensors::from([
+        ("k_cache".to_string(), k_out),
+        ("v_cache".to_string(), v_out),
+    ]))
+}
+
+/// `(o, lse) = decode_attention(...)` in float64.
+pub fn decode_attention(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let q = float_dim::<Ix4>(inputs, "q")?;
+    let kc = float_dim::<Ix4>(inputs, "k_cache")?;
+    let vc = float_dim::<Ix4>(inputs, "v_cache")?;
+    let seqlens = indices(inputs, "cache_seqlens")?;
+    let idx = opt_indices(inputs, "cache_batch_idx")?;
+    let r = decode::decode_attention(
+        q.view(),
+        kc.view(),
+        vc.view(),
+        &seqlens,
+        idx.as_deref(),
+        p.opt_f64("softmax_scale")?,
+        p.bool("causal")?,
+        layout(p)?,
+    )?;
+    Ok(Tensors::from([
+        ("o".to_string(), Tensor::F64(r.o.into_dyn())),
+        ("lse".to_string(), Tensor::F64(r.lse.into_dyn())),
+    ]))
+}
+
+/// `lse` is float32 whatever the dtype of `q`.
+pub fn lse_class(_: &Tensors, _: &Params) -> Result<DtypeClass, Problem> {
+    Ok(DtypeClass::Float32)
+}
+
+/// `lse` threshold: `1e-3` for half-precision `q` (fp32 value of bf16-rounded scores), else the
+/// default of the class it was computed in.
+pub fn lse_rule(inputs: &Tensors, _: &Params, class: DtypeClass) -> Rule {
+    match inputs.get("q").map(|q| q.dtype().class()) {
+        Some(DtypeClass::Half) => Rule::Threshold(1e-3),
+        _ => Rule::default_for(class),
+    }
+}

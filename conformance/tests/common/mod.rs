@@ -1,0 +1,196 @@
+//! Shared test helpers: a seeded generator, random tensors, and valid cases of every op whose
+//! outputs are the reference's own, rounded to the dtype the op's spec gives them.
+#![allow(dead_code)]
+
+use attn_conformance::{find, Case, Tensor, Tensors};
+use attn_reference::{Dtype, DtypeClass};
+use ndarray::{ArrayD, IxDyn};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// SplitMix64: small, seeded, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[-1, 1)`.
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    pub fn array(&mut self, shape: &[usize], scale: f64) -> ArrayD<f64> {
+        ArrayD::from_shape_fn(IxDyn(shape), |_| scale * self.uniform())
+    }
+    pub fn tensor(&mut self, shape: &[usize], dtype: Dtype, scale: f64) -> Tensor {
+        Tensor::from_f64(&self.array(shape, scale), dtype)
+    }
+}
+
+pub fn idx(v: &[i64], dtype: Dtype) -> Tensor {
+    Tensor::from_f64(
+        &ArrayD::from_shape_vec(IxDyn(&[v.len()]), v.iter().map(|&x| x as f64).collect()).unwrap(),
+        dtype,
+    )
+}
+
+/// The dtype a candidate of `class` is stored in (`like` for half: bf16 or f16).
+fn dtype_of(class: DtypeClass, like: Dtype) -> Dtype {
+    match class {
+        DtypeClass::Float64 => Dtype::F64,
+        DtypeClass::Float32 => Dtype::F32,
+        DtypeClass::Half if like.class() == DtypeClass::Half => like,
+        DtypeClass::Half => Dtype::BF16,
+        DtypeClass::Int => Dtype::I64,
+    }
+}
+
+/// Fills `case.outputs` with the reference's outputs, rounded to each output's expected class.
+pub fn fill_outputs(case: &mut Case) {
+    let spec = find(&case.op).unwrap();
+    let params = case.params().unwrap();
+    let out = (spec.cpu)(&case.inputs, &params).unwrap();
+    let like = case
+        .inputs
+        .values()
+        .map(Tensor::dtype)
+        .find(|d| d.is_float())
+        .unwrap();
+    for o in spec.outputs {
+        let r = &out[o.name];
+        let class = (o.class)(&case.inputs, &params).unwrap();
+        let t = match r {
+            Tensor::F64(a) => Tensor::from_f64(a, dtype_of(class, like)),
+            exact => exact.clone(),
+        };
+        case.outputs.insert(o.name.to_string(), t);
+    }
+}
+
+fn case(op: &str, params: Value, inputs: Vec<(&str, Tensor)>) -> Case {
+    let mut c = Case::new(op, "attn-reference-test");
+    c.params = params.as_object().unwrap().clone();
+    c.inputs = inputs
+        .into_iter()
+        .map(|(n, t)| (n.to_string(), t))
+        .collect::<Tensors>();
+    fill_outputs(&mut c);
+    c
+}
+
+/// One valid case of every registered op, from random inputs (`seed`), outputs included.
+pub fn valid_cases(seed: u64) -> Vec<Case> {
+    let mut r = Rng::new(seed);
+    let bias = r.below(3) as i64;
+    let cu = [0, 5 + bias, 5 + bias, 20];
+    let caches = |shape: &[usize], dtype, r: &mut Rng| r.tensor(shape, dtype, 1.0);
+    let kc = caches(&[2, 8, 2, 4], Dtype::BF16, &mut r);
+    let vc = caches(&[2, 8, 2, 4], Dtype::BF16, &mut r);
+    // decode caches with NaN beyond each row's valid prefix (rows 2 and 0 are used, lengths 5 and 16)
+    let mut dk = r.array(&[3, 16, 2, 8], 1.0);
+    let mut dv = r.array(&[3, 16, 2, 8], 1.0);
+    for a in [&mut dk, &mut dv] {
+        for s in 5..16 {
+            a.slice_mut(ndarray::s![2, s, .., ..]).fill(f64::NAN);
+        }
+        a.slice_mut(ndarray::s![1, .., .., ..]).fill(f64::NAN);
+    }
+    vec![
+        case(
+            "cumsum",
+            json!({"dim": 1, "reverse": true}),
+            vec![("x", r.tensor(&[3, 7, 4], Dtype::F32, 1.0))],
+        ),
+        case(
+            "chunk_local_cumsum",
+            json!({"chunk_size": 4, "scale": 1.4426950216}),
+            vec![
+                ("g", r.tensor(&[1, 20, 2], Dtype::F32, 1.0)),
+                ("cu_seqlens", idx(&cu, Dtype::I32)),
+            ],
+        ),
+        case(
+            "chunk_global_cumsum",
+            json!({"reverse": true, "output_dtype": null}),
+            vec![("g", r.tensor(&[2, 9, 2, 3], Dtype::BF16, 1.0))],
+        ),
+        case(
+            "kda_gate",
+            json!({}),
+            vec![
+                ("g", r.tensor(&[2, 5, 2, 4], Dtype::F32, 3.0)),
+                ("A_log", r.tensor(&[2], Dtype::F32, 1.0)),
+                ("dt_bias", r.tensor(&[8], Dtype::F32, 1.0)),
+            ],
+        ),
+        case(
+            "kda_gate_chunk_cumsum",
+            json!({"chunk_size": 4, "scale": 1.4426950216, "lower_bound": -3.0}),
+            vec![
+                ("g", r.tensor(&[1, 10, 2, 4], Dtype::F32, 2.0)),
+                ("A_log", r.tensor(&[2], Dtype::F32, 1.0)),
+                ("cu_seqlens", idx(&[0, 3, 10], Dtype::I64)),
+            ],
+        ),
+        case(
+            "kv_cache_update",
+            json!({"cache_layout": "bshd"}),
+            vec![
+                ("k_cache", kc),
+                ("v_cache", vc),
+                ("k", r.tensor(&[2, 2, 2, 4], Dtype::BF16, 1.0)),
+                ("v", r.tensor(&[2, 2, 2, 4], Dtype::BF16, 1.0)),
+                ("cache_seqlens", idx(&[3, 6], Dtype::I32)),
+                ("cache_batch_idx", idx(&[1, 0], Dtype::I32)),
+            ],
+        ),
+        case(
+            "decode_attention",
+            json!({"causal": true}),
+            vec![
+                ("q", r.tensor(&[2, 2, 4, 8], Dtype::F32, 1.0)),
+                ("k_cache", Tensor::from_f64(&dk, Dtype::F32)),
+                ("v_cache", Tensor::from_f64(&dv, Dtype::F32)),
+                ("cache_seqlens", idx(&[5, 16], Dtype::I32)),
+                ("cache_batch_idx", idx(&[2, 0], Dtype::I32)),
+            ],
+        ),
+    ]
+}
+
+/// Writes `case` as `dir/<op>/<name>.safetensors` and returns the path.
+pub fn write_case(dir: &Path, name: &str, case: &Case) -> std::path::PathBuf {
+    let d = dir.join(&case.op);
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join(format!("{name}.safetensors"));
+    case.write(&p).unwrap();
+    p
+}
+
+/// Runs the `attn-conform` binary with `args`.
+pub fn conform(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attn-conform"))
+        .args(args)
+        .env_remove("ATTN_FIXTURES")
+        .output()
+        .unwrap()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
