@@ -8,7 +8,8 @@ against FLA's naive gate functions. Every output is checked against the float64 
     cumsum:              y[i] = sum_{j<=i} x[j]  (j >= i when reverse)
     chunk_local_cumsum:  o[t] = scale * sum of g over t's chunk up to t (from t when reverse)
     chunk_global_cumsum: the same with one chunk per sequence
-    kda_gate:            y = -exp(A_log) softplus(g + dt_bias)  or  lower_bound sigmoid(exp(A_log)(g + dt_bias))
+    kda_gate:            y = -exp(A_log) softplus(g + dt_bias)
+                         or  y = lower_bound sigmoid(exp(A_log) (g + dt_bias))
     kda_gate_chunk_cumsum = chunk_local_cumsum(kda_gate(...))
 """
 
@@ -131,8 +132,8 @@ def cumsum_case(ctx, name, seed, shape, dim, reverse=False, dtype="float32",
     return Case(
         op="cumsum", name=name, inputs={"x": x}, params=params, outputs={"y": y},
         oracle={"y": ref}, threshold={"y": thr}, tolerance={"y": thr},
-        source=provenance("torch", seed, "torch.cumsum" + (" (flip for reverse)" if reverse else ""),
-                          dev),
+        source=provenance("torch", seed,
+                          "torch.cumsum" + (" (flip for reverse)" if reverse else ""), dev),
         description=desc or f"torch.cumsum ({where}) {dtype} {list(x.shape)} dim={dim}"
         f"{' reverse' if reverse else ''} -> {y.dtype}".replace("torch.", ""))
 

@@ -40,7 +40,7 @@ def poison(cache, lens, rows, layout):
     """NaN at every position past the valid length of each used row, and in unused rows."""
     c = cache.clone()
     cv = to_bhsd(c, layout)
-    used = dict(zip(rows, lens))
+    used = dict(zip(rows, lens, strict=True))
     for r in range(c.shape[0]):
         n = used.get(r, 0)
         cv[r, :, n:, :] = float("nan")

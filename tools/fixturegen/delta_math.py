@@ -9,7 +9,8 @@ chunk-local cumulative sums in log2 units (`exp2`), states `S` key-first `K x V`
 - `merge` (4.4):  X <- M_j X + b_j along the sub-sequences of each sequence
 - `kda_intra` (7.4): Aqk, L, Akk = (I + L)^-1, w, u, kg
 - `kda_recurrent` (6.4) / GDN (8.4, the gate broadcast along K):
-      S <- diag(exp(a_t)) S; delta = beta_t (v_t - S^T k_t); S <- S + k_t delta^T; o_t = scale S^T q_t
+      S <- diag(exp(a_t)) S;  delta = beta_t (v_t - S^T k_t);  S <- S + k_t delta^T;
+      o_t = scale S^T q_t
 """
 
 from __future__ import annotations

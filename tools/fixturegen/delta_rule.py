@@ -112,7 +112,8 @@ def recurrence_inputs(seed, b, t, h, hv, kdim, vdim, cu, bt, gates, dtype, n=1, 
     else:
         res["gk"] = G.float()
     if "+" in gates:
-        g2 = F.logsigmoid(randn(gen(seed + 1000), *((*G.shape, kdim) if scalar else G.shape[:3]))) / 10
+        shape2 = (*G.shape, kdim) if scalar else G.shape[:3]
+        g2 = F.logsigmoid(randn(gen(seed + 1000), *shape2)) / 10
         extra = M.chunk_local_cumsum(g2, bt, cut, RCP_LN2).float()
         res["gk" if scalar else "g"] = extra
     if h0:
