@@ -86,7 +86,7 @@ impl Case {
             return Err(Problem::NoImpl);
         }
         for (name, &t) in &self.tolerance {
-            if spec.output(name).is_none() {
+            if !spec.compares(name) {
                 return Err(Problem::BadTolerance(format!(
                     "`{name}` is not an output of `{}` (outputs: {})",
                     self.op,

@@ -6,8 +6,9 @@
 use crate::case::Tensors;
 use crate::compare::Rule;
 use crate::error::Problem;
-use crate::ops::{self, scan_threshold};
+use crate::ops::{self, delta, scan_threshold};
 use crate::params::{ParamSpec, ParamType, Params};
+use crate::tensor::Tensor;
 use attn_reference::DtypeClass;
 
 /// Whether an input holds floats or indices (`cu_seqlens`, `cache_seqlens`, ...).
@@ -41,6 +42,21 @@ pub struct OutputSpec {
     pub optional: bool,
     pub class: ClassFn,
     pub rule: RuleFn,
+    /// When not empty, the output is compared as these parts (one row each, e.g. `hm.b` and
+    /// `hm.M` of `fwd_h_pre_scan`) instead of as a whole.
+    pub parts: &'static [PartSpec],
+}
+
+/// Selects one part of an output tensor (e.g. the columns `..V` of `hm`).
+pub type TakeFn = fn(&Tensor) -> Tensor;
+
+/// A part of an output compared on its own, with its own rule.
+#[derive(Debug, Clone, Copy)]
+pub struct PartSpec {
+    /// The row name, `<output>.<part>`.
+    pub name: &'static str,
+    pub take: TakeFn,
+    pub rule: RuleFn,
 }
 
 /// Everything the suite knows about one op.
@@ -65,6 +81,15 @@ impl OpSpec {
     }
     pub fn output(&self, name: &str) -> Option<&OutputSpec> {
         self.outputs.iter().find(|o| o.name == name)
+    }
+    /// Whether `name` is compared on its own: an output, or a part of one (`hm.b`); a case's
+    /// `tolerance` may name either.
+    pub fn compares(&self, name: &str) -> bool {
+        self.output(name).is_some()
+            || self
+                .outputs
+                .iter()
+                .any(|o| o.parts.iter().any(|p| p.name == name))
     }
     pub fn input_names(&self) -> String {
         names(self.inputs.iter().map(|i| i.name))
@@ -126,6 +151,7 @@ const fn output(name: &'static str, class: ClassFn, rule: RuleFn) -> OutputSpec 
         optional: false,
         class,
         rule,
+        parts: &[],
     }
 }
 
@@ -141,6 +167,78 @@ const P_OUT_F32: ParamSpec = param(
 );
 const P_LOWER: ParamSpec = param("lower_bound", ParamType::OptFloat, Some("null"));
 const P_LAYOUT: ParamSpec = param("cache_layout", ParamType::Str(LAYOUTS), Some("\"bshd\""));
+const P_CHUNK64: ParamSpec = param("chunk_size", ParamType::Int, Some("64"));
+const P_FINAL: ParamSpec = param("output_final_state", ParamType::Bool, Some("false"));
+const P_V_FIRST: ParamSpec = param("state_v_first", ParamType::Bool, Some("false"));
+const P_SAVE_V: ParamSpec = param("save_new_value", ParamType::Bool, Some("true"));
+const P_SAFE_GATE: ParamSpec = param("safe_gate", ParamType::Bool, Some("false"));
+const P_L2NORM: ParamSpec = param("use_qk_l2norm_in_kernel", ParamType::Bool, Some("false"));
+/// `k, w, u, g, gk` of the state-recurrence ops (spec 2.1).
+const FWD_H_INPUTS: [InputSpec; 5] = [
+    float("k", true),
+    float("w", true),
+    float("u", true),
+    float("g", false),
+    float("gk", false),
+];
+/// `h`, `v_new`, `final_state` of section 2 (and 5, with its looser float32 threshold).
+const FWD_H_OUTPUTS: [OutputSpec; 3] = [
+    output(
+        "h",
+        |i, _| ops::class_of(i, "k"),
+        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 1e-5),
+    ),
+    output(
+        "v_new",
+        |i, _| ops::class_of(i, "u"),
+        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 1e-5),
+    ),
+    output(
+        "final_state",
+        |i, _| Ok(delta::f32_class(i, "k")),
+        |i, _, c| delta::threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
+    ),
+];
+const SPLIT_OUTPUTS: [OutputSpec; 3] = [
+    output(
+        "h",
+        |i, _| ops::class_of(i, "k"),
+        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 5e-5),
+    ),
+    output(
+        "v_new",
+        |i, _| ops::class_of(i, "u"),
+        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 5e-5),
+    ),
+    output(
+        "final_state",
+        |i, _| Ok(delta::f32_class(i, "k")),
+        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 5e-5),
+    ),
+];
+/// An output of `kda_intra` stored in the dtype of input `like` (README thresholds by `q`).
+macro_rules! intra_output {
+    ($name:literal, $like:literal) => {
+        output(
+            $name,
+            |i, _| ops::class_of(i, $like),
+            |i, _, c| delta::threshold(i, "q", c, 5e-3, 5e-3, 1e-5),
+        )
+    };
+}
+/// `o` and `final_state` of `kda_fwd` / `gdn_fwd` (spec 6.8, 8.8).
+const FORWARD_OUTPUTS: [OutputSpec; 2] = [
+    output(
+        "o",
+        |i, _| ops::class_of(i, "q"),
+        |i, _, c| delta::threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
+    ),
+    output(
+        "final_state",
+        |i, _| Ok(delta::f32_class(i, "q")),
+        |i, _, c| delta::threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
+    ),
+];
 const GATE_INPUTS: [InputSpec; 3] = [
     float("g", true),
     float("A_log", false),
@@ -279,9 +377,171 @@ pub static OPS: &[OpSpec] = &[
                 optional: true,
                 class: ops::decode::lse_class,
                 rule: ops::decode::lse_rule,
+                parts: &[],
             },
         ],
         cpu: ops::decode::decode_attention,
+        gpu: None,
+    },
+    OpSpec {
+        id: "chunk_gated_delta_rule_fwd_h",
+        summary: "chunked delta-rule state recurrence: h per chunk, v_new = u - w S, final state",
+        inputs: &[
+            FWD_H_INPUTS[0],
+            FWD_H_INPUTS[1],
+            FWD_H_INPUTS[2],
+            FWD_H_INPUTS[3],
+            FWD_H_INPUTS[4],
+            float("initial_state", false),
+            index("cu_seqlens", false),
+        ],
+        params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
+        outputs: &FWD_H_OUTPUTS,
+        cpu: ops::delta::chunk_gated_delta_rule_fwd_h,
+        gpu: None,
+    },
+    OpSpec {
+        id: "fwd_h_pre_scan",
+        summary: "affine summary hm = [b | M] of each (sub-)sequence's chunk recurrence",
+        inputs: &[
+            FWD_H_INPUTS[0],
+            FWD_H_INPUTS[1],
+            FWD_H_INPUTS[2],
+            FWD_H_INPUTS[3],
+            FWD_H_INPUTS[4],
+            index("cu_seqlens", false),
+        ],
+        params: &[P_CHUNK64],
+        outputs: &[OutputSpec {
+            name: "hm",
+            optional: false,
+            class: |i, _| Ok(delta::f32_class(i, "k")),
+            rule: |i, _, c| delta::threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
+            parts: &[
+                PartSpec {
+                    name: "hm.b",
+                    take: delta::hm_b,
+                    rule: |i, _, c| delta::threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
+                },
+                PartSpec {
+                    name: "hm.M",
+                    take: delta::hm_m,
+                    rule: |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 1e-5),
+                },
+            ],
+        }],
+        cpu: ops::delta::fwd_h_pre_scan,
+        gpu: None,
+    },
+    OpSpec {
+        id: "fwd_h_merge",
+        summary: "prefix chain X <- M X + b over each sequence's sub-sequence summaries",
+        inputs: &[
+            float("hm", true),
+            index("subseq_offsets", true),
+            float("initial_state", false),
+        ],
+        params: &[P_V_FIRST, P_FINAL],
+        outputs: &[
+            output(
+                "initial_states",
+                |i, _| Ok(delta::f32_class(i, "hm")),
+                |i, _, c| delta::threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
+            ),
+            output(
+                "final_state",
+                |i, _| Ok(delta::f32_class(i, "hm")),
+                |i, _, c| delta::threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
+            ),
+        ],
+        cpu: ops::delta::fwd_h_merge,
+        gpu: None,
+    },
+    OpSpec {
+        id: "chunk_gated_delta_rule_fwd_h_split",
+        summary: "fwd_h through chunk-aligned sub-sequences: pre-scan, merge, fwd_h (same result)",
+        inputs: &[
+            FWD_H_INPUTS[0],
+            FWD_H_INPUTS[1],
+            FWD_H_INPUTS[2],
+            FWD_H_INPUTS[3],
+            FWD_H_INPUTS[4],
+            float("initial_state", false),
+            index("cu_seqlens", false),
+            index("subseq_cu_seqlens", false),
+        ],
+        params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
+        outputs: &SPLIT_OUTPUTS,
+        cpu: ops::delta::chunk_gated_delta_rule_fwd_h_split,
+        gpu: None,
+    },
+    OpSpec {
+        id: "kda_intra",
+        summary: "KDA intra-chunk stage: Aqk, Akk = (I + L)^-1, WY factors w, u, gated keys kg",
+        inputs: &[
+            float("q", true),
+            float("k", true),
+            float("v", true),
+            float("gk", true),
+            float("beta", true),
+            index("cu_seqlens", false),
+        ],
+        params: &[P_SCALE, P_CHUNK64, P_SAFE_GATE],
+        outputs: &[
+            intra_output!("w", "k"),
+            intra_output!("u", "v"),
+            intra_output!("kg", "k"),
+            intra_output!("Aqk", "k"),
+            intra_output!("Akk", "k"),
+        ],
+        cpu: ops::delta::kda_intra,
+        gpu: None,
+    },
+    OpSpec {
+        id: "kda_fwd",
+        summary: "Kimi Delta Attention forward (recurrent definition), in-kernel gate/beta/l2norm",
+        inputs: &[
+            float("q", true),
+            float("k", true),
+            float("v", true),
+            float("g", true),
+            float("beta", true),
+            float("initial_state", false),
+            float("A_log", false),
+            float("dt_bias", false),
+            index("cu_seqlens", false),
+        ],
+        params: &[
+            P_SCALE,
+            P_FINAL,
+            P_L2NORM,
+            param("use_gate_in_kernel", ParamType::Bool, Some("false")),
+            P_LOWER,
+            param("use_beta_sigmoid_in_kernel", ParamType::Bool, Some("false")),
+            param("allow_neg_eigval", ParamType::Bool, Some("false")),
+            P_SAFE_GATE,
+            P_CHUNK64,
+            P_V_FIRST,
+        ],
+        outputs: &FORWARD_OUTPUTS,
+        cpu: ops::delta::kda_fwd,
+        gpu: None,
+    },
+    OpSpec {
+        id: "gdn_fwd",
+        summary: "Gated DeltaNet forward (recurrent definition), scalar gate per head",
+        inputs: &[
+            float("q", true),
+            float("k", true),
+            float("v", true),
+            float("g", true),
+            float("beta", true),
+            float("initial_state", false),
+            index("cu_seqlens", false),
+        ],
+        params: &[P_SCALE, P_FINAL, P_L2NORM, P_CHUNK64, P_V_FIRST],
+        outputs: &FORWARD_OUTPUTS,
+        cpu: ops::delta::gdn_fwd,
         gpu: None,
     },
 ];

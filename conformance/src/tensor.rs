@@ -196,6 +196,24 @@ impl Tensor {
         }
     }
 
+    /// The elements `range` of the last axis (same dtype; e.g. `hm[..., :V]`).
+    pub fn slice_last(&self, range: std::ops::Range<usize>) -> Tensor {
+        use ndarray::{Axis, Slice};
+        if self.shape().is_empty() {
+            return self.clone();
+        }
+        let last = Axis(self.shape().len().saturating_sub(1));
+        let take = |n: usize| Slice::from(range.start.min(n)..range.end.min(n));
+        match self {
+            Tensor::F64(a) => Tensor::F64(a.slice_axis(last, take(a.len_of(last))).to_owned()),
+            Tensor::F32(a) => Tensor::F32(a.slice_axis(last, take(a.len_of(last))).to_owned()),
+            Tensor::BF16(a) => Tensor::BF16(a.slice_axis(last, take(a.len_of(last))).to_owned()),
+            Tensor::F16(a) => Tensor::F16(a.slice_axis(last, take(a.len_of(last))).to_owned()),
+            Tensor::I32(a) => Tensor::I32(a.slice_axis(last, take(a.len_of(last))).to_owned()),
+            Tensor::I64(a) => Tensor::I64(a.slice_axis(last, take(a.len_of(last))).to_owned()),
+        }
+    }
+
     /// Whether two tensors have the same dtype, shape and bit pattern (NaN payloads included).
     pub fn bit_identical(&self, other: &Tensor) -> bool {
         self.dtype() == other.dtype()

@@ -111,27 +111,43 @@ fn compare_outputs(
         }
         let expected = (out.class)(&case.inputs, params)?;
         let class = x.map_or(expected, |x| x.dtype().class());
-        let rule = match (device, case.tolerance.get(out.name)) {
-            (Device::Cpu, Some(&t)) => Rule::Threshold(t),
-            _ => (out.rule)(&case.inputs, params, class),
+        let tolerance = |row: &str| {
+            (case.tolerance.get(row))
+                .or(case.tolerance.get(out.name))
+                .copied()
         };
-        let c = compare(r, x, expected, rule);
-        rows.push(Row {
-            file: case.path.display().to_string(),
-            op: case.op.clone(),
-            device,
-            output: out.name.into(),
-            shape: c.shape,
-            dtype: c.dtype.map_or("-".into(), |d| d.name().to_string()),
-            max_abs: c.max_abs,
-            ratio: c.ratio,
-            threshold: match rule {
-                Rule::Threshold(t) => Some(t),
-                Rule::Exact => None,
-            },
-            pass: c.pass,
-            reason: c.reason,
-        });
+        // an output with parts is compared part by part (e.g. `hm.b`, `hm.M`)
+        let compared: Vec<_> = if out.parts.is_empty() {
+            vec![(out.name, out.rule, r.cloned(), x.cloned())]
+        } else {
+            out.parts
+                .iter()
+                .map(|p| (p.name, p.rule, r.map(p.take), x.map(p.take)))
+                .collect()
+        };
+        for (name, rule_fn, r, x) in compared {
+            let rule = match (device, tolerance(name)) {
+                (Device::Cpu, Some(t)) => Rule::Threshold(t),
+                _ => rule_fn(&case.inputs, params, class),
+            };
+            let c = compare(r.as_ref(), x.as_ref(), expected, rule);
+            rows.push(Row {
+                file: case.path.display().to_string(),
+                op: case.op.clone(),
+                device,
+                output: name.into(),
+                shape: c.shape,
+                dtype: c.dtype.map_or("-".into(), |d| d.name().to_string()),
+                max_abs: c.max_abs,
+                ratio: c.ratio,
+                threshold: match rule {
+                    Rule::Threshold(t) => Some(t),
+                    Rule::Exact => None,
+                },
+                pass: c.pass,
+                reason: c.reason,
+            });
+        }
     }
     Ok(rows)
 }

@@ -5,6 +5,7 @@
 
 pub mod cumsum;
 pub mod decode;
+pub mod delta;
 pub mod dtype;
 pub mod error;
 pub mod gate;

@@ -45,6 +45,7 @@ impl Real for f64 {
     }
 }
 
-/// `1/ln 2` as the spec fixes it: the fp32 value `1.4426950216` that FLA's kernels use, so the
-/// float64 oracle scales log-gates exactly as the kernels do.
+/// `1/ln 2` as FLA's kernels use it: the fp32 value `1.4426950216`. Callers pass it as the
+/// `scale` of the chunk scans (KDA does); the float64 oracle's own conversions to log2 units (the
+/// chunked forms of `kda_fwd` and `gdn_fwd`) use the exact `1/ln 2` instead (spec 9.2).
 pub const RCP_LN2: f64 = 1.4426950216;

@@ -2,6 +2,7 @@
 //! their registry entries share: reading inputs by name, expected output classes, thresholds.
 
 pub mod decode;
+pub mod delta;
 pub mod gates;
 pub mod gpu;
 pub mod scans;

@@ -166,7 +166,100 @@ pub fn valid_cases(seed: u64) -> Vec<Case> {
                 ("cache_batch_idx", idx(&[2, 0], Dtype::I32)),
             ],
         ),
+        // delta rule (spec ops-delta-rule.md): small shapes, negative gates, GVA, varlen
+        case(
+            "chunk_gated_delta_rule_fwd_h",
+            json!({"chunk_size": 16, "output_final_state": true}),
+            vec![
+                ("k", r.tensor(&[1, 20, 1, 4], Dtype::F32, 0.5)),
+                ("w", r.tensor(&[1, 20, 2, 4], Dtype::F32, 0.2)),
+                ("u", r.tensor(&[1, 20, 2, 3], Dtype::F32, 1.0)),
+                ("gk", r.tensor(&[1, 20, 2, 4], Dtype::F32, -0.3)),
+                ("initial_state", r.tensor(&[3, 2, 4, 3], Dtype::F32, 1.0)),
+                ("cu_seqlens", idx(&cu, Dtype::I32)),
+            ],
+        ),
+        case(
+            "fwd_h_pre_scan",
+            json!({"chunk_size": 16}),
+            vec![
+                ("k", r.tensor(&[1, 20, 1, 4], Dtype::BF16, 0.5)),
+                ("w", r.tensor(&[1, 20, 2, 4], Dtype::BF16, 0.2)),
+                ("u", r.tensor(&[1, 20, 2, 3], Dtype::BF16, 1.0)),
+                ("g", r.tensor(&[1, 20, 2], Dtype::F32, -0.3)),
+                ("cu_seqlens", idx(&cu, Dtype::I64)),
+            ],
+        ),
+        case(
+            "fwd_h_merge",
+            json!({"output_final_state": true, "state_v_first": true}),
+            vec![
+                ("hm", r.tensor(&[4, 2, 4, 7], Dtype::F32, 0.5)),
+                ("subseq_offsets", idx(&[0, 1, 1, 4], Dtype::I64)),
+                ("initial_state", r.tensor(&[3, 2, 3, 4], Dtype::F32, 1.0)),
+            ],
+        ),
+        case(
+            "chunk_gated_delta_rule_fwd_h_split",
+            json!({"chunk_size": 16, "output_final_state": true}),
+            vec![
+                ("k", r.tensor(&[1, 40, 1, 4], Dtype::F32, 0.5)),
+                ("w", r.tensor(&[1, 40, 1, 4], Dtype::F32, 0.2)),
+                ("u", r.tensor(&[1, 40, 1, 3], Dtype::F32, 1.0)),
+                ("g", r.tensor(&[1, 40, 1], Dtype::F32, -0.3)),
+                ("initial_state", r.tensor(&[3, 1, 4, 3], Dtype::F32, 1.0)),
+                ("cu_seqlens", idx(&[0, 5, 5, 40], Dtype::I32)),
+                ("subseq_cu_seqlens", idx(&[0, 5, 5, 21, 37, 40], Dtype::I32)),
+            ],
+        ),
+        case(
+            "kda_intra",
+            json!({"chunk_size": 32}),
+            vec![
+                ("q", r.tensor(&[1, 20, 1, 4], Dtype::BF16, 0.5)),
+                ("k", r.tensor(&[1, 20, 1, 4], Dtype::BF16, 0.5)),
+                ("v", r.tensor(&[1, 20, 2, 3], Dtype::BF16, 1.0)),
+                ("gk", r.tensor(&[1, 20, 2, 4], Dtype::F32, -1.0)),
+                ("beta", r.tensor(&[1, 20, 2], Dtype::F32, 1.0)),
+                ("cu_seqlens", idx(&cu, Dtype::I32)),
+            ],
+        ),
+        case(
+            "kda_fwd",
+            json!({"chunk_size": 32, "use_gate_in_kernel": true, "output_final_state": true}),
+            vec![
+                ("q", r.tensor(&[2, 9, 1, 4], Dtype::F32, 0.5)),
+                ("k", r.tensor(&[2, 9, 1, 4], Dtype::F32, 0.5)),
+                ("v", r.tensor(&[2, 9, 2, 3], Dtype::F32, 1.0)),
+                ("g", r.tensor(&[2, 9, 2, 4], Dtype::F32, 2.0)),
+                ("beta", r.tensor(&[2, 9, 2], Dtype::F32, 1.0)),
+                ("A_log", r.tensor(&[2], Dtype::F32, 1.0)),
+            ],
+        ),
+        case(
+            "gdn_fwd",
+            json!({"chunk_size": 16, "output_final_state": true}),
+            vec![
+                ("q", r.tensor(&[1, 20, 2, 4], Dtype::F16, 0.5)),
+                ("k", r.tensor(&[1, 20, 2, 4], Dtype::F16, 0.5)),
+                ("v", r.tensor(&[1, 20, 2, 3], Dtype::F16, 1.0)),
+                ("g", r.tensor(&[1, 20, 2], Dtype::F32, -0.3)),
+                ("beta", r.tensor(&[1, 20, 2], Dtype::F32, 1.0)),
+                ("initial_state", r.tensor(&[3, 2, 4, 3], Dtype::F32, 1.0)),
+                ("cu_seqlens", idx(&cu, Dtype::I32)),
+            ],
+        ),
     ]
+}
+
+/// The number of `verify` rows of a case: one per output, or one per part of an output that
+/// is compared in parts (`hm.b`, `hm.M`).
+pub fn rows_of(case: &Case) -> usize {
+    let spec = find(&case.op).unwrap();
+    case.outputs
+        .keys()
+        .map(|n| spec.output(n).map_or(1, |o| o.parts.len().max(1)))
+        .sum()
 }
 
 /// Writes `case` as `dir/<op>/<name>.safetensors` and returns the path.

@@ -1,0 +1,144 @@
+//! Pieces shared by `kda_fwd` and `gdn_fwd`: in-kernel preprocessing (spec 6.4 steps 1–2),
+//! the recurrent definition (6.4, 8.4) for one (sequence, value head), and the assembly of the
+//! outputs.
+
+use super::check::Geometry;
+use super::fwd_h::store_state;
+use crate::scalar::Real;
+use ndarray::{
+    s, Array2, Array4, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis, CowArray, Ix3, Ix4,
+};
+
+/// Outputs of `kda_fwd` and `gdn_fwd` (spec 6.3, 8.3), in the compute precision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaFwdOutputs<T> {
+    /// `[B, T, HV, V]`.
+    pub o: Array4<T>,
+    /// `[N, HV, K, V]` (`[N, HV, V, K]` with `state_v_first`) when `output_final_state`.
+    pub final_state: Option<Array4<T>>,
+}
+
+/// `x / sqrt(Σ_d x_d² + 1e-6)` along the last axis when `on` (spec 6.4 step 1), else `x`.
+pub(crate) fn l2norm<'a, T: Real>(x: ArrayView4<'a, T>, on: bool) -> CowArray<'a, T, Ix4> {
+    if !on {
+        return x.into();
+    }
+    let mut y = x.to_owned();
+    for mut row in y.lanes_mut(Axis(3)) {
+        let ss = row.iter().fold(T::zero(), |acc, &e| acc + e * e);
+        let inv = (ss + T::c(1e-6)).sqrt().recip();
+        row *= inv;
+    }
+    y.into()
+}
+
+/// `β = sigmoid(beta) · (2 if allow_neg_eigval)` when `sigmoid`, else `beta` (spec 6.4 step 2).
+pub(crate) fn beta<'a, T: Real>(
+    beta: ArrayView3<'a, T>,
+    sigmoid: bool,
+    allow_neg_eigval: bool,
+) -> CowArray<'a, T, Ix3> {
+    if !sigmoid {
+        return beta.into();
+    }
+    let m = if allow_neg_eigval {
+        T::c(2.0)
+    } else {
+        T::one()
+    };
+    beta.mapv(|x| m * crate::gate::sigmoid(x)).into()
+}
+
+/// The natural-log gate of one (sequence, value head): per key (`L × K`) or scalar (`L`).
+#[derive(Clone, Copy)]
+pub(crate) enum SeqGate<'a, T> {
+    PerKey(ArrayView2<'a, T>),
+    Scalar(ArrayView1<'a, T>),
+}
+
+/// The recurrence of spec 6.4 / 8.4 for one (sequence, value head): for every token,
+/// `S ← diag(α_t) S`, `δ_t = β_t (v_t − Sᵀ k_t)`, `S ← S + k_t δ_tᵀ`, `o_t = scale · Sᵀ q_t`,
+/// with `α_t = exp(a_t)`. Returns `o` (`L × V`) and the final state.
+pub(crate) fn recurrence<T: Real>(
+    q: ArrayView2<'_, T>,
+    k: ArrayView2<'_, T>,
+    v: ArrayView2<'_, T>,
+    beta: ArrayView1<'_, T>,
+    gate: SeqGate<'_, T>,
+    s0: &Array2<T>,
+    scale: T,
+) -> (Array2<T>, Array2<T>) {
+    let (len, kd, vd) = (k.nrows(), k.ncols(), v.ncols());
+    let mut st: Vec<T> = s0.iter().copied().collect();
+    let mut o = Array2::<T>::zeros((len, vd));
+    let (mut kt, mut qt, mut alpha) = (
+        vec![T::zero(); kd],
+        vec![T::zero(); kd],
+        vec![T::zero(); kd],
+    );
+    let mut acc = vec![T::zero(); vd];
+    for t in 0..len {
+        for (dst, &x) in kt.iter_mut().zip(k.row(t)) {
+            *dst = x;
+        }
+        for (dst, &x) in qt.iter_mut().zip(q.row(t)) {
+            *dst = x;
+        }
+        match gate {
+            SeqGate::PerKey(a) => {
+                for (dst, &x) in alpha.iter_mut().zip(a.row(t)) {
+                    *dst = x.exp();
+                }
+            }
+            SeqGate::Scalar(a) => alpha.fill(a[t].exp()),
+        }
+        // S ← diag(α) S and acc = Sᵀ k
+        acc.fill(T::zero());
+        for ((row, &al), &ki) in st.chunks_exact_mut(vd).zip(&alpha).zip(&kt) {
+            for (x, a) in row.iter_mut().zip(acc.iter_mut()) {
+                *x *= al;
+                *a += *x * ki;
+            }
+        }
+        // δ = β (v − Sᵀ k)
+        let b = beta[t];
+        for (a, &vj) in acc.iter_mut().zip(v.row(t)) {
+            *a = b * (vj - *a);
+        }
+        // S ← S + k δᵀ and o = scale · Sᵀ q
+        let mut ot = o.row_mut(t);
+        for ((row, &ki), &qi) in st.chunks_exact_mut(vd).zip(&kt).zip(&qt) {
+            for ((x, &d), out) in row.iter_mut().zip(&acc).zip(ot.iter_mut()) {
+                *x += ki * d;
+                *out += *x * qi;
+            }
+        }
+        ot *= scale;
+    }
+    let fin = Array2::from_shape_fn((kd, vd), |(i, j)| st[i * vd + j]);
+    (o, fin)
+}
+
+/// One (sequence index, value head) result: `o` rows and the final state.
+pub(crate) type HeadResult<T> = (usize, usize, Array2<T>, Array2<T>);
+
+/// Writes the per-head results into `o` `[B, T, HV, V]` and, when asked, `final_state`.
+pub(crate) fn assemble<T: Real>(
+    geo: &Geometry,
+    results: Vec<HeadResult<T>>,
+    output_final_state: bool,
+    state_v_first: bool,
+) -> DeltaFwdOutputs<T> {
+    let mut o = Array4::<T>::zeros((geo.b, geo.t, geo.hv, geo.v));
+    let mut final_state =
+        output_final_state.then(|| Array4::<T>::zeros(geo.state_shape(state_v_first)));
+    for (i, hv, oh, fin) in results {
+        let seq = geo.seqs[i];
+        o.slice_mut(s![seq.batch, seq.bos..seq.eos, hv, ..])
+            .assign(&oh);
+        if let Some(fs) = final_state.as_mut() {
+            store_state(fs.slice_mut(s![seq.n, hv, .., ..]), &fin, state_v_first);
+        }
+    }
+    DeltaFwdOutputs { o, final_state }
+}

@@ -1,0 +1,301 @@
+//! `chunk_gated_delta_rule_fwd_h_split` (spec section 5): section 2 computed by splitting
+//! sequences at chunk boundaries into sub-sequences, summarising them (`fwd_h_pre_scan`),
+//! merging the summaries into the pieces' initial states (`fwd_h_merge`) and running section 2
+//! on the pieces. Also the validation of a split (5.2) and the project's split policy (5.4).
+
+use super::check::{boundary, Geometry};
+use super::fwd_h::{self, chunk_gated_delta_rule_fwd_h, FwdHInputs, FwdHParams, FwdHShapes};
+use super::merge::{fwd_h_merge, FwdHMergeInputs, FwdHMergeParams};
+use super::prescan::{fwd_h_pre_scan, FwdHPreScanParams};
+use crate::error::{Error, Result};
+use crate::scalar::Real;
+use ndarray::{Array3, Array4, ArrayView3, ArrayView4, Axis};
+
+/// The SM count assumed by the automatic split policy when none is given (H100/H200: 132).
+pub const DEFAULT_NUM_SMS: usize = 132;
+
+/// The project's split policy (spec 5.4, used when `subseq_cu_seqlens` is absent), over
+/// sequences of `seq_lens` tokens packed in order, for `HV` heads, value dim `V`, chunk `BT`:
+///
+/// - a section-2 kernel runs `HV · ceil(V / 64)` work units per sequence; nothing is split when
+///   `N · HV · ceil(V/64) >= num_sms / 2` (the GPU is already half full);
+/// - only sequences of at least 256 chunks are split, into `p = min(32, NT_n / 64)` pieces of
+///   `ceil(NT_n / p)` chunks (the last shorter), so pieces have at least 64 chunks;
+/// - while the total number of pieces exceeds `max(N, num_sms / (HV · ceil(V/64)))`, the sequence
+///   with the most pieces loses one.
+///
+/// Returns the `subseq_cu_seqlens` (chunk-aligned inner boundaries, one empty piece per empty
+/// sequence), a valid split in the sense of spec 5.2.
+pub fn auto_subseq_cu_seqlens(
+    seq_lens: &[usize],
+    hv: usize,
+    v: usize,
+    bt: usize,
+    num_sms: usize,
+) -> Vec<i64> {
+    let units = hv.max(1) * v.div_ceil(64).max(1);
+    let nts: Vec<usize> = seq_lens.iter().map(|l| l.div_ceil(bt)).collect();
+    let mut pieces: Vec<usize> = vec![1; nts.len()];
+    if nts.len() * units < num_sms / 2 {
+        for (p, &nt) in pieces.iter_mut().zip(&nts) {
+            if nt >= 256 {
+                *p = (nt / 64).min(32);
+            }
+        }
+        let budget = nts.len().max(num_sms / units);
+        while pieces.iter().sum::<usize>() > budget {
+            // the sequence with the most pieces (the first of equals) loses one
+            let Some((i, _)) = pieces
+                .iter()
+                .enumerate()
+                .max_by_key(|&(i, &p)| (p, std::cmp::Reverse(i)))
+            else {
+                break;
+            };
+            pieces[i] -= 1;
+        }
+    }
+    let mut out = vec![0i64];
+    let mut bos = 0usize;
+    for ((&len, &nt), &p) in seq_lens.iter().zip(&nts).zip(&pieces) {
+        let per = nt.div_ceil(p).max(1) * bt;
+        let mut at = bos + per;
+        while at < bos + len {
+            out.push(at as i64);
+            at += per;
+        }
+        bos += len;
+        out.push(bos as i64);
+    }
+    out
+}
+
+/// `subseq_offsets` of a valid split: sequence `n` owns pieces `offsets[n] .. offsets[n+1]`.
+/// Validates `subseq_cu_seqlens` against the sequences (spec 5.2): each sequence `n` is cut at
+/// `bos_n = p_0 < … < p_m = eos_n` (`m >= 1`, inner boundaries `chunk_size`-aligned), a
+/// zero-length sequence is exactly one empty piece, and the list ends at the last `eos`.
+/// `bounds` are the sequences' `(bos, eos)` in flattened token coordinates.
+pub fn subseq_offsets(subseq: &[i64], bounds: &[(usize, usize)], bt: usize) -> Result<Vec<i64>> {
+    let arg = "subseq_cu_seqlens";
+    if subseq.len() < 2 || subseq[0] != 0 {
+        return Err(boundary(
+            arg,
+            "length >= 2 starting at 0",
+            format!("{subseq:?}"),
+        ));
+    }
+    let mut offsets = vec![0i64];
+    let mut i = 0usize; // index of the current piece start in `subseq`
+    for (n, &(bos, eos)) in bounds.iter().enumerate() {
+        if subseq[i] != bos as i64 {
+            return Err(boundary(
+                arg,
+                format!("a boundary at the start {bos} of sequence {n}"),
+                format!("subseq_cu_seqlens[{i}] = {}", subseq[i]),
+            ));
+        }
+        loop {
+            let Some(&next) = subseq.get(i + 1) else {
+                return Err(boundary(
+                    arg,
+                    format!("pieces up to the end {eos} of sequence {n}"),
+                    format!("the list ends at {}", subseq[i]),
+                ));
+            };
+            let start = subseq[i];
+            i += 1;
+            if bos == eos {
+                if next != start {
+                    return Err(boundary(
+                        arg,
+                        format!("one empty piece for the empty sequence {n}"),
+                        format!("subseq_cu_seqlens[{i}] = {next}"),
+                    ));
+                }
+                break;
+            }
+            if next <= start {
+                return Err(boundary(
+                    arg,
+                    format!("non-empty increasing pieces inside sequence {n}"),
+                    format!("subseq_cu_seqlens[{i}] = {next} after {start}"),
+                ));
+            }
+            if next > eos as i64 {
+                return Err(boundary(
+                    arg,
+                    format!("pieces inside sequence {n} (ending at {eos})"),
+                    format!("subseq_cu_seqlens[{i}] = {next}"),
+                ));
+            }
+            if next == eos as i64 {
+                break;
+            }
+            if (next as usize - bos) % bt != 0 {
+                return Err(boundary(
+                    arg,
+                    format!("inner boundaries of sequence {n} at multiples of chunk_size = {bt} from {bos}"),
+                    format!("subseq_cu_seqlens[{i}] = {next}"),
+                ));
+            }
+        }
+        offsets.push(i as i64);
+    }
+    if i + 1 != subseq.len() {
+        return Err(boundary(
+            arg,
+            format!("the list to end at the last sequence end, index {i}"),
+            format!("length {} ({subseq:?})", subseq.len()),
+        ));
+    }
+    Ok(offsets)
+}
+
+/// The tensors of one [`chunk_gated_delta_rule_fwd_h_split`] call: section 2's, plus the
+/// optional split points.
+#[derive(Debug, Clone)]
+pub struct FwdHSplitInputs<'a, T> {
+    pub fwd_h: FwdHInputs<'a, T>,
+    /// `[S + 1]` sub-sequence boundaries over the (flattened) tokens; `None` = the policy of
+    /// [`auto_subseq_cu_seqlens`] with [`DEFAULT_NUM_SMS`].
+    pub subseq_cu_seqlens: Option<&'a [i64]>,
+}
+
+/// A validated split: the geometry of section 2 and the pieces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitPlan {
+    pub geometry: Geometry,
+    /// The pieces used (given, or chosen by the policy).
+    pub subseq_cu_seqlens: Vec<i64>,
+    /// `subseq_offsets` of section 4 derived from them.
+    pub subseq_offsets: Vec<i64>,
+}
+
+/// Validates a [`chunk_gated_delta_rule_fwd_h_split`] call (spec 5.6): section 2's checks plus
+/// a valid split (5.2).
+pub fn validate_chunk_gated_delta_rule_fwd_h_split(
+    shapes: &FwdHShapes<'_>,
+    cu_seqlens: Option<&[i64]>,
+    subseq_cu_seqlens: Option<&[i64]>,
+    params: &FwdHParams,
+) -> Result<SplitPlan> {
+    let geo = fwd_h::validate_chunk_gated_delta_rule_fwd_h(shapes, cu_seqlens, params)?;
+    let bounds: Vec<(usize, usize)> = geo
+        .seqs
+        .iter()
+        .map(|s| (s.batch * geo.t + s.bos, s.batch * geo.t + s.eos))
+        .collect();
+    let pieces = match subseq_cu_seqlens {
+        Some(p) => p.to_vec(),
+        None => {
+            let lens: Vec<usize> = geo.seqs.iter().map(|s| s.len()).collect();
+            auto_subseq_cu_seqlens(&lens, geo.hv, geo.v, geo.bt, DEFAULT_NUM_SMS)
+        }
+    };
+    let offsets = subseq_offsets(&pieces, &bounds, geo.bt)?;
+    Ok(SplitPlan {
+        geometry: geo,
+        subseq_cu_seqlens: pieces,
+        subseq_offsets: offsets,
+    })
+}
+
+/// Section 2 computed through the split (spec 5.3): pre-scan of the pieces, merge into the
+/// pieces' initial states, section 2 on the pieces. Equal to
+/// [`chunk_gated_delta_rule_fwd_h`] on the same inputs whatever the (valid) split.
+pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
+    inp: &FwdHSplitInputs<'_, T>,
+    params: &FwdHParams,
+) -> Result<fwd_h::FwdHOutputs<T>> {
+    let f = &inp.fwd_h;
+    let plan = validate_chunk_gated_delta_rule_fwd_h_split(
+        &f.shapes(),
+        f.cu_seqlens,
+        inp.subseq_cu_seqlens,
+        params,
+    )?;
+    let geo = &plan.geometry;
+    let (b, t) = (geo.b, geo.t);
+    let (k, w, u) = (flat4("k", f.k)?, flat4("w", f.w)?, flat4("u", f.u)?);
+    let g = f.g.map(|g| flat3("g", g)).transpose()?;
+    let gk = f.gk.map(|gk| flat4("gk", gk)).transpose()?;
+    let pieces = FwdHInputs {
+        k: k.view(),
+        w: w.view(),
+        u: u.view(),
+        g: g.as_ref().map(|g| g.view()),
+        gk: gk.as_ref().map(|gk| gk.view()),
+        initial_state: None,
+        cu_seqlens: Some(&plan.subseq_cu_seqlens),
+    };
+    let hm = fwd_h_pre_scan(
+        &pieces,
+        &FwdHPreScanParams {
+            chunk_size: params.chunk_size,
+        },
+    )?
+    .hm;
+    let merged = fwd_h_merge(
+        &FwdHMergeInputs {
+            hm: hm.view(),
+            subseq_offsets: &plan.subseq_offsets,
+            initial_state: f.initial_state.as_ref().map(|a| a.view()),
+        },
+        &FwdHMergeParams {
+            state_v_first: params.state_v_first,
+            output_final_state: false,
+        },
+    )?;
+    let run = chunk_gated_delta_rule_fwd_h(
+        &FwdHInputs {
+            initial_state: Some(merged.initial_states.view()),
+            ..pieces
+        },
+        params,
+    )?;
+    let h = if f.cu_seqlens.is_some() {
+        run.h
+    } else {
+        let sh = run.h.shape().to_vec();
+        run.h
+            .into_shape_with_order((b, sh[1] / b, sh[2], sh[3], sh[4]))
+            .map_err(|e| Error::shape("h", "a [B, NT, ...] layout", e.to_string()))?
+    };
+    let v_new = match run.v_new {
+        Some(vn) => Some(
+            vn.into_shape_with_order((b, t, geo.hv, geo.v))
+                .map_err(|e| Error::shape("v_new", "a [B, T, HV, V] layout", e.to_string()))?,
+        ),
+        None => None,
+    };
+    let final_state = run.final_state.map(|fs| {
+        let last: Vec<usize> = plan.subseq_offsets[1..]
+            .iter()
+            .map(|&o| o as usize - 1)
+            .collect();
+        fs.select(Axis(0), &last)
+    });
+    Ok(fwd_h::FwdHOutputs {
+        h,
+        v_new,
+        final_state,
+    })
+}
+
+/// A `[B, T, X, Y]` tensor as `[1, B·T, X, Y]` (standard layout copy).
+fn flat4<T: Real>(arg: &str, a: ArrayView4<'_, T>) -> Result<Array4<T>> {
+    let sh = a.shape().to_vec();
+    a.as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((1, sh[0] * sh[1], sh[2], sh[3]))
+        .map_err(|e| Error::shape(arg, "a [B, T, ...] tensor", e.to_string()))
+}
+
+/// A `[B, T, X]` tensor as `[1, B·T, X]`.
+fn flat3<T: Real>(arg: &str, a: ArrayView3<'_, T>) -> Result<Array3<T>> {
+    let sh = a.shape().to_vec();
+    a.as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((1, sh[0] * sh[1], sh[2]))
+        .map_err(|e| Error::shape(arg, "a [B, T, ...] tensor", e.to_string()))
+}

@@ -1,0 +1,1 @@
+"""Fixture generators of attn-conformance (see `tools/README.md`)."""

@@ -1,0 +1,37 @@
+"""The list of cases: each generator module registers its builders with `@case(...)`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .case import Case
+
+
+@dataclasses.dataclass(frozen=True)
+class Ctx:
+    """Where the case runs: `device` is "cuda" or "cpu"; `device_name` for provenance."""
+
+    device: str
+    device_name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseDef:
+    op: str
+    name: str
+    needs_cuda: bool
+    build: Callable[[Ctx], Case]
+
+
+CASES: list[CaseDef] = []
+
+
+def case(op: str, name: str, needs_cuda: bool = False):
+    """Registers `build(ctx) -> Case` as the case `fixtures/<op>/<name>.safetensors`."""
+
+    def deco(build):
+        CASES.append(CaseDef(op, name, needs_cuda, build))
+        return build
+
+    return deco
