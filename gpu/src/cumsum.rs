@@ -7,8 +7,10 @@
 //! - `inner == 1`, many rows of moderate length: one warp per row (`cumsum_rows_*`);
 //! - `inner == 1`, long rows or few rows: tiles chained by a deterministic single-pass
 //!   look-back (`cumsum_lookback_*`), which also scans one lane of 10^8+ elements;
-//! - `inner > 1` (scan axis in the middle or outermost): one thread per 16 bytes of adjacent
-//!   lanes, walking the scan axis with loads in flight (`cumsum_strided_*`).
+//! - `inner > 1` (scan axis in the middle or outermost): one thread per group of adjacent lanes
+//!   (up to 16 bytes), walking the scan axis with loads in flight (`cumsum_strided_*`); with too
+//!   few lanes to fill the GPU, a three-pass split (chunk totals, their running totals, chunk
+//!   scans carried in).
 
 use crate::device::Gpu;
 use crate::error::GpuResult;
