@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from fixturegen import cumsum, decode  # noqa: E402,F401  (registers the cases)
-from fixturegen.case import RefusedCase, device_name, write, write_manifest  # noqa: E402
+from fixturegen.case import AUTOTUNE_ENV, RefusedCase, device_name, write, write_manifest  # noqa: E402
 from fixturegen.registry import CASES, Ctx  # noqa: E402
 
 try:  # delta-rule cases (issue 3) register themselves when present
@@ -32,6 +32,23 @@ try:  # delta-rule cases (issue 3) register themselves when present
 except ImportError as e:  # pragma: no cover
     if "delta_rule" not in str(e):
         raise
+
+
+def use_first_autotune_config() -> None:
+    """Make every Triton autotuner keep the first config that survives its own pruning.
+
+    Fixtures need a correct kernel, not the fastest one; compiling and timing every config of
+    FLA's autotuned KDA/GDN kernels for every case shape takes minutes of GPU time.
+    """
+    from triton.runtime.autotuner import Autotuner
+
+    prune = Autotuner.prune_configs
+
+    def first_config(self, kwargs, *rest):
+        return prune(self, kwargs, *rest)[:1]
+
+    Autotuner.prune_configs = first_config
+    os.environ[AUTOTUNE_ENV] = "first-config"
 
 
 def main() -> int:
@@ -43,6 +60,9 @@ def main() -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"],
                     default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--quick-autotune", action="store_true",
+                    help="Triton autotuners time only the first config that survives pruning "
+                         "(every config computes the same op; this skips compiling the others)")
     ap.add_argument("--manifest-only", action="store_true",
                     help="only rebuild MANIFEST.json from the files under --out")
     args = ap.parse_args()
@@ -56,6 +76,8 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
+    if args.quick_autotune:
+        use_first_autotune_config()
     if args.manifest_only:
         print(f"wrote {write_manifest(args.out)}")
         return 0

@@ -207,6 +207,10 @@ def write_manifest(root: Path) -> Path:
     return out
 
 
+#: Set by `gen_fixtures.py --quick-autotune`; recorded in the `source` of FLA cases.
+AUTOTUNE_ENV = "ATTN_FIXTURES_AUTOTUNE"
+
+
 def provenance(impl: str, seed: int, function: str, device: str, **extra) -> dict:
     """`source` metadata: who computed the outputs, with versions, device and seed."""
     src = {"impl": impl, "function": function, "torch": torch.__version__, "device": device,
@@ -218,6 +222,8 @@ def provenance(impl: str, seed: int, function: str, device: str, **extra) -> dic
             src["triton"] = triton.__version__
         except ImportError:
             pass
+        if os.environ.get(AUTOTUNE_ENV):
+            src["autotune"] = os.environ[AUTOTUNE_ENV]
     src.update(extra)
     return src
 
