@@ -39,7 +39,8 @@ impl From<DeviceArg> for Selection {
 enum Command {
     /// Check case files (or folders of them) against the float64 CPU reference.
     Verify {
-        /// cpu: the cases' stored outputs; gpu: the GPU kernels' outputs; all: both.
+        /// cpu: the cases' stored outputs; all: also the GPU kernels where an op has one and a
+        /// GPU answers; gpu: as all, but a missing GPU is an error (exit 2).
         #[arg(long, value_enum, default_value = "cpu")]
         device: DeviceArg,
         /// Write the rows as a JSON array to stdout.

@@ -28,11 +28,12 @@ impl fmt::Display for Device {
     }
 }
 
-/// `--device`: which candidates to check.
+/// `--device`: which candidates to check. The outputs stored in the case are always checked;
+/// `gpu` and `all` also check this crate's GPU kernel where the op has one (fixture-format.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Selection {
     Cpu,
-    /// Only the GPU runner; a case whose op has none is unusable.
+    /// As `All`, but a missing GPU makes every case unusable.
     Gpu,
     /// The case's outputs, and the GPU runner's where one exists and a GPU is present.
     All,
@@ -56,19 +57,22 @@ pub struct Row {
     pub reason: Option<String>,
 }
 
-/// The devices `selection` checks for `op`, or why the selection cannot be served.
+/// The devices `selection` checks for `op`, or why the selection cannot be served (`gpu`
+/// asked where no GPU answers).
 pub fn devices_for(op: &OpSpec, selection: Selection) -> Result<Vec<Device>, Problem> {
-    let gpu_ready = op.gpu.is_some() && registry::gpu_status().is_ok();
-    match selection {
-        Selection::Cpu => Ok(vec![Device::Cpu]),
-        Selection::All if gpu_ready => Ok(vec![Device::Cpu, Device::Gpu]),
-        Selection::All => Ok(vec![Device::Cpu]),
-        Selection::Gpu if gpu_ready => Ok(vec![Device::Gpu]),
-        Selection::Gpu => Err(Problem::NoGpu(match registry::gpu_status() {
-            Err(why) => why,
-            Ok(()) => format!("`{}` has no GPU runner", op.id),
-        })),
-    }
+    let gpu = match selection {
+        Selection::Cpu => false,
+        Selection::Gpu => {
+            registry::gpu_status().map_err(Problem::NoGpu)?;
+            op.gpu.is_some()
+        }
+        Selection::All => op.gpu.is_some() && registry::gpu_status().is_ok(),
+    };
+    Ok(if gpu {
+        vec![Device::Cpu, Device::Gpu]
+    } else {
+        vec![Device::Cpu]
+    })
 }
 
 /// Runs the reference for `case` and compares the candidates of `selection` with it.
@@ -150,4 +154,36 @@ fn compare_outputs(
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::OPS;
+
+    /// The stored outputs are checked under every selection; the GPU kernel only where the op
+    /// has one and a GPU answers; `gpu` without a GPU is refused.
+    #[test]
+    fn every_selection_checks_the_stored_outputs() {
+        let gpu_here = registry::gpu_status().is_ok();
+        for op in OPS {
+            assert_eq!(devices_for(op, Selection::Cpu).unwrap(), [Device::Cpu]);
+            let with_gpu = gpu_here && op.gpu.is_some();
+            let expected: &[Device] = if with_gpu {
+                &[Device::Cpu, Device::Gpu]
+            } else {
+                &[Device::Cpu]
+            };
+            assert_eq!(
+                devices_for(op, Selection::All).unwrap(),
+                expected,
+                "{}",
+                op.id
+            );
+            match devices_for(op, Selection::Gpu) {
+                Ok(d) => assert!(gpu_here && d == expected, "{}: {d:?}", op.id),
+                Err(e) => assert!(!gpu_here, "{}: {e}", op.id),
+            }
+        }
+    }
 }
