@@ -3,16 +3,17 @@
 #
 #   tools/gpu-suite.sh [DEST] [REPO_ROOT]
 #
-# DEST (default $ATTN_GPU_STAGE or /work/main/stage/gpu) must lie inside REPO_ROOT (default
-# /work/main), the checkout the device tool sends, in a git-ignored folder: it is then named in
+# DEST (default $ATTN_GPU_STAGE or REPO_ROOT/stage/gpu) must lie inside REPO_ROOT (default: the
+# checkout holding this script), the checkout the device tool sends, in a git-ignored folder
+# (`stage/` is ignored): it is then named in
 # the run's `carry`. Staged: the release test binaries of attn-gpu (bin/test_*), bench_gpu and
 # attn-conform (bin/), the fixtures (when this checkout has any), tools/bench_anchors.py, the
 # device-side script tools/gpu-run.sh (as run.sh), and the fla-core 0.6.0 wheel (whl/).
 # Prints the one `run` call (command + carry) that runs the whole GPU suite there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DEST=${1:-${ATTN_GPU_STAGE:-/work/main/stage/gpu}}
-REPO=${2:-/work/main}
+REPO=${2:-$ROOT}
+DEST=${1:-${ATTN_GPU_STAGE:-$REPO/stage/gpu}}
 case "$DEST" in "$REPO"/*) ;; *) echo "error: $DEST is not inside $REPO" >&2; exit 2 ;; esac
 REL=${DEST#"$REPO"/}
 cd "$ROOT"
