@@ -143,17 +143,29 @@ pub(crate) fn values(
     Ok((shape[2], shape[3]))
 }
 
-/// The sequences and chunk size: `chunk_size` in `allowed`, then `cu_seqlens`.
-pub(crate) fn sequences(
-    b: usize,
-    t: usize,
+/// The extents `(B, T, H, K, HV, V)` of a call's main tensors.
+pub(crate) type Extents = (usize, usize, usize, usize, usize, usize);
+
+/// The geometry of a call with extents `dims`: `chunk_size` in `allowed`, then `cu_seqlens`.
+pub(crate) fn geometry(
+    dims: Extents,
     cu_seqlens: Option<&[i64]>,
     chunk_size: i64,
     allowed: &[usize],
-) -> Result<(usize, Vec<Seq>)> {
+) -> Result<Geometry> {
+    let (b, t, h, k, hv, v) = dims;
     let bt = varlen::check_chunk_size(chunk_size, Some(allowed))?;
     let seqs = varlen::sequences(b, t, cu_seqlens)?;
-    Ok((bt, seqs))
+    Ok(Geometry {
+        b,
+        t,
+        h,
+        hv,
+        k,
+        v,
+        bt,
+        seqs,
+    })
 }
 
 /// An optional state tensor `[N, HV, K, V]` (`[N, HV, V, K]` with `state_v_first`).

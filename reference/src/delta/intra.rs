@@ -96,7 +96,7 @@ pub(crate) fn validate_qkvb(
     k: &[usize],
     v: &[usize],
     beta: &[usize],
-) -> Result<(usize, usize, usize, usize, usize, usize)> {
+) -> Result<check::Extents> {
     let (b, t, h, kd) = check::keys("q", q)?;
     check::exact("k", k, q, "the shape of q")?;
     let (hv, vd) = check::values("v", v, b, t, h)?;
@@ -111,21 +111,13 @@ pub fn validate_kda_intra(
     cu_seqlens: Option<&[i64]>,
     params: &KdaIntraParams,
 ) -> Result<Geometry> {
-    let (b, t, h, k, hv, v) = validate_qkvb(shapes.q, shapes.k, shapes.v, shapes.beta)?;
+    let dims = validate_qkvb(shapes.q, shapes.k, shapes.v, shapes.beta)?;
+    let (b, t, _, k, hv, _) = dims;
     check::rank("gk", shapes.gk, 4)?;
     check::exact("gk", shapes.gk, &[b, t, hv, k], "[B, T, HV, K]")?;
-    let (bt, seqs) = check::sequences(b, t, cu_seqlens, params.chunk_size, KDA_CHUNK_SIZES)?;
+    let geo = check::geometry(dims, cu_seqlens, params.chunk_size, KDA_CHUNK_SIZES)?;
     check::scale(params.scale, k)?;
-    Ok(Geometry {
-        b,
-        t,
-        h,
-        hv,
-        k,
-        v,
-        bt,
-        seqs,
-    })
+    Ok(geo)
 }
 
 /// The intra stage of spec 7.4 for every chunk of every (sequence, value head).

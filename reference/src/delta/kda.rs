@@ -15,14 +15,13 @@
 
 use super::check::{self, Geometry};
 use super::chunk;
-use super::fwd_h::{load_state, tasks};
-use super::intra::{intra_chunk, validate_qkvb, KDA_CHUNK_SIZES};
-use super::prep::{self, assemble, recurrence, DeltaFwdOutputs, HeadResult, SeqGate};
+use super::intra::{intra_chunk, KDA_CHUNK_SIZES};
+use super::prep::{self, recurrence, DeltaFwdOutputs, ForwardCall, SeqGate};
 use crate::error::{Error, Result};
 use crate::scalar::Real;
+use crate::varlen::Seq;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayView1, ArrayView3, ArrayView4, CowArray, Ix4};
-use rayon::prelude::*;
 
 /// Parameters of [`kda_fwd`] (spec 6.2; `Default` gives the spec defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,26 +138,20 @@ pub fn validate_kda_fwd(
     cu_seqlens: Option<&[i64]>,
     params: &KdaFwdParams,
 ) -> Result<Geometry> {
-    let (b, t, h, k, hv, v) = validate_qkvb(shapes.q, shapes.k, shapes.v, shapes.beta)?;
-    check::rank("g", shapes.g, 4)?;
-    check::exact("g", shapes.g, &[b, t, hv, k], "[B, T, HV, K]")?;
-    let (bt, seqs) = check::sequences(b, t, cu_seqlens, params.chunk_size, KDA_CHUNK_SIZES)?;
-    let geo = Geometry {
-        b,
-        t,
-        h,
-        hv,
-        k,
-        v,
-        bt,
-        seqs,
-    };
-    check::state(
-        "initial_state",
-        shapes.initial_state,
-        &geo,
-        params.state_v_first,
-    )?;
+    let geo = ForwardCall {
+        q: shapes.q,
+        k: shapes.k,
+        v: shapes.v,
+        g: shapes.g,
+        beta: shapes.beta,
+        initial_state: shapes.initial_state,
+        gate_per_key: true,
+        cu_seqlens,
+        chunk_size: params.chunk_size,
+        allowed: KDA_CHUNK_SIZES,
+        state_v_first: params.state_v_first,
+    }
+    .validate()?;
     validate_gate_args(shapes, &geo, params)?;
     if params.allow_neg_eigval && !params.use_beta_sigmoid_in_kernel {
         return Err(Error::param(
@@ -167,7 +160,7 @@ pub fn validate_kda_fwd(
             "use_beta_sigmoid_in_kernel = false",
         ));
     }
-    check::scale(params.scale, k)?;
+    check::scale(params.scale, geo.k)?;
     Ok(geo)
 }
 
@@ -243,8 +236,7 @@ pub fn kda_fwd<T: Real>(
     inp: &KdaFwdInputs<'_, T>,
     params: &KdaFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
-    run(inp, params, |pre, geo, i, hv, s0, scale| {
-        let seq = geo.seqs[i];
+    run(inp, params, |pre, geo, seq, hv, s0, scale| {
         let (b, kh, r) = (seq.batch, geo.kh(hv), seq.bos..seq.eos);
         recurrence(
             pre.q.slice(s![b, r.clone(), kh, ..]),
@@ -264,8 +256,7 @@ pub fn kda_fwd_chunked<T: Real>(
     inp: &KdaFwdInputs<'_, T>,
     params: &KdaFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
-    run(inp, params, |pre, geo, i, hv, s0, scale| {
-        let seq = geo.seqs[i];
+    run(inp, params, |pre, geo, seq, hv, s0, scale| {
         let (b, kh) = (seq.batch, geo.kh(hv));
         let mut st = s0;
         let mut o = Array2::<T>::zeros((seq.len(), geo.v));
@@ -299,26 +290,16 @@ fn run<T: Real, F>(
     head: F,
 ) -> Result<DeltaFwdOutputs<T>>
 where
-    F: Fn(&Prepared<'_, T>, &Geometry, usize, usize, Array2<T>, T) -> (Array2<T>, Array2<T>) + Sync,
+    F: Fn(&Prepared<'_, T>, &Geometry, Seq, usize, Array2<T>, T) -> (Array2<T>, Array2<T>) + Sync,
 {
     let geo = validate_kda_fwd(&inp.shapes(), inp.cu_seqlens, params)?;
     let scale = T::c(check::scale(params.scale, geo.k)?);
     let pre = prepare(inp, params)?;
-    let vf = params.state_v_first;
-    let results: Vec<HeadResult<T>> = tasks(&geo)
-        .into_par_iter()
-        .map(|(i, hv)| {
-            let s0 = load_state(
-                inp.initial_state.as_ref(),
-                geo.seqs[i].n,
-                hv,
-                geo.k,
-                geo.v,
-                vf,
-            );
-            let (o, fin) = head(&pre, &geo, i, hv, s0, scale);
-            (i, hv, o, fin)
-        })
-        .collect();
-    Ok(assemble(&geo, results, params.output_final_state, vf))
+    Ok(prep::run_heads(
+        &geo,
+        inp.initial_state.as_ref(),
+        params.output_final_state,
+        params.state_v_first,
+        |seq, hv, s0| head(&pre, &geo, seq, hv, s0, scale),
+    ))
 }

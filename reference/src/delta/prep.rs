@@ -2,12 +2,16 @@
 //! the recurrent definition (6.4, 8.4) for one (sequence, value head), and the assembly of the
 //! outputs.
 
-use super::check::Geometry;
-use super::fwd_h::store_state;
+use super::check::{self, Geometry};
+use super::fwd_h::{load_state, store_state, tasks};
+use super::intra::validate_qkvb;
+use crate::error::Result;
 use crate::scalar::Real;
+use crate::varlen::Seq;
 use ndarray::{
     s, Array2, Array4, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis, CowArray, Ix3, Ix4,
 };
+use rayon::prelude::*;
 
 /// Outputs of `kda_fwd` and `gdn_fwd` (spec 6.3, 8.3), in the compute precision.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,21 +123,71 @@ pub(crate) fn recurrence<T: Real>(
     (o, fin)
 }
 
-/// One (sequence index, value head) result: `o` rows and the final state.
-pub(crate) type HeadResult<T> = (usize, usize, Array2<T>, Array2<T>);
+/// The checks shared by `kda_fwd` and `gdn_fwd` (spec 6.7, 8.7), in order: `q, k, v, beta`,
+/// the gate `g` (`[B, T, HV, K]` per key, else `[B, T, HV]`), `chunk_size` in `allowed` and
+/// `cu_seqlens`, then `initial_state`. The op checks its own parameters after these.
+pub(crate) struct ForwardCall<'a> {
+    pub q: &'a [usize],
+    pub k: &'a [usize],
+    pub v: &'a [usize],
+    pub g: &'a [usize],
+    pub beta: &'a [usize],
+    pub initial_state: Option<&'a [usize]>,
+    pub gate_per_key: bool,
+    pub cu_seqlens: Option<&'a [i64]>,
+    pub chunk_size: i64,
+    pub allowed: &'a [usize],
+    pub state_v_first: bool,
+}
 
-/// Writes the per-head results into `o` `[B, T, HV, V]` and, when asked, `final_state`.
-pub(crate) fn assemble<T: Real>(
+impl ForwardCall<'_> {
+    pub(crate) fn validate(&self) -> Result<Geometry> {
+        let dims = validate_qkvb(self.q, self.k, self.v, self.beta)?;
+        let (b, t, _, k, hv, _) = dims;
+        if self.gate_per_key {
+            check::rank("g", self.g, 4)?;
+            check::exact("g", self.g, &[b, t, hv, k], "[B, T, HV, K]")?;
+        } else {
+            check::rank("g", self.g, 3)?;
+            check::exact("g", self.g, &[b, t, hv], "[B, T, HV]")?;
+        }
+        let geo = check::geometry(dims, self.cu_seqlens, self.chunk_size, self.allowed)?;
+        check::state(
+            "initial_state",
+            self.initial_state,
+            &geo,
+            self.state_v_first,
+        )?;
+        Ok(geo)
+    }
+}
+
+/// Runs `head` on every (sequence, value head) in parallel, from its initial state (the
+/// key-first `[n, hv]` of `initial_state`, or zero), and assembles `o` `[B, T, HV, V]` and,
+/// when asked, `final_state`. `head` returns the sequence's `o` rows and its final state.
+pub(crate) fn run_heads<T: Real, F>(
     geo: &Geometry,
-    results: Vec<HeadResult<T>>,
+    initial_state: Option<&ArrayView4<'_, T>>,
     output_final_state: bool,
     state_v_first: bool,
-) -> DeltaFwdOutputs<T> {
+    head: F,
+) -> DeltaFwdOutputs<T>
+where
+    F: Fn(Seq, usize, Array2<T>) -> (Array2<T>, Array2<T>) + Sync,
+{
+    let results: Vec<_> = tasks(geo)
+        .into_par_iter()
+        .map(|(i, hv)| {
+            let seq = geo.seqs[i];
+            let s0 = load_state(initial_state, seq.n, hv, geo.k, geo.v, state_v_first);
+            let (o, fin) = head(seq, hv, s0);
+            (seq, hv, o, fin)
+        })
+        .collect();
     let mut o = Array4::<T>::zeros((geo.b, geo.t, geo.hv, geo.v));
     let mut final_state =
         output_final_state.then(|| Array4::<T>::zeros(geo.state_shape(state_v_first)));
-    for (i, hv, oh, fin) in results {
-        let seq = geo.seqs[i];
+    for (seq, hv, oh, fin) in results {
         o.slice_mut(s![seq.batch, seq.bos..seq.eos, hv, ..])
             .assign(&oh);
         if let Some(fs) = final_state.as_mut() {
