@@ -2,13 +2,13 @@
 //! is refused before any work with the expected `ErrorKind` and the spec's argument name.
 
 use attn_reference::delta::{
-    chunk_gated_delta_rule_fwd_h, fwd_h_merge, fwd_h_pre_scan, gdn_fwd_chunked, kda_fwd, kda_intra,
-    validate_chunk_gated_delta_rule_fwd_h, validate_chunk_gated_delta_rule_fwd_h_split,
-    validate_delta_dtypes, validate_fwd_h_merge, validate_fwd_h_pre_scan, validate_gdn_fwd,
-    validate_kda_fwd, validate_kda_intra, DeltaDtypes, FwdHInputs, FwdHMergeInputs,
-    FwdHMergeParams, FwdHMergeShapes, FwdHParams, FwdHPreScanParams, FwdHShapes, GdnFwdInputs,
-    GdnFwdParams, GdnFwdShapes, KdaFwdInputs, KdaFwdParams, KdaFwdShapes, KdaIntraInputs,
-    KdaIntraParams, KdaIntraShapes,
+    auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h, fwd_h_merge, fwd_h_pre_scan,
+    gdn_fwd_chunked, kda_fwd, kda_intra, subseq_offsets, validate_chunk_gated_delta_rule_fwd_h,
+    validate_chunk_gated_delta_rule_fwd_h_split, validate_delta_dtypes, validate_fwd_h_merge,
+    validate_fwd_h_pre_scan, validate_gdn_fwd, validate_kda_fwd, validate_kda_intra, DeltaDtypes,
+    FwdHInputs, FwdHMergeInputs, FwdHMergeParams, FwdHMergeShapes, FwdHParams, FwdHPreScanParams,
+    FwdHShapes, GdnFwdInputs, GdnFwdParams, GdnFwdShapes, KdaFwdInputs, KdaFwdParams, KdaFwdShapes,
+    KdaIntraInputs, KdaIntraParams, KdaIntraShapes,
 };
 use attn_reference::{Dtype, Error, ErrorKind};
 use ndarray::{Array1, Array3, Array4};
@@ -463,4 +463,12 @@ fn dtypes_accepted() {
         index: vec![("cu_seqlens", Dtype::I32)],
     };
     validate_delta_dtypes(&d).unwrap();
+}
+
+/// The split helpers take the chunk size as `usize`: 0 is refused, never a division by zero.
+#[rstest]
+#[case::auto_split_chunk_0(|| auto_subseq_cu_seqlens(&[100, 5], HV, V, 0, 132).map(drop))]
+#[case::offsets_chunk_0(|| subseq_offsets(&[0, 32, 64], &[(0, 64)], 0).map(drop))]
+fn split_helpers_refuse_chunk_size_0(#[case] call: fn() -> Result<(), Error>) {
+    expect(call(), Param, "chunk_size");
 }

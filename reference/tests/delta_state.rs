@@ -281,10 +281,10 @@ fn auto_policy_splits_long_sequences_only_when_useful() {
     assert_same_outputs(&auto, &whole, 1e-10);
     // a full device (66 sequences of HV = 1, V = 64 is >= 132 / 2 units): no split
     let lens = vec![20_000usize; 66];
-    let p = auto_subseq_cu_seqlens(&lens, 1, 64, 64, 132);
+    let p = auto_subseq_cu_seqlens(&lens, 1, 64, 64, 132).unwrap();
     assert_eq!(p.len(), 67);
     // the budget caps the pieces: 2 heads of V = 200 (8 units a piece) on 132 SMs = 16 pieces
-    let p = auto_subseq_cu_seqlens(&[1 << 20, 1 << 20], 2, 200, 64, 132);
+    let p = auto_subseq_cu_seqlens(&[1 << 20, 1 << 20], 2, 200, 64, 132).unwrap();
     assert_eq!(p.len() - 1, 16);
 }
 
