@@ -61,15 +61,17 @@ element!(i32, 4);
 element!(i64, 8);
 
 fn decode<E: Element>(name: &str, shape: &[usize], bytes: &[u8]) -> Result<ArrayD<E>, Problem> {
-    let n: usize = shape.iter().product();
-    if bytes.len() != n * E::SIZE {
+    let want = shape
+        .iter()
+        .try_fold(E::SIZE, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Problem::BadTensor {
+            name: name.to_string(),
+            msg: format!("shape {shape:?} has more bytes than fit in usize"),
+        })?;
+    if bytes.len() != want {
         return Err(Problem::BadTensor {
             name: name.to_string(),
-            msg: format!(
-                "{} bytes for shape {shape:?}, expected {}",
-                bytes.len(),
-                n * E::SIZE
-            ),
+            msg: format!("{} bytes for shape {shape:?}, expected {want}", bytes.len()),
         });
     }
     let v: Vec<E> = bytes.chunks_exact(E::SIZE).map(E::read_le).collect();

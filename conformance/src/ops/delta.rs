@@ -284,7 +284,9 @@ fn long(inputs: &Tensors, main: &str) -> bool {
         .and_then(|x| x.shape().get(1).copied())
         .unwrap_or(0);
     match opt_indices(inputs, "cu_seqlens") {
-        Ok(Some(cu)) => cu.windows(2).any(|w| w[1] - w[0] > LONG as i64),
+        Ok(Some(cu)) => cu
+            .windows(2)
+            .any(|w| w[1].saturating_sub(w[0]) > LONG as i64),
         _ => t > LONG,
     }
 }
