@@ -12,20 +12,9 @@ use delta_util::{assert_close, fwd_h_case, seqs, transpose_state, Case, GateMode
 use ndarray::{s, Array2, Array4, Array5};
 use proptest::prelude::*;
 
+/// A random case (see [`delta_util::cases`]): sequences up to 150 tokens, `K, V <= 24`.
 fn case() -> impl Strategy<Value = Case> {
-    (
-        any::<u64>(),
-        any::<bool>(),
-        1usize..4,
-        1usize..=150,
-        1usize..=2,
-        1usize..=2,
-        1usize..=24,
-        1usize..=24,
-    )
-        .prop_map(|(seed, varlen, n, len, h, group, kd, vd)| {
-            Case::new(seed, varlen, n, len, h, group, kd, vd)
-        })
+    delta_util::cases(150, 24)
 }
 
 fn mode() -> impl Strategy<Value = GateMode> {
