@@ -257,14 +257,7 @@ mod tests {
     fn bytes_round_trip_every_dtype() {
         let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.5, -2.25, 3.0, 0.0, -7.0, 100.0])
             .unwrap();
-        for d in [
-            Dtype::F64,
-            Dtype::F32,
-            Dtype::BF16,
-            Dtype::F16,
-            Dtype::I32,
-            Dtype::I64,
-        ] {
+        for d in Dtype::ALL {
             let t = Tensor::from_f64(&a, d);
             let back = Tensor::from_le_bytes("x", d, &[2, 3], &t.to_le_bytes()).unwrap();
             assert!(back.bit_identical(&t), "{d}");
