@@ -161,7 +161,10 @@ pub fn validate_chunk_gated_delta_rule_fwd_h(
     Ok(geo)
 }
 
-/// Runs the chunked state recurrence of spec 2.4 over every (sequence, value head).
+/// Runs the chunked state recurrence of spec 2.4 over every (sequence, value head): from
+/// `S = initial_state[n, hv]` (or 0), for every chunk `c`, `h[c] = S`, `D = U_c − W_c S`
+/// (`v_new` rows), `S ← exp2(G_ℓ) diag(exp2(Gk_ℓ)) S + K̃_cᵀ D` with `K̃_c` rows
+/// `exp2(G_ℓ − G_r) k_rᵀ` (each gate factor only when that gate is given); `final_state = S`.
 pub fn chunk_gated_delta_rule_fwd_h<T: Real>(
     inp: &FwdHInputs<'_, T>,
     params: &FwdHParams,

@@ -132,7 +132,8 @@ pub fn validate_gdn_fwd(
     Ok(geo)
 }
 
-/// The definition (spec 8.4): the per-token recurrence over every (sequence, value head).
+/// The definition (spec 8.4): the per-token recurrence over every (sequence, value head),
+/// `S_t = exp(g_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`, `o_t = scale · S_tᵀ q_t`.
 pub fn gdn_fwd<T: Real>(
     inp: &GdnFwdInputs<'_, T>,
     params: &GdnFwdParams,
@@ -151,7 +152,10 @@ pub fn gdn_fwd<T: Real>(
     })
 }
 
-/// The chunked pipeline (spec 8.5). Equal to [`gdn_fwd`] in exact arithmetic.
+/// The chunked pipeline (spec 8.5): per chunk, the WY factors `w, u` of `A = (I + L)^{-1}`,
+/// `D = u − w S_c`, the output `o_r = scale exp2(G_r) q_rᵀ S_c + scale Σ_{j ≤ r} (q_r · k_j)
+/// exp2(G_r − G_j) D_j` and the state step of section 2 (see the module docs). Equal to
+/// [`gdn_fwd`] in exact arithmetic.
 pub fn gdn_fwd_chunked<T: Real>(
     inp: &GdnFwdInputs<'_, T>,
     params: &GdnFwdParams,

@@ -120,7 +120,11 @@ pub fn validate_kda_intra(
     Ok(geo)
 }
 
-/// The intra stage of spec 7.4 for every chunk of every (sequence, value head).
+/// The intra stage of spec 7.4 for every chunk of every (sequence, value head): with the
+/// chunk-local log2 gate `G`, `Aqk[r, j] = scale Σ_d q_{r,d} k_{j,d} exp2(G_{r,d} − G_{j,d})`
+/// (`j ≤ r`), `Akk = (I + L)^{-1}` with `L[r, j] = β_r Σ_d k_{r,d} k_{j,d} exp2(G_{r,d} −
+/// G_{j,d})` (`j < r`), `w = Akk diag(β) (K ⊙ exp2(G))`, `u = Akk diag(β) V`,
+/// `kg_r = k_r ⊙ exp2(G_ℓ − G_r)`.
 pub fn kda_intra<T: Real>(
     inp: &KdaIntraInputs<'_, T>,
     params: &KdaIntraParams,

@@ -231,7 +231,9 @@ fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<P
     })
 }
 
-/// The definition (spec 6.4): the per-token recurrence over every (sequence, value head).
+/// The definition (spec 6.4): the per-token recurrence over every (sequence, value head),
+/// `S_t = (I − β_t k_t k_tᵀ) diag(exp(a_t)) S_{t−1} + β_t k_t v_tᵀ`, `o_t = scale · S_tᵀ q_t`,
+/// after the in-kernel preprocessing the parameters ask for.
 pub fn kda_fwd<T: Real>(
     inp: &KdaFwdInputs<'_, T>,
     params: &KdaFwdParams,
