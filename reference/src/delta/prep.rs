@@ -10,6 +10,7 @@ use crate::scalar::Real;
 use crate::varlen::Seq;
 use ndarray::{
     s, Array2, Array4, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis, CowArray, Ix3, Ix4,
+    Zip,
 };
 use rayon::prelude::*;
 
@@ -28,11 +29,11 @@ pub(crate) fn l2norm<'a, T: Real>(x: ArrayView4<'a, T>, on: bool) -> CowArray<'a
         return x.into();
     }
     let mut y = x.to_owned();
-    for mut row in y.lanes_mut(Axis(3)) {
+    Zip::from(y.lanes_mut(Axis(3))).par_for_each(|mut row| {
         let ss = row.iter().fold(T::zero(), |acc, &e| acc + e * e);
         let inv = (ss + T::c(1e-6)).sqrt().recip();
         row *= inv;
-    }
+    });
     y.into()
 }
 
