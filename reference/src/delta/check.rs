@@ -32,9 +32,10 @@ impl Geometry {
     pub fn n(&self) -> usize {
         self.seqs.len()
     }
-    /// Key head read by value head `hv`: `hv / (HV / H)`.
+    /// Key head read by value head `hv`: `hv / (HV / H)` (a group of 1 when a hand-built
+    /// geometry has `H = 0` or `HV < H`).
     pub fn kh(&self, hv: usize) -> usize {
-        hv / (self.hv / self.h)
+        hv / (self.hv / self.h.max(1)).max(1)
     }
     /// `chunk_offsets[n]`: the global index of the first chunk of each sequence (varlen), or
     /// `c` within batch row `n` (non-varlen: every row restarts at 0).
@@ -45,12 +46,13 @@ impl Geometry {
             vec![0; self.seqs.len() + 1]
         }
     }
-    /// The `NT` extent of `h`: total chunks (varlen) or `ceil(T / BT)` (per batch row).
+    /// The `NT` extent of `h`: total chunks (varlen) or `ceil(T / BT)` (per batch row); `BT = 0`
+    /// counts as 1, as in [`Seq::chunks`].
     pub fn nt(&self, varlen: bool) -> usize {
         if varlen {
             self.seqs.iter().map(|s| s.num_chunks(self.bt)).sum()
         } else {
-            self.t.div_ceil(self.bt)
+            self.t.div_ceil(self.bt.max(1))
         }
     }
     /// The state shape `[N, HV, K, V]` (`[N, HV, V, K]` with `state_v_first`).
