@@ -16,12 +16,12 @@
 use super::check::{self, Geometry};
 use super::chunk;
 use super::fwd_h::FWD_H_CHUNK_SIZES;
-use super::prep::{self, recurrence, DeltaFwdOutputs, ForwardCall, SeqGate};
+use super::prep::{self, DeltaFwdOutputs, ForwardCall, Prepared};
 use crate::error::Result;
 use crate::scalar::Real;
 use crate::varlen::Seq;
 use ndarray::linalg::general_mat_mul;
-use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis, CowArray, Ix4};
+use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis};
 
 /// Parameters of [`gdn_fwd`] (spec 8.2; `Default` gives the spec defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,16 +139,7 @@ pub fn gdn_fwd<T: Real>(
     params: &GdnFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
     run(inp, params, |pre, geo, seq, hv, s0, scale| {
-        let (b, kh, r) = (seq.batch, geo.kh(hv), seq.bos..seq.eos);
-        recurrence(
-            pre.q.slice(s![b, r.clone(), kh, ..]),
-            pre.k.slice(s![b, r.clone(), kh, ..]),
-            inp.v.slice(s![b, r.clone(), hv, ..]),
-            inp.beta.slice(s![b, r.clone(), hv]),
-            SeqGate::Scalar(inp.g.slice(s![b, r, hv])),
-            &s0,
-            scale,
-        )
+        pre.recurrence(geo, seq, hv, &s0, scale)
     })
 }
 
@@ -167,9 +158,9 @@ pub fn gdn_fwd_chunked<T: Real>(
         for (a, e) in seq.chunks(geo.bt) {
             let qc = pre.q.slice(s![b, a..e, kh, ..]);
             let kc = pre.k.slice(s![b, a..e, kh, ..]);
-            let gl = chunk::log2_cumsum1(inp.g.slice(s![b, a..e, hv]));
-            let beta = inp.beta.slice(s![b, a..e, hv]);
-            let (w, u) = wy(kc, inp.v.slice(s![b, a..e, hv, ..]), gl.view(), beta);
+            let gl = chunk::log2_cumsum1(pre.gate.slice(s![b, a..e, hv]));
+            let beta = pre.beta.slice(s![b, a..e, hv]);
+            let (w, u) = wy(kc, pre.v.slice(s![b, a..e, hv, ..]), gl.view(), beta);
             let d = chunk::delta(&st, w.view(), u.view());
             let mut oc = o.slice_mut(s![a - seq.bos..e - seq.bos, ..]);
             general_mat_mul(scale, &qc, &st, T::zero(), &mut oc);
@@ -223,11 +214,8 @@ fn wy<T: Real>(
     (a.dot(&kb), a.dot(&vb))
 }
 
-/// The preprocessed `q, k` (L2-normalised when asked).
-struct Prepared<'a, T: Real> {
-    q: CowArray<'a, T, Ix4>,
-    k: CowArray<'a, T, Ix4>,
-}
+/// GDN's prepared tensors: only `q, k` change (L2 norm); the gate is the scalar `g`.
+type GdnPrepared<'a, T> = Prepared<'a, T, ArrayView3<'a, T>>;
 
 /// Validation, preprocessing and the parallel loop over (sequence, value head) shared by both
 /// forms; `head` computes one pair from its initial state.
@@ -237,13 +225,17 @@ fn run<T: Real, F>(
     head: F,
 ) -> Result<DeltaFwdOutputs<T>>
 where
-    F: Fn(&Prepared<'_, T>, &Geometry, Seq, usize, Array2<T>, T) -> (Array2<T>, Array2<T>) + Sync,
+    F: Fn(&GdnPrepared<'_, T>, &Geometry, Seq, usize, Array2<T>, T) -> (Array2<T>, Array2<T>)
+        + Sync,
 {
     let geo = validate_gdn_fwd(&inp.shapes(), inp.cu_seqlens, params)?;
     let scale = T::c(check::scale(params.scale, geo.k)?);
     let pre = Prepared {
         q: prep::l2norm(inp.q, params.use_qk_l2norm_in_kernel),
         k: prep::l2norm(inp.k, params.use_qk_l2norm_in_kernel),
+        v: inp.v,
+        beta: inp.beta.into(),
+        gate: inp.g,
     };
     Ok(prep::run_heads(
         &geo,

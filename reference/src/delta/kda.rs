@@ -16,7 +16,7 @@
 use super::check::{self, Geometry};
 use super::chunk;
 use super::intra::{intra_chunk, KDA_CHUNK_SIZES};
-use super::prep::{self, recurrence, DeltaFwdOutputs, ForwardCall, SeqGate};
+use super::prep::{self, DeltaFwdOutputs, ForwardCall, Prepared};
 use crate::error::{Error, Result};
 use crate::scalar::Real;
 use crate::varlen::Seq;
@@ -209,16 +209,12 @@ fn validate_gate_args(
     Ok(())
 }
 
-/// The preprocessed inputs: `q, k` (L2-normalised if asked), `β`, natural-log gate `a`.
-struct Prepared<'a, T: Real> {
-    q: CowArray<'a, T, Ix4>,
-    k: CowArray<'a, T, Ix4>,
-    beta: CowArray<'a, T, ndarray::Ix3>,
-    a: CowArray<'a, T, Ix4>,
-}
+/// KDA's prepared tensors: the gate is the per-key natural-log decay `a`.
+type KdaPrepared<'a, T> = Prepared<'a, T, CowArray<'a, T, Ix4>>;
 
-fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<Prepared<'a, T>> {
-    let a = if p.use_gate_in_kernel {
+/// Spec 6.4 steps 1–3: L2 norm of `q, k`, `β` from logits, `a = kda_gate(g, ...)`, as asked.
+fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<KdaPrepared<'a, T>> {
+    let gate = if p.use_gate_in_kernel {
         crate::gate::kda_gate(inp.g, inp.a_log, inp.dt_bias, p.lower_bound)?.into()
     } else {
         inp.g.into()
@@ -226,8 +222,9 @@ fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<P
     Ok(Prepared {
         q: prep::l2norm(inp.q, p.use_qk_l2norm_in_kernel),
         k: prep::l2norm(inp.k, p.use_qk_l2norm_in_kernel),
+        v: inp.v,
         beta: prep::beta(inp.beta, p.use_beta_sigmoid_in_kernel, p.allow_neg_eigval),
-        a,
+        gate,
     })
 }
 
@@ -239,16 +236,7 @@ pub fn kda_fwd<T: Real>(
     params: &KdaFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
     run(inp, params, |pre, geo, seq, hv, s0, scale| {
-        let (b, kh, r) = (seq.batch, geo.kh(hv), seq.bos..seq.eos);
-        recurrence(
-            pre.q.slice(s![b, r.clone(), kh, ..]),
-            pre.k.slice(s![b, r.clone(), kh, ..]),
-            inp.v.slice(s![b, r.clone(), hv, ..]),
-            pre.beta.slice(s![b, r.clone(), hv]),
-            SeqGate::PerKey(pre.a.slice(s![b, r, hv, ..])),
-            &s0,
-            scale,
-        )
+        pre.recurrence(geo, seq, hv, &s0, scale)
     })
 }
 
@@ -264,11 +252,11 @@ pub fn kda_fwd_chunked<T: Real>(
         let mut o = Array2::<T>::zeros((seq.len(), geo.v));
         for (a, e) in seq.chunks(geo.bt) {
             let q = pre.q.slice(s![b, a..e, kh, ..]);
-            let gl = chunk::log2_cumsum(pre.a.slice(s![b, a..e, hv, ..]));
+            let gl = chunk::log2_cumsum(pre.gate.slice(s![b, a..e, hv, ..]));
             let ic = intra_chunk(
                 q,
                 pre.k.slice(s![b, a..e, kh, ..]),
-                inp.v.slice(s![b, a..e, hv, ..]),
+                pre.v.slice(s![b, a..e, hv, ..]),
                 gl.view(),
                 pre.beta.slice(s![b, a..e, hv]),
                 scale,
@@ -292,7 +280,8 @@ fn run<T: Real, F>(
     head: F,
 ) -> Result<DeltaFwdOutputs<T>>
 where
-    F: Fn(&Prepared<'_, T>, &Geometry, Seq, usize, Array2<T>, T) -> (Array2<T>, Array2<T>) + Sync,
+    F: Fn(&KdaPrepared<'_, T>, &Geometry, Seq, usize, Array2<T>, T) -> (Array2<T>, Array2<T>)
+        + Sync,
 {
     let geo = validate_kda_fwd(&inp.shapes(), inp.cu_seqlens, params)?;
     let scale = T::c(check::scale(params.scale, geo.k)?);

@@ -13,6 +13,7 @@ use ndarray::{
     Zip,
 };
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Outputs of `kda_fwd` and `gdn_fwd` (spec 6.3, 8.3), in the compute precision.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +60,60 @@ pub(crate) fn beta<'a, T: Real>(
 pub(crate) enum SeqGate<'a, T> {
     PerKey(ArrayView2<'a, T>),
     Scalar(ArrayView1<'a, T>),
+}
+
+/// The natural-log gate of a whole forward call, by (batch, token range, value head).
+pub(crate) trait GateRows<T> {
+    /// The gate rows `r` of batch row `b`, value head `hv`.
+    fn rows(&self, b: usize, r: Range<usize>, hv: usize) -> SeqGate<'_, T>;
+}
+
+/// KDA's per-key gate `[B, T, HV, K]`.
+impl<T: Real> GateRows<T> for CowArray<'_, T, Ix4> {
+    fn rows(&self, b: usize, r: Range<usize>, hv: usize) -> SeqGate<'_, T> {
+        SeqGate::PerKey(self.slice(s![b, r, hv, ..]))
+    }
+}
+
+/// GDN's scalar gate `[B, T, HV]`.
+impl<T: Real> GateRows<T> for ArrayView3<'_, T> {
+    fn rows(&self, b: usize, r: Range<usize>, hv: usize) -> SeqGate<'_, T> {
+        SeqGate::Scalar(self.slice(s![b, r, hv]))
+    }
+}
+
+/// The tensors of a forward after its in-kernel preprocessing: `q, k` (L2-normalised when
+/// asked), `v`, `β` and the natural-log gate.
+pub(crate) struct Prepared<'a, T: Real, G> {
+    pub q: CowArray<'a, T, Ix4>,
+    pub k: CowArray<'a, T, Ix4>,
+    pub v: ArrayView4<'a, T>,
+    pub beta: CowArray<'a, T, Ix3>,
+    pub gate: G,
+}
+
+impl<T: Real, G: GateRows<T>> Prepared<'_, T, G> {
+    /// The recurrent definition (spec 6.4, 8.4) of sequence `seq`, value head `hv`, from `s0`:
+    /// [`recurrence`] on its rows.
+    pub(crate) fn recurrence(
+        &self,
+        geo: &Geometry,
+        seq: Seq,
+        hv: usize,
+        s0: &Array2<T>,
+        scale: T,
+    ) -> (Array2<T>, Array2<T>) {
+        let (b, kh, r) = (seq.batch, geo.kh(hv), seq.bos..seq.eos);
+        recurrence(
+            self.q.slice(s![b, r.clone(), kh, ..]),
+            self.k.slice(s![b, r.clone(), kh, ..]),
+            self.v.slice(s![b, r.clone(), hv, ..]),
+            self.beta.slice(s![b, r.clone(), hv]),
+            self.gate.rows(b, r, hv),
+            s0,
+            scale,
+        )
+    }
 }
 
 /// The recurrence of spec 6.4 / 8.4 for one (sequence, value head): for every token,
