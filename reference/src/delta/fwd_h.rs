@@ -18,7 +18,8 @@ use crate::error::Result;
 use crate::scalar::Real;
 use crate::varlen::Seq;
 use ndarray::{
-    s, Array2, Array4, Array5, ArrayView1, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2,
+    s, Array, Array2, Array4, Array5, ArrayView1, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut,
+    ArrayViewMut2, Axis, RemoveAxis,
 };
 use rayon::prelude::*;
 
@@ -192,22 +193,25 @@ pub fn chunk_gated_delta_rule_fwd_h<T: Real>(
     let mut final_state = params
         .output_final_state
         .then(|| Array4::<T>::zeros(geo.state_shape(vf)));
-    for (i, hv, run) in per_head {
-        let seq = geo.seqs[i];
+    scatter(&mut h, 2, &geo, &per_head, |mut hh, seq, run| {
         for (c, hc) in run.h.iter().enumerate() {
             store_state(
-                h.slice_mut(s![seq.batch, starts[seq.n] + c, hv, .., ..]),
+                hh.slice_mut(s![seq.batch, starts[seq.n] + c, .., ..]),
                 hc,
                 vf,
             );
         }
-        if let Some(vn) = v_new.as_mut() {
-            vn.slice_mut(s![seq.batch, seq.bos..seq.eos, hv, ..])
+    });
+    if let Some(vn) = v_new.as_mut() {
+        scatter(vn, 2, &geo, &per_head, |mut vh, seq, run| {
+            vh.slice_mut(s![seq.batch, seq.bos..seq.eos, ..])
                 .assign(&run.v_new);
-        }
-        if let Some(fs) = final_state.as_mut() {
-            store_state(fs.slice_mut(s![seq.n, hv, .., ..]), &run.state, vf);
-        }
+        });
+    }
+    if let Some(fs) = final_state.as_mut() {
+        scatter(fs, 1, &geo, &per_head, |mut fh, seq, run| {
+            store_state(fh.slice_mut(s![seq.n, .., ..]), &run.state, vf);
+        });
     }
     Ok(FwdHOutputs {
         h,
@@ -221,6 +225,37 @@ pub(crate) fn tasks(geo: &Geometry) -> Vec<(usize, usize)> {
     (0..geo.n())
         .flat_map(|i| (0..geo.hv).map(move |hv| (i, hv)))
         .collect()
+}
+
+/// Writes per-(sequence index, value head) `results` into `out`, in parallel over its value-head
+/// axis `axis`: `write(out_hv, seq, result)` gets `out` without that axis.
+pub(crate) fn scatter<T, D, R, F>(
+    out: &mut Array<T, D>,
+    axis: usize,
+    geo: &Geometry,
+    results: &[(usize, usize, R)],
+    write: F,
+) where
+    T: Real,
+    D: RemoveAxis,
+    R: Sync,
+    F: Fn(ArrayViewMut<'_, T, D::Smaller>, Seq, &R) + Sync,
+{
+    let mut by_head: Vec<Vec<usize>> = vec![Vec::new(); out.len_of(Axis(axis))];
+    for (j, &(_, hv, _)) in results.iter().enumerate() {
+        if let Some(list) = by_head.get_mut(hv) {
+            list.push(j);
+        }
+    }
+    out.axis_iter_mut(Axis(axis))
+        .into_par_iter()
+        .zip(by_head.par_iter())
+        .for_each(|(mut o, list)| {
+            for &j in list {
+                let (i, _, r) = &results[j];
+                write(o.view_mut(), geo.seqs[*i], r);
+            }
+        });
 }
 
 /// The key-first state `[n, hv]` of an optional state tensor (zeros when absent).

@@ -15,6 +15,7 @@
 
 use super::check::{self, Geometry};
 use super::chunk;
+use super::fwd_h::scatter;
 use crate::error::Result;
 use crate::scalar::Real;
 use ndarray::linalg::general_mat_mul;
@@ -162,7 +163,7 @@ pub fn kda_intra<T: Real>(
                 inp.beta.slice(s![b, a..e, hv]),
                 scale,
             );
-            (b, hv, a, e, ic)
+            (i, hv, (a..e, ic))
         })
         .collect();
     let (b, t, hv) = (geo.b, geo.t, geo.hv);
@@ -173,16 +174,25 @@ pub fn kda_intra<T: Real>(
         aqk: Array4::zeros((b, t, hv, bt)),
         akk: Array4::zeros((b, t, hv, bt)),
     };
-    for (b, hv, a, e, ic) in chunks {
-        let n = e - a;
-        out.w.slice_mut(s![b, a..e, hv, ..]).assign(&ic.w);
-        out.u.slice_mut(s![b, a..e, hv, ..]).assign(&ic.u);
-        out.kg.slice_mut(s![b, a..e, hv, ..]).assign(&ic.kg);
-        out.aqk.slice_mut(s![b, a..e, hv, ..n]).assign(&ic.aqk);
-        out.akk.slice_mut(s![b, a..e, hv, ..n]).assign(&ic.akk);
+    // each output in parallel over its value heads; a chunk's rows `r` of batch row `seq.batch`
+    let parts: [(&mut Array4<T>, Part<T>); 5] = [
+        (&mut out.w, |ic| &ic.w),
+        (&mut out.u, |ic| &ic.u),
+        (&mut out.kg, |ic| &ic.kg),
+        (&mut out.aqk, |ic| &ic.aqk),
+        (&mut out.akk, |ic| &ic.akk),
+    ];
+    for (dst, part) in parts {
+        scatter(dst, 2, &geo, &chunks, |mut d, seq, (r, ic)| {
+            let m = part(ic);
+            d.slice_mut(s![seq.batch, r.clone(), ..m.ncols()]).assign(m);
+        });
     }
     Ok(out)
 }
+
+/// Selects one matrix of an [`IntraChunk`].
+type Part<T> = fn(&IntraChunk<T>) -> &Array2<T>;
 
 /// The intra-stage matrices of one chunk (`n` rows).
 pub(crate) struct IntraChunk<T> {

@@ -3,7 +3,7 @@
 //! outputs.
 
 use super::check::{self, Geometry};
-use super::fwd_h::{load_state, store_state, tasks};
+use super::fwd_h::{load_state, scatter, store_state, tasks};
 use super::intra::validate_qkvb;
 use crate::error::Result;
 use crate::scalar::Real;
@@ -236,19 +236,20 @@ where
         .map(|(i, hv)| {
             let seq = geo.seqs[i];
             let s0 = load_state(initial_state, seq.n, hv, geo.k, geo.v, state_v_first);
-            let (o, fin) = head(seq, hv, s0);
-            (seq, hv, o, fin)
+            (i, hv, head(seq, hv, s0))
         })
         .collect();
     let mut o = Array4::<T>::zeros((geo.b, geo.t, geo.hv, geo.v));
+    scatter(&mut o, 2, geo, &results, |mut oh, seq, (rows, _)| {
+        oh.slice_mut(s![seq.batch, seq.bos..seq.eos, ..])
+            .assign(rows);
+    });
     let mut final_state =
         output_final_state.then(|| Array4::<T>::zeros(geo.state_shape(state_v_first)));
-    for (seq, hv, oh, fin) in results {
-        o.slice_mut(s![seq.batch, seq.bos..seq.eos, hv, ..])
-            .assign(&oh);
-        if let Some(fs) = final_state.as_mut() {
-            store_state(fs.slice_mut(s![seq.n, hv, .., ..]), &fin, state_v_first);
-        }
+    if let Some(fs) = final_state.as_mut() {
+        scatter(fs, 1, geo, &results, |mut fh, seq, (_, fin)| {
+            store_state(fh.slice_mut(s![seq.n, .., ..]), fin, state_v_first);
+        });
     }
     DeltaFwdOutputs { o, final_state }
 }
