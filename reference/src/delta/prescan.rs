@@ -8,7 +8,7 @@
 //! `X = [b | M]` (`K × (V + K)`) from `[0 | I]` with values `[U | 0]` yields both at once.
 
 use super::check::Geometry;
-use super::fwd_h::{self, tasks, FwdHInputs, FwdHShapes, SeqInputs};
+use super::fwd_h::{self, scatter, tasks, FwdHInputs, FwdHShapes, SeqInputs};
 use crate::error::{Error, Result};
 use crate::scalar::Real;
 use ndarray::{s, Array2, Array4};
@@ -77,8 +77,8 @@ pub fn fwd_h_pre_scan<T: Real>(
         })
         .collect();
     let mut hm = Array4::<T>::zeros((geo.n(), geo.hv, kd, vd + kd));
-    for (i, hv, x) in per_head {
-        hm.slice_mut(s![i, hv, .., ..]).assign(&x);
-    }
+    scatter(&mut hm, 1, &geo, &per_head, |mut hh, seq, x| {
+        hh.slice_mut(s![seq.n, .., ..]).assign(x);
+    });
     Ok(FwdHPreScanOutputs { hm })
 }
