@@ -1,6 +1,7 @@
-//! Pieces shared by `kda_fwd` and `gdn_fwd`: in-kernel preprocessing (spec 6.4 steps 1–2),
-//! the recurrent definition (6.4, 8.4) for one (sequence, value head), and the assembly of the
-//! outputs.
+//! Pieces shared by `kda_fwd` and `gdn_fwd`: their common validation (6.7, 8.7), the in-kernel
+//! preprocessing (spec 6.4 steps 1–2) and the prepared tensors, the recurrent definition (6.4,
+//! 8.4) for one (sequence, value head), and the parallel run over (sequence, value head) with the
+//! assembly of the outputs.
 
 use super::check::{self, Geometry};
 use super::fwd_h::{load_state, scatter, store_state, tasks};
