@@ -173,49 +173,45 @@ const P_V_FIRST: ParamSpec = param("state_v_first", ParamType::Bool, Some("false
 const P_SAVE_V: ParamSpec = param("save_new_value", ParamType::Bool, Some("true"));
 const P_SAFE_GATE: ParamSpec = param("safe_gate", ParamType::Bool, Some("false"));
 const P_L2NORM: ParamSpec = param("use_qk_l2norm_in_kernel", ParamType::Bool, Some("false"));
-/// `k, w, u, g, gk` of the state-recurrence ops (spec 2.1).
-const FWD_H_INPUTS: [InputSpec; 5] = [
-    float("k", true),
-    float("w", true),
-    float("u", true),
-    float("g", false),
-    float("gk", false),
-];
-/// `h`, `v_new`, `final_state` of section 2 (and 5, with its looser float32 threshold).
-const FWD_H_OUTPUTS: [OutputSpec; 3] = [
-    output(
-        "h",
-        |i, _| ops::class_of(i, "k"),
-        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 1e-5),
-    ),
-    output(
-        "v_new",
-        |i, _| ops::class_of(i, "u"),
-        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 1e-5),
-    ),
-    output(
-        "final_state",
-        |i, _| Ok(delta::f32_class(i, "k")),
-        |i, _, c| delta::threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
-    ),
-];
-const SPLIT_OUTPUTS: [OutputSpec; 3] = [
-    output(
-        "h",
-        |i, _| ops::class_of(i, "k"),
-        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 5e-5),
-    ),
-    output(
-        "v_new",
-        |i, _| ops::class_of(i, "u"),
-        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 5e-5),
-    ),
-    output(
-        "final_state",
-        |i, _| Ok(delta::f32_class(i, "k")),
-        |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 5e-5),
-    ),
-];
+/// `k, w, u, g, gk` of the state-recurrence ops (spec 2.1), then the op's own inputs.
+macro_rules! fwd_h_inputs {
+    ($($extra:expr),* $(,)?) => {
+        &[
+            float("k", true),
+            float("w", true),
+            float("u", true),
+            float("g", false),
+            float("gk", false),
+            $($extra),*
+        ]
+    };
+}
+/// `h`, `v_new`, `final_state` of section 2 (and 5): the `half` / `half_long` / `f32`
+/// thresholds of `h` and `v_new`, then those of `final_state`.
+macro_rules! fwd_h_outputs {
+    ($h:literal, $h_long:literal, $h32:literal; $s:literal, $s_long:literal, $s32:literal) => {
+        [
+            output(
+                "h",
+                |i, _| ops::class_of(i, "k"),
+                |i, _, c| delta::threshold(i, "k", c, $h, $h_long, $h32),
+            ),
+            output(
+                "v_new",
+                |i, _| ops::class_of(i, "u"),
+                |i, _, c| delta::threshold(i, "k", c, $h, $h_long, $h32),
+            ),
+            output(
+                "final_state",
+                |i, _| Ok(delta::f32_class(i, "k")),
+                |i, _, c| delta::threshold(i, "k", c, $s, $s_long, $s32),
+            ),
+        ]
+    };
+}
+const FWD_H_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 1e-5; 5e-3, 1e-2, 1e-5);
+/// Section 5's outputs, with its looser float32 threshold.
+const SPLIT_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 5e-5; 1e-2, 1e-2, 5e-5);
 /// An output of `kda_intra` stored in the dtype of input `like` (README thresholds by `q`).
 macro_rules! intra_output {
     ($name:literal, $like:literal) => {
@@ -386,15 +382,7 @@ pub static OPS: &[OpSpec] = &[
     OpSpec {
         id: "chunk_gated_delta_rule_fwd_h",
         summary: "chunked delta-rule state recurrence: h per chunk, v_new = u - w S, final state",
-        inputs: &[
-            FWD_H_INPUTS[0],
-            FWD_H_INPUTS[1],
-            FWD_H_INPUTS[2],
-            FWD_H_INPUTS[3],
-            FWD_H_INPUTS[4],
-            float("initial_state", false),
-            index("cu_seqlens", false),
-        ],
+        inputs: fwd_h_inputs![float("initial_state", false), index("cu_seqlens", false)],
         params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
         outputs: &FWD_H_OUTPUTS,
         cpu: ops::delta::chunk_gated_delta_rule_fwd_h,
@@ -403,14 +391,7 @@ pub static OPS: &[OpSpec] = &[
     OpSpec {
         id: "fwd_h_pre_scan",
         summary: "affine summary hm = [b | M] of each (sub-)sequence's chunk recurrence",
-        inputs: &[
-            FWD_H_INPUTS[0],
-            FWD_H_INPUTS[1],
-            FWD_H_INPUTS[2],
-            FWD_H_INPUTS[3],
-            FWD_H_INPUTS[4],
-            index("cu_seqlens", false),
-        ],
+        inputs: fwd_h_inputs![index("cu_seqlens", false)],
         params: &[P_CHUNK64],
         outputs: &[OutputSpec {
             name: "hm",
@@ -460,12 +441,7 @@ pub static OPS: &[OpSpec] = &[
     OpSpec {
         id: "chunk_gated_delta_rule_fwd_h_split",
         summary: "fwd_h through chunk-aligned sub-sequences: pre-scan, merge, fwd_h (same result)",
-        inputs: &[
-            FWD_H_INPUTS[0],
-            FWD_H_INPUTS[1],
-            FWD_H_INPUTS[2],
-            FWD_H_INPUTS[3],
-            FWD_H_INPUTS[4],
+        inputs: fwd_h_inputs![
             float("initial_state", false),
             index("cu_seqlens", false),
             index("subseq_cu_seqlens", false),

@@ -5,8 +5,10 @@ use crate::case::{Case, Tensors};
 use crate::compare::{compare, Rule};
 use crate::error::Problem;
 use crate::params::Params;
-use crate::registry::{self, OpSpec};
+use crate::registry::{self, OpSpec, PartSpec};
+use crate::tensor::Tensor;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::fmt;
 
 /// Whose outputs are checked against the CPU float64 reference.
@@ -120,13 +122,20 @@ fn compare_outputs(
                 .or(case.tolerance.get(out.name))
                 .copied()
         };
-        // an output with parts is compared part by part (e.g. `hm.b`, `hm.M`)
+        // an output with parts is compared part by part (e.g. `hm.b`, `hm.M`); a whole output
+        // is compared in place
         let compared: Vec<_> = if out.parts.is_empty() {
-            vec![(out.name, out.rule, r.cloned(), x.cloned())]
+            vec![(
+                out.name,
+                out.rule,
+                r.map(Cow::Borrowed),
+                x.map(Cow::Borrowed),
+            )]
         } else {
+            let take = |p: &PartSpec, t: &Tensor| Cow::Owned((p.take)(t));
             out.parts
                 .iter()
-                .map(|p| (p.name, p.rule, r.map(p.take), x.map(p.take)))
+                .map(|p| (p.name, p.rule, r.map(|t| take(p, t)), x.map(|t| take(p, t))))
                 .collect()
         };
         for (name, rule_fn, r, x) in compared {
@@ -134,7 +143,7 @@ fn compare_outputs(
                 (Device::Cpu, Some(t)) => Rule::Threshold(t),
                 _ => rule_fn(&case.inputs, params, class),
             };
-            let c = compare(r.as_ref(), x.as_ref(), expected, rule);
+            let c = compare(r.as_deref(), x.as_deref(), expected, rule);
             rows.push(Row {
                 file: case.path.display().to_string(),
                 op: case.op.clone(),

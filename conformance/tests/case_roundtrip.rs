@@ -8,15 +8,6 @@ use attn_reference::Dtype;
 use proptest::prelude::*;
 use serde_json::json;
 
-const DTYPES: [Dtype; 6] = [
-    Dtype::F64,
-    Dtype::F32,
-    Dtype::BF16,
-    Dtype::F16,
-    Dtype::I32,
-    Dtype::I64,
-];
-
 /// A random tensor of `dtype` whose bits cover the whole type (floats: any bit pattern,
 /// NaN payloads and infinities included).
 fn random_tensor(rng: &mut common::Rng, dtype: Dtype, shape: &[usize]) -> Tensor {
@@ -62,7 +53,7 @@ proptest! {
         case.note = note;
         case.extra.insert("generator".into(), format!("tools/x.py seed={seed}"));
         for (i, shape) in shapes.iter().enumerate() {
-            let dtype = DTYPES[i % DTYPES.len()];
+            let dtype = Dtype::ALL[i % Dtype::ALL.len()];
             let t = random_tensor(&mut rng, dtype, shape);
             let side = if i % 2 == 0 { &mut case.inputs } else { &mut case.outputs };
             side.insert(format!("t{i}_{}", dtype.name()), t);

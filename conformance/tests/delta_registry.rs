@@ -6,7 +6,7 @@ mod common;
 
 use attn_conformance::compare::Rule;
 use attn_conformance::verify::{verify_case, Selection};
-use attn_conformance::{find, Params, Problem, Tensor, Tensors};
+use attn_conformance::{find, OpSpec, Params, Problem, Tensor, Tensors};
 use attn_reference::{Dtype, DtypeClass, ErrorKind};
 use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
@@ -15,14 +15,20 @@ fn zeros(shape: &[usize], dtype: Dtype) -> Tensor {
     Tensor::from_f64(&ArrayD::zeros(IxDyn(shape)), dtype)
 }
 
-/// `(class, rule)` of output `out` of `op` for a candidate of `class`.
-fn rule(op: &str, inputs: &[(&str, Tensor)], out: &str, class: DtypeClass) -> (DtypeClass, Rule) {
+/// The registry entry of `op`, `inputs` by name, and the default parameters.
+fn call(op: &str, inputs: &[(&str, Tensor)]) -> (&'static OpSpec, Tensors, Params) {
     let spec = find(op).unwrap();
     let inputs: Tensors = inputs
         .iter()
         .map(|(n, t)| (n.to_string(), t.clone()))
         .collect();
     let p = Params::resolve(op, spec.params, json!({}).as_object().unwrap()).unwrap();
+    (spec, inputs, p)
+}
+
+/// `(class, rule)` of output `out` of `op` for a candidate of `class`.
+fn rule(op: &str, inputs: &[(&str, Tensor)], out: &str, class: DtypeClass) -> (DtypeClass, Rule) {
+    let (spec, inputs, p) = call(op, inputs);
     let o = spec.output(out).unwrap();
     (
         (o.class)(&inputs, &p).unwrap(),
@@ -38,12 +44,7 @@ fn part_rule(
     part: &str,
     class: DtypeClass,
 ) -> Rule {
-    let spec = find(op).unwrap();
-    let inputs: Tensors = inputs
-        .iter()
-        .map(|(n, t)| (n.to_string(), t.clone()))
-        .collect();
-    let p = Params::resolve(op, spec.params, json!({}).as_object().unwrap()).unwrap();
+    let (spec, inputs, p) = call(op, inputs);
     let pt = spec
         .output(out)
         .unwrap()

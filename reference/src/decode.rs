@@ -316,7 +316,9 @@ pub struct DecodeOut<T> {
 /// `causal` also `j <= n - L_q + i` (bottom-right alignment), i.e. `clamp(n - L_q + i + 1, 0, n)`.
 pub fn visible_keys(n: usize, l_q: usize, i: usize, causal: bool) -> usize {
     if causal {
-        (n + i + 1).saturating_sub(l_q).min(n)
+        // in u128 so that no `usize` argument can overflow the sum; the result is <= n
+        let m = (n as u128 + i as u128 + 1).saturating_sub(l_q as u128);
+        m.min(n as u128) as usize
     } else {
         n
     }

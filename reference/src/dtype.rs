@@ -25,6 +25,16 @@ pub enum DtypeClass {
 }
 
 impl Dtype {
+    /// Every dtype of the spec, floats first.
+    pub const ALL: [Dtype; 6] = [
+        Dtype::F64,
+        Dtype::F32,
+        Dtype::BF16,
+        Dtype::F16,
+        Dtype::I32,
+        Dtype::I64,
+    ];
+
     /// The spec's name (`"float32"`, `"bfloat16"`, `"int32"` ...).
     pub fn name(self) -> &'static str {
         match self {
@@ -36,6 +46,7 @@ impl Dtype {
             Dtype::I64 => "int64",
         }
     }
+    /// Bytes per element.
     pub fn size_bytes(self) -> usize {
         match self {
             Dtype::F64 | Dtype::I64 => 8,
@@ -43,9 +54,11 @@ impl Dtype {
             Dtype::BF16 | Dtype::F16 => 2,
         }
     }
+    /// Whether this is one of the four float dtypes.
     pub fn is_float(self) -> bool {
         !matches!(self, Dtype::I32 | Dtype::I64)
     }
+    /// The precision class (the comparison threshold's row) of this dtype.
     pub fn class(self) -> DtypeClass {
         match self {
             Dtype::F64 => DtypeClass::Float64,

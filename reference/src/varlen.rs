@@ -21,17 +21,20 @@ pub struct Seq {
 }
 
 impl Seq {
+    /// `eos − bos` (0 for a malformed `eos < bos`).
     pub fn len(&self) -> usize {
-        self.eos - self.bos
+        self.eos.saturating_sub(self.bos)
     }
     pub fn is_empty(&self) -> bool {
-        self.eos == self.bos
+        self.len() == 0
     }
-    /// Number of chunks of `bt` tokens: `ceil(len / bt)`.
+    /// Number of chunks of `bt` tokens: `ceil(len / bt)` (`bt = 0` counts as 1, as in
+    /// [`Seq::chunks`]).
     pub fn num_chunks(&self, bt: usize) -> usize {
-        self.len().div_ceil(bt)
+        self.len().div_ceil(bt.max(1))
     }
-    /// Token ranges `[start, end)` (within the batch row) of its chunks, the last one partial.
+    /// Token ranges `[start, end)` (within the batch row) of its chunks, the last one partial
+    /// (`bt = 0` counts as 1).
     pub fn chunks(&self, bt: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         (self.bos..self.eos)
             .step_by(bt.max(1))

@@ -1,13 +1,15 @@
 //! Every public entry point of the scans, gates and decode refuses bad input with a typed error
-//! naming the spec's argument (and never panics). One rstest case per distinct bad input.
+//! naming the spec's argument (and never panics). One rstest case per distinct bad input; the
+//! helpers that return a plain value are total.
 
 use attn_reference::cumsum::{chunk_global_cumsum, chunk_local_cumsum, cumsum, validate_cumsum};
 use attn_reference::decode::{
-    decode_attention, kv_cache_update, validate_decode_attention, CacheLayout,
+    decode_attention, kv_cache_update, validate_decode_attention, visible_keys, CacheLayout,
 };
 use attn_reference::gate::{
     kda_gate, kda_gate_chunk_cumsum, validate_kda_gate, KdaGateChunkCumsumParams,
 };
+use attn_reference::varlen::{chunk_indices, chunk_offsets, Seq};
 use attn_reference::{Dtype, ErrorKind, Result};
 use ndarray::{Array1, Array4, ArrayD, IxDyn};
 use rstest::rstest;
@@ -212,4 +214,39 @@ fn refused_with_named_argument(
     assert_eq!(err.kind, kind, "{err}");
     assert_eq!(err.arg, arg, "{err}");
     assert!(!err.expected.is_empty() && !err.got.is_empty(), "{err:?}");
+}
+
+/// The public helpers that return a plain value are total: extreme or malformed arguments give
+/// a value, never an overflow or a division by zero.
+#[rstest]
+#[case::visible_all_causal(5, 1, 0, true, 5)]
+#[case::visible_none_yet(2, 4, 0, true, 0)]
+#[case::visible_huge_n(usize::MAX, 1, 0, true, usize::MAX)]
+#[case::visible_huge_i(3, usize::MAX, usize::MAX, true, 3)]
+#[case::visible_not_causal(7, usize::MAX, usize::MAX, false, 7)]
+fn visible_keys_never_overflows(
+    #[case] n: usize,
+    #[case] l_q: usize,
+    #[case] i: usize,
+    #[case] causal: bool,
+    #[case] want: usize,
+) {
+    assert_eq!(visible_keys(n, l_q, i, causal), want);
+}
+
+#[rstest]
+#[case::chunks_of_4(Seq { n: 0, batch: 0, bos: 3, eos: 10 }, 4, 7, 2)]
+#[case::chunk_size_0_counts_as_1(Seq { n: 0, batch: 0, bos: 3, eos: 6 }, 0, 3, 3)]
+#[case::eos_before_bos_is_empty(Seq { n: 0, batch: 0, bos: 6, eos: 3 }, 4, 0, 0)]
+fn seq_helpers_are_total(
+    #[case] seq: Seq,
+    #[case] bt: usize,
+    #[case] len: usize,
+    #[case] chunks: usize,
+) {
+    assert_eq!((seq.len(), seq.is_empty()), (len, len == 0));
+    assert_eq!(seq.num_chunks(bt), chunks);
+    assert_eq!(seq.chunks(bt).count(), chunks);
+    assert_eq!(chunk_offsets(&[seq], bt), vec![0, chunks]);
+    assert_eq!(chunk_indices(&[seq], bt).len(), chunks);
 }

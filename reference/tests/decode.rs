@@ -120,6 +120,23 @@ fn run<T: attn_reference::Real>(
     .unwrap()
 }
 
+/// `o` and `lse` of the reference within `1e-10` of [`oracle`], with the caches in `bshd` and in
+/// `bhsd` (the transposed `bshd` ones).
+fn matches_oracle_in_both_layouts(p: &Problem) -> Result<(), String> {
+    let (o, lse) = oracle(p);
+    for layout in [CacheLayout::Bshd, CacheLayout::Bhsd] {
+        let (k, v) = match layout {
+            CacheLayout::Bshd => (p.k.clone(), p.v.clone()),
+            CacheLayout::Bhsd => (to_bhsd(&p.k), to_bhsd(&p.v)),
+        };
+        let out = run(p, p.q.view(), k.view(), v.view(), layout);
+        check_close("o", &o.clone().into_dyn(), &out.o.into_dyn(), 1e-10)
+            .and_then(|()| check_close("lse", &lse.clone().into_dyn(), &out.lse.into_dyn(), 1e-10))
+            .map_err(|e| format!("{layout:?}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// The float64 oracle written out: full score rows over all `S` keys with `-inf` where the
 /// boolean mask is false (masked keys are never multiplied), softmax over the row.
 fn oracle(p: &Problem) -> (Array4<f64>, Array3<f64>) {
@@ -180,19 +197,8 @@ proptest! {
     #[test]
     fn matches_masked_softmax_oracle(geo in geometry(), use_idx: bool, causal: bool, seed: u64) {
         let p = problem(&mut Rng::new(seed), geo, use_idx, causal, Some(f64::NAN));
-        let (o, lse) = oracle(&p);
-        for layout in [CacheLayout::Bshd, CacheLayout::Bhsd] {
-            let (k, v) = match layout {
-                CacheLayout::Bshd => (p.k.clone(), p.v.clone()),
-                CacheLayout::Bhsd => (to_bhsd(&p.k), to_bhsd(&p.v)),
-            };
-            let out = run(&p, p.q.view(), k.view(), v.view(), layout);
-            if let Err(e) = check_close("o", &o.clone().into_dyn(), &out.o.into_dyn(), 1e-10) {
-                prop_assert!(false, "{:?}: {}", layout, e);
-            }
-            if let Err(e) = check_close("lse", &lse.clone().into_dyn(), &out.lse.into_dyn(), 1e-10) {
-                prop_assert!(false, "{:?}: {}", layout, e);
-            }
+        if let Err(e) = matches_oracle_in_both_layouts(&p) {
+            prop_assert!(false, "{}", e);
         }
     }
 
@@ -312,19 +318,8 @@ proptest! {
             p.k.slice_mut(s![r, n as usize.., .., ..]).fill(f64::NAN);
             p.v.slice_mut(s![r, n as usize.., .., ..]).fill(f64::NAN);
         }
-        let (o, lse) = oracle(&p);
-        for layout in [CacheLayout::Bshd, CacheLayout::Bhsd] {
-            let (k, v) = match layout {
-                CacheLayout::Bshd => (p.k.clone(), p.v.clone()),
-                CacheLayout::Bhsd => (to_bhsd(&p.k), to_bhsd(&p.v)),
-            };
-            let out = run(&p, p.q.view(), k.view(), v.view(), layout);
-            if let Err(e) = check_close("o", &o.clone().into_dyn(), &out.o.into_dyn(), 1e-10) {
-                prop_assert!(false, "{:?}: {}", layout, e);
-            }
-            if let Err(e) = check_close("lse", &lse.clone().into_dyn(), &out.lse.into_dyn(), 1e-10) {
-                prop_assert!(false, "{:?}: {}", layout, e);
-            }
+        if let Err(e) = matches_oracle_in_both_layouts(&p) {
+            prop_assert!(false, "{}", e);
         }
     }
 }

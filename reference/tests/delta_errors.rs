@@ -2,14 +2,15 @@
 //! is refused before any work with the expected `ErrorKind` and the spec's argument name.
 
 use attn_reference::delta::{
-    chunk_gated_delta_rule_fwd_h, fwd_h_merge, fwd_h_pre_scan, gdn_fwd_chunked, kda_fwd, kda_intra,
-    validate_chunk_gated_delta_rule_fwd_h, validate_chunk_gated_delta_rule_fwd_h_split,
-    validate_delta_dtypes, validate_fwd_h_merge, validate_fwd_h_pre_scan, validate_gdn_fwd,
-    validate_kda_fwd, validate_kda_intra, DeltaDtypes, FwdHInputs, FwdHMergeInputs,
-    FwdHMergeParams, FwdHMergeShapes, FwdHParams, FwdHPreScanParams, FwdHShapes, GdnFwdInputs,
-    GdnFwdParams, GdnFwdShapes, KdaFwdInputs, KdaFwdParams, KdaFwdShapes, KdaIntraInputs,
-    KdaIntraParams, KdaIntraShapes,
+    auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h, fwd_h_merge, fwd_h_pre_scan,
+    gdn_fwd_chunked, kda_fwd, kda_intra, subseq_offsets, validate_chunk_gated_delta_rule_fwd_h,
+    validate_chunk_gated_delta_rule_fwd_h_split, validate_delta_dtypes, validate_fwd_h_merge,
+    validate_fwd_h_pre_scan, validate_gdn_fwd, validate_kda_fwd, validate_kda_intra, DeltaDtypes,
+    FwdHInputs, FwdHMergeInputs, FwdHMergeParams, FwdHMergeShapes, FwdHParams, FwdHPreScanParams,
+    FwdHShapes, GdnFwdInputs, GdnFwdParams, GdnFwdShapes, Geometry, KdaFwdInputs, KdaFwdParams,
+    KdaFwdShapes, KdaIntraInputs, KdaIntraParams, KdaIntraShapes,
 };
+use attn_reference::varlen::Seq;
 use attn_reference::{Dtype, Error, ErrorKind};
 use ndarray::{Array1, Array3, Array4};
 use rstest::rstest;
@@ -463,4 +464,46 @@ fn dtypes_accepted() {
         index: vec![("cu_seqlens", Dtype::I32)],
     };
     validate_delta_dtypes(&d).unwrap();
+}
+
+/// The split helpers take the chunk size as `usize`: 0 is refused, never a division by zero.
+#[rstest]
+#[case::auto_split_chunk_0(|| auto_subseq_cu_seqlens(&[100, 5], HV, V, 0, 132).map(drop))]
+#[case::offsets_chunk_0(|| subseq_offsets(&[0, 32, 64], &[(0, 64)], 0).map(drop))]
+fn split_helpers_refuse_chunk_size_0(#[case] call: fn() -> Result<(), Error>) {
+    expect(call(), Param, "chunk_size");
+}
+
+/// `Geometry`'s fields are public: its methods stay total on a hand-built (unvalidated) one.
+#[rstest]
+#[case::valid(2, 4, 16, 1, 3)]
+#[case::no_key_heads(0, 4, 16, 0, 3)]
+#[case::fewer_value_heads(4, 2, 16, 3, 3)]
+#[case::chunk_size_0(2, 4, 0, 1, 40)]
+fn geometry_methods_are_total(
+    #[case] h: usize,
+    #[case] hv: usize,
+    #[case] bt: usize,
+    #[case] kh_of_3: usize,
+    #[case] nt: usize,
+) {
+    let seqs = vec![Seq {
+        n: 0,
+        batch: 0,
+        bos: 0,
+        eos: 40,
+    }];
+    let geo = Geometry {
+        b: 1,
+        t: 40,
+        h,
+        hv,
+        k: K,
+        v: V,
+        bt,
+        seqs,
+    };
+    assert_eq!(geo.kh(3), kh_of_3);
+    assert_eq!((geo.nt(false), geo.nt(true)), (nt, nt));
+    assert_eq!(geo.chunk_starts(true), vec![0, nt]);
 }

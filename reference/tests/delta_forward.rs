@@ -42,21 +42,9 @@ fn opts() -> impl Strategy<Value = Opts> {
         })
 }
 
-/// A random case: varlen or batched, heads `(H, HV)`, `K`, `V`.
+/// A random case (see [`delta_util::cases`]): sequences up to 140 tokens, `K, V <= 40`.
 fn case() -> impl Strategy<Value = Case> {
-    (
-        any::<u64>(),
-        any::<bool>(),
-        1usize..4,
-        1usize..=140,
-        1usize..=2,
-        1usize..=2,
-        1usize..=40,
-        1usize..=40,
-    )
-        .prop_map(|(seed, varlen, n, len, h, group, kd, vd)| {
-            Case::new(seed, varlen, n, len, h, group, kd, vd)
-        })
+    delta_util::cases(140, 40)
 }
 
 fn kda_params(o: Opts, bt: i64) -> KdaFwdParams {

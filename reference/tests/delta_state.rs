@@ -12,20 +12,9 @@ use delta_util::{assert_close, fwd_h_case, seqs, transpose_state, Case, GateMode
 use ndarray::{s, Array2, Array4, Array5};
 use proptest::prelude::*;
 
+/// A random case (see [`delta_util::cases`]): sequences up to 150 tokens, `K, V <= 24`.
 fn case() -> impl Strategy<Value = Case> {
-    (
-        any::<u64>(),
-        any::<bool>(),
-        1usize..4,
-        1usize..=150,
-        1usize..=2,
-        1usize..=2,
-        1usize..=24,
-        1usize..=24,
-    )
-        .prop_map(|(seed, varlen, n, len, h, group, kd, vd)| {
-            Case::new(seed, varlen, n, len, h, group, kd, vd)
-        })
+    delta_util::cases(150, 24)
 }
 
 fn mode() -> impl Strategy<Value = GateMode> {
@@ -281,10 +270,10 @@ fn auto_policy_splits_long_sequences_only_when_useful() {
     assert_same_outputs(&auto, &whole, 1e-10);
     // a full device (66 sequences of HV = 1, V = 64 is >= 132 / 2 units): no split
     let lens = vec![20_000usize; 66];
-    let p = auto_subseq_cu_seqlens(&lens, 1, 64, 64, 132);
+    let p = auto_subseq_cu_seqlens(&lens, 1, 64, 64, 132).unwrap();
     assert_eq!(p.len(), 67);
     // the budget caps the pieces: 2 heads of V = 200 (8 units a piece) on 132 SMs = 16 pieces
-    let p = auto_subseq_cu_seqlens(&[1 << 20, 1 << 20], 2, 200, 64, 132);
+    let p = auto_subseq_cu_seqlens(&[1 << 20, 1 << 20], 2, 200, 64, 132).unwrap();
     assert_eq!(p.len() - 1, 16);
 }
 

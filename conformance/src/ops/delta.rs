@@ -155,17 +155,33 @@ pub fn chunk_gated_delta_rule_fwd_h_split(
     Ok(fwd_h_outputs(o))
 }
 
+/// The tensors every `q, k, v` op reads (`q, k, v, beta, cu_seqlens`), after the dtype rules
+/// of spec 1.4 (`q, k, v` share one float dtype, `states` are f32/f64).
+struct Qkv {
+    q: ndarray::Array4<f64>,
+    k: ndarray::Array4<f64>,
+    v: ndarray::Array4<f64>,
+    beta: ndarray::Array3<f64>,
+    cu: Option<Vec<i64>>,
+}
+
+impl Qkv {
+    fn read(inputs: &Tensors, states: &[&'static str]) -> Result<Qkv, Problem> {
+        check_dtypes(inputs, &["q", "k", "v"], states)?;
+        Ok(Qkv {
+            q: float_dim::<Ix4>(inputs, "q")?,
+            k: float_dim::<Ix4>(inputs, "k")?,
+            v: float_dim::<Ix4>(inputs, "v")?,
+            beta: float_dim::<Ix3>(inputs, "beta")?,
+            cu: opt_indices(inputs, "cu_seqlens")?,
+        })
+    }
+}
+
 /// `w, u, kg, Aqk, Akk` of spec section 7.
 pub fn kda_intra(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    check_dtypes(inputs, &["q", "k", "v"], &[])?;
-    let (q, k, v) = (
-        float_dim::<Ix4>(inputs, "q")?,
-        float_dim::<Ix4>(inputs, "k")?,
-        float_dim::<Ix4>(inputs, "v")?,
-    );
+    let x = Qkv::read(inputs, &[])?;
     let gk = float_dim::<Ix4>(inputs, "gk")?;
-    let beta = float_dim::<Ix3>(inputs, "beta")?;
-    let cu = opt_indices(inputs, "cu_seqlens")?;
     let params = d::KdaIntraParams {
         scale: p.opt_f64("scale")?,
         chunk_size: p.int("chunk_size")?,
@@ -173,12 +189,12 @@ pub fn kda_intra(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     };
     let o = d::kda_intra(
         &d::KdaIntraInputs {
-            q: q.view(),
-            k: k.view(),
-            v: v.view(),
+            q: x.q.view(),
+            k: x.k.view(),
+            v: x.v.view(),
             gk: gk.view(),
-            beta: beta.view(),
-            cu_seqlens: cu.as_deref(),
+            beta: x.beta.view(),
+            cu_seqlens: x.cu.as_deref(),
         },
         &params,
     )?;
@@ -200,18 +216,11 @@ fn forward_outputs(o: d::DeltaFwdOutputs<f64>) -> Tensors {
 
 /// `o`, `final_state` of spec section 6 (the recurrent definition).
 pub fn kda_fwd(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    check_dtypes(inputs, &["q", "k", "v"], &["initial_state"])?;
-    let (q, k, v) = (
-        float_dim::<Ix4>(inputs, "q")?,
-        float_dim::<Ix4>(inputs, "k")?,
-        float_dim::<Ix4>(inputs, "v")?,
-    );
+    let x = Qkv::read(inputs, &["initial_state"])?;
     let g = float_dim::<Ix4>(inputs, "g")?;
-    let beta = float_dim::<Ix3>(inputs, "beta")?;
     let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
     let a_log = opt_float_dim::<Ix1>(inputs, "A_log")?;
     let dt_bias = opt_float_dim::<Ix1>(inputs, "dt_bias")?;
-    let cu = opt_indices(inputs, "cu_seqlens")?;
     let params = d::KdaFwdParams {
         scale: p.opt_f64("scale")?,
         output_final_state: p.bool("output_final_state")?,
@@ -225,31 +234,20 @@ pub fn kda_fwd(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
         state_v_first: p.bool("state_v_first")?,
     };
     let inp = d::KdaFwdInputs {
-        q: q.view(),
-        k: k.view(),
-        v: v.view(),
-        g: g.view(),
-        beta: beta.view(),
         initial_state: h0.as_ref().map(|a| a.view()),
         a_log: a_log.as_ref().map(|a| a.view()),
         dt_bias: dt_bias.as_ref().map(|a| a.view()),
-        cu_seqlens: cu.as_deref(),
+        cu_seqlens: x.cu.as_deref(),
+        ..d::KdaFwdInputs::new(x.q.view(), x.k.view(), x.v.view(), g.view(), x.beta.view())
     };
     Ok(forward_outputs(d::kda_fwd(&inp, &params)?))
 }
 
 /// `o`, `final_state` of spec section 8 (the recurrent definition).
 pub fn gdn_fwd(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    check_dtypes(inputs, &["q", "k", "v"], &["initial_state"])?;
-    let (q, k, v) = (
-        float_dim::<Ix4>(inputs, "q")?,
-        float_dim::<Ix4>(inputs, "k")?,
-        float_dim::<Ix4>(inputs, "v")?,
-    );
+    let x = Qkv::read(inputs, &["initial_state"])?;
     let g = float_dim::<Ix3>(inputs, "g")?;
-    let beta = float_dim::<Ix3>(inputs, "beta")?;
     let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
-    let cu = opt_indices(inputs, "cu_seqlens")?;
     let params = d::GdnFwdParams {
         scale: p.opt_f64("scale")?,
         output_final_state: p.bool("output_final_state")?,
@@ -258,13 +256,9 @@ pub fn gdn_fwd(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
         state_v_first: p.bool("state_v_first")?,
     };
     let inp = d::GdnFwdInputs {
-        q: q.view(),
-        k: k.view(),
-        v: v.view(),
-        g: g.view(),
-        beta: beta.view(),
         initial_state: h0.as_ref().map(|a| a.view()),
-        cu_seqlens: cu.as_deref(),
+        cu_seqlens: x.cu.as_deref(),
+        ..d::GdnFwdInputs::new(x.q.view(), x.k.view(), x.v.view(), g.view(), x.beta.view())
     };
     Ok(forward_outputs(d::gdn_fwd(&inp, &params)?))
 }
@@ -290,7 +284,9 @@ fn long(inputs: &Tensors, main: &str) -> bool {
         .and_then(|x| x.shape().get(1).copied())
         .unwrap_or(0);
     match opt_indices(inputs, "cu_seqlens") {
-        Ok(Some(cu)) => cu.windows(2).any(|w| w[1] - w[0] > LONG as i64),
+        Ok(Some(cu)) => cu
+            .windows(2)
+            .any(|w| w[1].saturating_sub(w[0]) > LONG as i64),
         _ => t > LONG,
     }
 }

@@ -120,7 +120,7 @@ pub fn longest_sequence(inputs: &Tensors) -> usize {
     match opt_indices(inputs, "cu_seqlens") {
         Ok(Some(cu)) => cu
             .windows(2)
-            .map(|w| usize::try_from(w[1] - w[0]).unwrap_or(0))
+            .map(|w| usize::try_from(w[1].saturating_sub(w[0])).unwrap_or(0))
             .max()
             .unwrap_or(0),
         _ => t,

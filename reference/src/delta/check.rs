@@ -32,9 +32,10 @@ impl Geometry {
     pub fn n(&self) -> usize {
         self.seqs.len()
     }
-    /// Key head read by value head `hv`: `hv / (HV / H)`.
+    /// Key head read by value head `hv`: `hv / (HV / H)` (a group of 1 when a hand-built
+    /// geometry has `H = 0` or `HV < H`).
     pub fn kh(&self, hv: usize) -> usize {
-        hv / (self.hv / self.h)
+        hv / (self.hv / self.h.max(1)).max(1)
     }
     /// `chunk_offsets[n]`: the global index of the first chunk of each sequence (varlen), or
     /// `c` within batch row `n` (non-varlen: every row restarts at 0).
@@ -45,12 +46,13 @@ impl Geometry {
             vec![0; self.seqs.len() + 1]
         }
     }
-    /// The `NT` extent of `h`: total chunks (varlen) or `ceil(T / BT)` (per batch row).
+    /// The `NT` extent of `h`: total chunks (varlen) or `ceil(T / BT)` (per batch row); `BT = 0`
+    /// counts as 1, as in [`Seq::chunks`].
     pub fn nt(&self, varlen: bool) -> usize {
         if varlen {
             self.seqs.iter().map(|s| s.num_chunks(self.bt)).sum()
         } else {
-            self.t.div_ceil(self.bt)
+            self.t.div_ceil(self.bt.max(1))
         }
     }
     /// The state shape `[N, HV, K, V]` (`[N, HV, V, K]` with `state_v_first`).
@@ -143,17 +145,29 @@ pub(crate) fn values(
     Ok((shape[2], shape[3]))
 }
 
-/// The sequences and chunk size: `chunk_size` in `allowed`, then `cu_seqlens`.
-pub(crate) fn sequences(
-    b: usize,
-    t: usize,
+/// The extents `(B, T, H, K, HV, V)` of a call's main tensors.
+pub(crate) type Extents = (usize, usize, usize, usize, usize, usize);
+
+/// The geometry of a call with extents `dims`: `chunk_size` in `allowed`, then `cu_seqlens`.
+pub(crate) fn geometry(
+    dims: Extents,
     cu_seqlens: Option<&[i64]>,
     chunk_size: i64,
     allowed: &[usize],
-) -> Result<(usize, Vec<Seq>)> {
+) -> Result<Geometry> {
+    let (b, t, h, k, hv, v) = dims;
     let bt = varlen::check_chunk_size(chunk_size, Some(allowed))?;
     let seqs = varlen::sequences(b, t, cu_seqlens)?;
-    Ok((bt, seqs))
+    Ok(Geometry {
+        b,
+        t,
+        h,
+        hv,
+        k,
+        v,
+        bt,
+        seqs,
+    })
 }
 
 /// An optional state tensor `[N, HV, K, V]` (`[N, HV, V, K]` with `state_v_first`).

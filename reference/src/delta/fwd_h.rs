@@ -16,7 +16,11 @@ use super::check::{self, Geometry};
 use super::chunk;
 use crate::error::Result;
 use crate::scalar::Real;
-use ndarray::{s, Array2, Array4, Array5, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2};
+use crate::varlen::Seq;
+use ndarray::{
+    s, Array, Array2, Array4, Array5, ArrayView1, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut,
+    ArrayViewMut2, Axis, RemoveAxis,
+};
 use rayon::prelude::*;
 
 /// Allowed `chunk_size` of sections 2, 3 and 5.
@@ -134,17 +138,12 @@ pub(crate) fn validate_kwu(
         check::rank("gk", gk, 4)?;
         check::exact("gk", gk, &[b, t, hv, k], "[B, T, HV, K]")?;
     }
-    let (bt, seqs) = check::sequences(b, t, cu_seqlens, chunk_size, FWD_H_CHUNK_SIZES)?;
-    Ok(Geometry {
-        b,
-        t,
-        h,
-        hv,
-        k,
-        v,
-        bt,
-        seqs,
-    })
+    check::geometry(
+        (b, t, h, k, hv, v),
+        cu_seqlens,
+        chunk_size,
+        FWD_H_CHUNK_SIZES,
+    )
 }
 
 /// Validates a [`chunk_gated_delta_rule_fwd_h`] call (spec 1.5, 2.6) from shapes alone.
@@ -163,7 +162,10 @@ pub fn validate_chunk_gated_delta_rule_fwd_h(
     Ok(geo)
 }
 
-/// Runs the chunked state recurrence of spec 2.4 over every (sequence, value head).
+/// Runs the chunked state recurrence of spec 2.4 over every (sequence, value head): from
+/// `S = initial_state[n, hv]` (or 0), for every chunk `c`, `h[c] = S`, `D = U_c − W_c S`
+/// (`v_new` rows), `S ← exp2(G_ℓ) diag(exp2(Gk_ℓ)) S + K̃_cᵀ D` with `K̃_c` rows
+/// `exp2(G_ℓ − G_r) k_rᵀ` (each gate factor only when that gate is given); `final_state = S`.
 pub fn chunk_gated_delta_rule_fwd_h<T: Real>(
     inp: &FwdHInputs<'_, T>,
     params: &FwdHParams,
@@ -177,16 +179,7 @@ pub fn chunk_gated_delta_rule_fwd_h<T: Real>(
         .map(|(i, hv)| {
             let seq = geo.seqs[i];
             let s0 = load_state(inp.initial_state.as_ref(), seq.n, hv, kd, vd, vf);
-            let rows = s![seq.batch, seq.bos..seq.eos, hv, ..];
-            let kh = geo.kh(hv);
-            let k = inp.k.slice(s![seq.batch, seq.bos..seq.eos, kh, ..]);
-            let g = inp
-                .g
-                .as_ref()
-                .map(|g| g.slice(s![seq.batch, seq.bos..seq.eos, hv]));
-            let gk = inp.gk.as_ref().map(|gk| gk.slice(rows));
-            let run = run_seq(k, inp.w.slice(rows), inp.u.slice(rows), g, gk, s0, geo.bt);
-            (i, hv, run)
+            (i, hv, SeqInputs::of(inp, &geo, seq, hv).run(s0, geo.bt))
         })
         .collect();
 
@@ -200,22 +193,25 @@ pub fn chunk_gated_delta_rule_fwd_h<T: Real>(
     let mut final_state = params
         .output_final_state
         .then(|| Array4::<T>::zeros(geo.state_shape(vf)));
-    for (i, hv, run) in per_head {
-        let seq = geo.seqs[i];
+    scatter(&mut h, 2, &geo, &per_head, |mut hh, seq, run| {
         for (c, hc) in run.h.iter().enumerate() {
             store_state(
-                h.slice_mut(s![seq.batch, starts[seq.n] + c, hv, .., ..]),
+                hh.slice_mut(s![seq.batch, starts[seq.n] + c, .., ..]),
                 hc,
                 vf,
             );
         }
-        if let Some(vn) = v_new.as_mut() {
-            vn.slice_mut(s![seq.batch, seq.bos..seq.eos, hv, ..])
+    });
+    if let Some(vn) = v_new.as_mut() {
+        scatter(vn, 2, &geo, &per_head, |mut vh, seq, run| {
+            vh.slice_mut(s![seq.batch, seq.bos..seq.eos, ..])
                 .assign(&run.v_new);
-        }
-        if let Some(fs) = final_state.as_mut() {
-            store_state(fs.slice_mut(s![seq.n, hv, .., ..]), &run.state, vf);
-        }
+        });
+    }
+    if let Some(fs) = final_state.as_mut() {
+        scatter(fs, 1, &geo, &per_head, |mut fh, seq, run| {
+            store_state(fh.slice_mut(s![seq.n, .., ..]), &run.state, vf);
+        });
     }
     Ok(FwdHOutputs {
         h,
@@ -229,6 +225,37 @@ pub(crate) fn tasks(geo: &Geometry) -> Vec<(usize, usize)> {
     (0..geo.n())
         .flat_map(|i| (0..geo.hv).map(move |hv| (i, hv)))
         .collect()
+}
+
+/// Writes per-(sequence index, value head) `results` into `out`, in parallel over its value-head
+/// axis `axis`: `write(out_hv, seq, result)` gets `out` without that axis.
+pub(crate) fn scatter<T, D, R, F>(
+    out: &mut Array<T, D>,
+    axis: usize,
+    geo: &Geometry,
+    results: &[(usize, usize, R)],
+    write: F,
+) where
+    T: Real,
+    D: RemoveAxis,
+    R: Sync,
+    F: Fn(ArrayViewMut<'_, T, D::Smaller>, Seq, &R) + Sync,
+{
+    let mut by_head: Vec<Vec<usize>> = vec![Vec::new(); out.len_of(Axis(axis))];
+    for (j, &(_, hv, _)) in results.iter().enumerate() {
+        if let Some(list) = by_head.get_mut(hv) {
+            list.push(j);
+        }
+    }
+    out.axis_iter_mut(Axis(axis))
+        .into_par_iter()
+        .zip(by_head.par_iter())
+        .for_each(|(mut o, list)| {
+            for &j in list {
+                let (i, _, r) = &results[j];
+                write(o.view_mut(), geo.seqs[*i], r);
+            }
+        });
 }
 
 /// The key-first state `[n, hv]` of an optional state tensor (zeros when absent).
@@ -273,32 +300,60 @@ pub(crate) struct SeqRun<T> {
     pub state: Array2<T>,
 }
 
-/// Spec 2.4 for one (sequence, value head): `k, w` `L × K`, `u` `L × V`, gates by row.
-pub(crate) fn run_seq<T: Real>(
-    k: ArrayView2<'_, T>,
-    w: ArrayView2<'_, T>,
-    u: ArrayView2<'_, T>,
-    g: Option<ndarray::ArrayView1<'_, T>>,
-    gk: Option<ArrayView2<'_, T>>,
-    s0: Array2<T>,
-    bt: usize,
-) -> SeqRun<T> {
-    let len = k.nrows();
-    let mut s = s0;
-    let mut h = Vec::with_capacity(len.div_ceil(bt));
-    let mut v_new = Array2::<T>::zeros((len, u.ncols()));
-    for a in (0..len).step_by(bt) {
-        let e = (a + bt).min(len);
-        h.push(s.clone());
-        let d = chunk::delta(&s, w.slice(s![a..e, ..]), u.slice(s![a..e, ..]));
-        chunk::advance(
-            &mut s,
-            k.slice(s![a..e, ..]),
-            &d,
-            g.map(|g| g.slice_move(s![a..e])),
-            gk.map(|gk| gk.slice_move(s![a..e, ..])),
-        );
-        v_new.slice_mut(s![a..e, ..]).assign(&d);
+/// The rows of one (sequence, value head) of section 2's tensors: `k, w` `L × K`, `u` `L × V`,
+/// the gates by row.
+pub(crate) struct SeqInputs<'v, T> {
+    k: ArrayView2<'v, T>,
+    w: ArrayView2<'v, T>,
+    u: ArrayView2<'v, T>,
+    g: Option<ArrayView1<'v, T>>,
+    gk: Option<ArrayView2<'v, T>>,
+}
+
+impl<'v, T: Real> SeqInputs<'v, T> {
+    /// The rows of sequence `seq`, value head `hv` (key head `geo.kh(hv)`) of `inp`.
+    pub(crate) fn of(inp: &'v FwdHInputs<'_, T>, geo: &Geometry, seq: Seq, hv: usize) -> Self {
+        let (b, r) = (seq.batch, seq.bos..seq.eos);
+        SeqInputs {
+            k: inp.k.slice(s![b, r.clone(), geo.kh(hv), ..]),
+            w: inp.w.slice(s![b, r.clone(), hv, ..]),
+            u: inp.u.slice(s![b, r.clone(), hv, ..]),
+            g: inp.g.as_ref().map(|g| g.slice(s![b, r.clone(), hv])),
+            gk: inp.gk.as_ref().map(|gk| gk.slice(s![b, r.clone(), hv, ..])),
+        }
     }
-    SeqRun { h, v_new, state: s }
+
+    /// The chunk step of spec 2.4 on rows `a..e` (within the sequence): `D = [U | 0] − W X`,
+    /// then `X` advanced to the chunk's exit; returns `D`.
+    pub(crate) fn step(&self, x: &mut Array2<T>, a: usize, e: usize) -> Array2<T> {
+        let d = chunk::delta(x, self.w.slice(s![a..e, ..]), self.u.slice(s![a..e, ..]));
+        chunk::advance(
+            x,
+            self.k.slice(s![a..e, ..]),
+            &d,
+            self.g.map(|g| g.slice_move(s![a..e])),
+            self.gk.map(|gk| gk.slice_move(s![a..e, ..])),
+        );
+        d
+    }
+
+    /// The chunk ranges `a..e` of the sequence's `L` rows, the last one partial.
+    pub(crate) fn chunks(&self, bt: usize) -> impl Iterator<Item = (usize, usize)> {
+        let len = self.k.nrows();
+        (0..len).step_by(bt).map(move |a| (a, (a + bt).min(len)))
+    }
+
+    /// Spec 2.4 for the sequence from state `s0` with chunks of `bt` rows.
+    pub(crate) fn run(&self, s0: Array2<T>, bt: usize) -> SeqRun<T> {
+        let len = self.k.nrows();
+        let mut s = s0;
+        let mut h = Vec::with_capacity(len.div_ceil(bt));
+        let mut v_new = Array2::<T>::zeros((len, self.u.ncols()));
+        for (a, e) in self.chunks(bt) {
+            h.push(s.clone());
+            let d = self.step(&mut s, a, e);
+            v_new.slice_mut(s![a..e, ..]).assign(&d);
+        }
+        SeqRun { h, v_new, state: s }
+    }
 }

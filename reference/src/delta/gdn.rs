@@ -15,14 +15,13 @@
 
 use super::check::{self, Geometry};
 use super::chunk;
-use super::fwd_h::{load_state, tasks, FWD_H_CHUNK_SIZES};
-use super::intra::validate_qkvb;
-use super::prep::{self, assemble, recurrence, DeltaFwdOutputs, HeadResult, SeqGate};
+use super::fwd_h::FWD_H_CHUNK_SIZES;
+use super::prep::{self, DeltaFwdOutputs, ForwardCall, Prepared};
 use crate::error::Result;
 use crate::scalar::Real;
+use crate::varlen::Seq;
 use ndarray::linalg::general_mat_mul;
-use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis, CowArray, Ix4};
-use rayon::prelude::*;
+use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis};
 
 /// Parameters of [`gdn_fwd`] (spec 8.2; `Default` gives the spec defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,66 +114,53 @@ pub fn validate_gdn_fwd(
     cu_seqlens: Option<&[i64]>,
     params: &GdnFwdParams,
 ) -> Result<Geometry> {
-    let (b, t, h, k, hv, v) = validate_qkvb(shapes.q, shapes.k, shapes.v, shapes.beta)?;
-    check::rank("g", shapes.g, 3)?;
-    check::exact("g", shapes.g, &[b, t, hv], "[B, T, HV]")?;
-    let (bt, seqs) = check::sequences(b, t, cu_seqlens, params.chunk_size, FWD_H_CHUNK_SIZES)?;
-    let geo = Geometry {
-        b,
-        t,
-        h,
-        hv,
-        k,
-        v,
-        bt,
-        seqs,
-    };
-    check::state(
-        "initial_state",
-        shapes.initial_state,
-        &geo,
-        params.state_v_first,
-    )?;
-    check::scale(params.scale, k)?;
+    let geo = ForwardCall {
+        q: shapes.q,
+        k: shapes.k,
+        v: shapes.v,
+        g: shapes.g,
+        beta: shapes.beta,
+        initial_state: shapes.initial_state,
+        gate_per_key: false,
+        cu_seqlens,
+        chunk_size: params.chunk_size,
+        allowed: FWD_H_CHUNK_SIZES,
+        state_v_first: params.state_v_first,
+    }
+    .validate()?;
+    check::scale(params.scale, geo.k)?;
     Ok(geo)
 }
 
-/// The definition (spec 8.4): the per-token recurrence over every (sequence, value head).
+/// The definition (spec 8.4): the per-token recurrence over every (sequence, value head),
+/// `S_t = exp(g_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`, `o_t = scale · S_tᵀ q_t`.
 pub fn gdn_fwd<T: Real>(
     inp: &GdnFwdInputs<'_, T>,
     params: &GdnFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
-    run(inp, params, |pre, geo, i, hv, s0, scale| {
-        let seq = geo.seqs[i];
-        let (b, kh, r) = (seq.batch, geo.kh(hv), seq.bos..seq.eos);
-        recurrence(
-            pre.q.slice(s![b, r.clone(), kh, ..]),
-            pre.k.slice(s![b, r.clone(), kh, ..]),
-            inp.v.slice(s![b, r.clone(), hv, ..]),
-            inp.beta.slice(s![b, r.clone(), hv]),
-            SeqGate::Scalar(inp.g.slice(s![b, r, hv])),
-            &s0,
-            scale,
-        )
+    run(inp, params, |pre, geo, seq, hv, s0, scale| {
+        pre.recurrence(geo, seq, hv, &s0, scale)
     })
 }
 
-/// The chunked pipeline (spec 8.5). Equal to [`gdn_fwd`] in exact arithmetic.
+/// The chunked pipeline (spec 8.5): per chunk, the WY factors `w, u` of `A = (I + L)^{-1}`,
+/// `D = u − w S_c`, the output `o_r = scale exp2(G_r) q_rᵀ S_c + scale Σ_{j ≤ r} (q_r · k_j)
+/// exp2(G_r − G_j) D_j` and the state step of section 2 (see the module docs). Equal to
+/// [`gdn_fwd`] in exact arithmetic.
 pub fn gdn_fwd_chunked<T: Real>(
     inp: &GdnFwdInputs<'_, T>,
     params: &GdnFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
-    run(inp, params, |pre, geo, i, hv, s0, scale| {
-        let seq = geo.seqs[i];
+    run(inp, params, |pre, geo, seq, hv, s0, scale| {
         let (b, kh) = (seq.batch, geo.kh(hv));
         let mut st = s0;
         let mut o = Array2::<T>::zeros((seq.len(), geo.v));
         for (a, e) in seq.chunks(geo.bt) {
             let qc = pre.q.slice(s![b, a..e, kh, ..]);
             let kc = pre.k.slice(s![b, a..e, kh, ..]);
-            let gl = chunk::log2_cumsum1(inp.g.slice(s![b, a..e, hv]));
-            let beta = inp.beta.slice(s![b, a..e, hv]);
-            let (w, u) = wy(kc, inp.v.slice(s![b, a..e, hv, ..]), gl.view(), beta);
+            let gl = chunk::log2_cumsum1(pre.gate.slice(s![b, a..e, hv]));
+            let beta = pre.beta.slice(s![b, a..e, hv]);
+            let (w, u) = wy(kc, pre.v.slice(s![b, a..e, hv, ..]), gl.view(), beta);
             let d = chunk::delta(&st, w.view(), u.view());
             let mut oc = o.slice_mut(s![a - seq.bos..e - seq.bos, ..]);
             general_mat_mul(scale, &qc, &st, T::zero(), &mut oc);
@@ -228,11 +214,8 @@ fn wy<T: Real>(
     (a.dot(&kb), a.dot(&vb))
 }
 
-/// The preprocessed `q, k` (L2-normalised when asked).
-struct Prepared<'a, T: Real> {
-    q: CowArray<'a, T, Ix4>,
-    k: CowArray<'a, T, Ix4>,
-}
+/// GDN's prepared tensors: only `q, k` change (L2 norm); the gate is the scalar `g`.
+type GdnPrepared<'a, T> = Prepared<'a, T, ArrayView3<'a, T>>;
 
 /// Validation, preprocessing and the parallel loop over (sequence, value head) shared by both
 /// forms; `head` computes one pair from its initial state.
@@ -242,29 +225,23 @@ fn run<T: Real, F>(
     head: F,
 ) -> Result<DeltaFwdOutputs<T>>
 where
-    F: Fn(&Prepared<'_, T>, &Geometry, usize, usize, Array2<T>, T) -> (Array2<T>, Array2<T>) + Sync,
+    F: Fn(&GdnPrepared<'_, T>, &Geometry, Seq, usize, Array2<T>, T) -> (Array2<T>, Array2<T>)
+        + Sync,
 {
     let geo = validate_gdn_fwd(&inp.shapes(), inp.cu_seqlens, params)?;
     let scale = T::c(check::scale(params.scale, geo.k)?);
     let pre = Prepared {
         q: prep::l2norm(inp.q, params.use_qk_l2norm_in_kernel),
         k: prep::l2norm(inp.k, params.use_qk_l2norm_in_kernel),
+        v: inp.v,
+        beta: inp.beta.into(),
+        gate: inp.g,
     };
-    let vf = params.state_v_first;
-    let results: Vec<HeadResult<T>> = tasks(&geo)
-        .into_par_iter()
-        .map(|(i, hv)| {
-            let s0 = load_state(
-                inp.initial_state.as_ref(),
-                geo.seqs[i].n,
-                hv,
-                geo.k,
-                geo.v,
-                vf,
-            );
-            let (o, fin) = head(&pre, &geo, i, hv, s0, scale);
-            (i, hv, o, fin)
-        })
-        .collect();
-    Ok(assemble(&geo, results, params.output_final_state, vf))
+    Ok(prep::run_heads(
+        &geo,
+        inp.initial_state.as_ref(),
+        params.output_final_state,
+        params.state_v_first,
+        |seq, hv, s0| head(&pre, &geo, seq, hv, s0, scale),
+    ))
 }

@@ -15,6 +15,7 @@
 
 use super::check::{self, Geometry};
 use super::chunk;
+use super::fwd_h::scatter;
 use crate::error::Result;
 use crate::scalar::Real;
 use ndarray::linalg::general_mat_mul;
@@ -96,7 +97,7 @@ pub(crate) fn validate_qkvb(
     k: &[usize],
     v: &[usize],
     beta: &[usize],
-) -> Result<(usize, usize, usize, usize, usize, usize)> {
+) -> Result<check::Extents> {
     let (b, t, h, kd) = check::keys("q", q)?;
     check::exact("k", k, q, "the shape of q")?;
     let (hv, vd) = check::values("v", v, b, t, h)?;
@@ -111,24 +112,20 @@ pub fn validate_kda_intra(
     cu_seqlens: Option<&[i64]>,
     params: &KdaIntraParams,
 ) -> Result<Geometry> {
-    let (b, t, h, k, hv, v) = validate_qkvb(shapes.q, shapes.k, shapes.v, shapes.beta)?;
+    let dims = validate_qkvb(shapes.q, shapes.k, shapes.v, shapes.beta)?;
+    let (b, t, _, k, hv, _) = dims;
     check::rank("gk", shapes.gk, 4)?;
     check::exact("gk", shapes.gk, &[b, t, hv, k], "[B, T, HV, K]")?;
-    let (bt, seqs) = check::sequences(b, t, cu_seqlens, params.chunk_size, KDA_CHUNK_SIZES)?;
+    let geo = check::geometry(dims, cu_seqlens, params.chunk_size, KDA_CHUNK_SIZES)?;
     check::scale(params.scale, k)?;
-    Ok(Geometry {
-        b,
-        t,
-        h,
-        hv,
-        k,
-        v,
-        bt,
-        seqs,
-    })
+    Ok(geo)
 }
 
-/// The intra stage of spec 7.4 for every chunk of every (sequence, value head).
+/// The intra stage of spec 7.4 for every chunk of every (sequence, value head): with the
+/// chunk-local log2 gate `G`, `Aqk[r, j] = scale Σ_d q_{r,d} k_{j,d} exp2(G_{r,d} − G_{j,d})`
+/// (`j ≤ r`), `Akk = (I + L)^{-1}` with `L[r, j] = β_r Σ_d k_{r,d} k_{j,d} exp2(G_{r,d} −
+/// G_{j,d})` (`j < r`), `w = Akk diag(β) (K ⊙ exp2(G))`, `u = Akk diag(β) V`,
+/// `kg_r = k_r ⊙ exp2(G_ℓ − G_r)`.
 pub fn kda_intra<T: Real>(
     inp: &KdaIntraInputs<'_, T>,
     params: &KdaIntraParams,
@@ -166,7 +163,7 @@ pub fn kda_intra<T: Real>(
                 inp.beta.slice(s![b, a..e, hv]),
                 scale,
             );
-            (b, hv, a, e, ic)
+            (i, hv, (a..e, ic))
         })
         .collect();
     let (b, t, hv) = (geo.b, geo.t, geo.hv);
@@ -177,16 +174,25 @@ pub fn kda_intra<T: Real>(
         aqk: Array4::zeros((b, t, hv, bt)),
         akk: Array4::zeros((b, t, hv, bt)),
     };
-    for (b, hv, a, e, ic) in chunks {
-        let n = e - a;
-        out.w.slice_mut(s![b, a..e, hv, ..]).assign(&ic.w);
-        out.u.slice_mut(s![b, a..e, hv, ..]).assign(&ic.u);
-        out.kg.slice_mut(s![b, a..e, hv, ..]).assign(&ic.kg);
-        out.aqk.slice_mut(s![b, a..e, hv, ..n]).assign(&ic.aqk);
-        out.akk.slice_mut(s![b, a..e, hv, ..n]).assign(&ic.akk);
+    // each output in parallel over its value heads; a chunk's rows `r` of batch row `seq.batch`
+    let parts: [(&mut Array4<T>, Part<T>); 5] = [
+        (&mut out.w, |ic| &ic.w),
+        (&mut out.u, |ic| &ic.u),
+        (&mut out.kg, |ic| &ic.kg),
+        (&mut out.aqk, |ic| &ic.aqk),
+        (&mut out.akk, |ic| &ic.akk),
+    ];
+    for (dst, part) in parts {
+        scatter(dst, 2, &geo, &chunks, |mut d, seq, (r, ic)| {
+            let m = part(ic);
+            d.slice_mut(s![seq.batch, r.clone(), ..m.ncols()]).assign(m);
+        });
     }
     Ok(out)
 }
+
+/// Selects one matrix of an [`IntraChunk`].
+type Part<T> = fn(&IntraChunk<T>) -> &Array2<T>;
 
 /// The intra-stage matrices of one chunk (`n` rows).
 pub(crate) struct IntraChunk<T> {

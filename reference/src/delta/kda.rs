@@ -15,14 +15,13 @@
 
 use super::check::{self, Geometry};
 use super::chunk;
-use super::fwd_h::{load_state, tasks};
-use super::intra::{intra_chunk, validate_qkvb, KDA_CHUNK_SIZES};
-use super::prep::{self, assemble, recurrence, DeltaFwdOutputs, HeadResult, SeqGate};
+use super::intra::{intra_chunk, KDA_CHUNK_SIZES};
+use super::prep::{self, DeltaFwdOutputs, ForwardCall, Prepared};
 use crate::error::{Error, Result};
 use crate::scalar::Real;
+use crate::varlen::Seq;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayView1, ArrayView3, ArrayView4, CowArray, Ix4};
-use rayon::prelude::*;
 
 /// Parameters of [`kda_fwd`] (spec 6.2; `Default` gives the spec defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,26 +138,20 @@ pub fn validate_kda_fwd(
     cu_seqlens: Option<&[i64]>,
     params: &KdaFwdParams,
 ) -> Result<Geometry> {
-    let (b, t, h, k, hv, v) = validate_qkvb(shapes.q, shapes.k, shapes.v, shapes.beta)?;
-    check::rank("g", shapes.g, 4)?;
-    check::exact("g", shapes.g, &[b, t, hv, k], "[B, T, HV, K]")?;
-    let (bt, seqs) = check::sequences(b, t, cu_seqlens, params.chunk_size, KDA_CHUNK_SIZES)?;
-    let geo = Geometry {
-        b,
-        t,
-        h,
-        hv,
-        k,
-        v,
-        bt,
-        seqs,
-    };
-    check::state(
-        "initial_state",
-        shapes.initial_state,
-        &geo,
-        params.state_v_first,
-    )?;
+    let geo = ForwardCall {
+        q: shapes.q,
+        k: shapes.k,
+        v: shapes.v,
+        g: shapes.g,
+        beta: shapes.beta,
+        initial_state: shapes.initial_state,
+        gate_per_key: true,
+        cu_seqlens,
+        chunk_size: params.chunk_size,
+        allowed: KDA_CHUNK_SIZES,
+        state_v_first: params.state_v_first,
+    }
+    .validate()?;
     validate_gate_args(shapes, &geo, params)?;
     if params.allow_neg_eigval && !params.use_beta_sigmoid_in_kernel {
         return Err(Error::param(
@@ -167,7 +160,7 @@ pub fn validate_kda_fwd(
             "use_beta_sigmoid_in_kernel = false",
         ));
     }
-    check::scale(params.scale, k)?;
+    check::scale(params.scale, geo.k)?;
     Ok(geo)
 }
 
@@ -216,16 +209,12 @@ fn validate_gate_args(
     Ok(())
 }
 
-/// The preprocessed inputs: `q, k` (L2-normalised if asked), `β`, natural-log gate `a`.
-struct Prepared<'a, T: Real> {
-    q: CowArray<'a, T, Ix4>,
-    k: CowArray<'a, T, Ix4>,
-    beta: CowArray<'a, T, ndarray::Ix3>,
-    a: CowArray<'a, T, Ix4>,
-}
+/// KDA's prepared tensors: the gate is the per-key natural-log decay `a`.
+type KdaPrepared<'a, T> = Prepared<'a, T, CowArray<'a, T, Ix4>>;
 
-fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<Prepared<'a, T>> {
-    let a = if p.use_gate_in_kernel {
+/// Spec 6.4 steps 1–3: L2 norm of `q, k`, `β` from logits, `a = kda_gate(g, ...)`, as asked.
+fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<KdaPrepared<'a, T>> {
+    let gate = if p.use_gate_in_kernel {
         crate::gate::kda_gate(inp.g, inp.a_log, inp.dt_bias, p.lower_bound)?.into()
     } else {
         inp.g.into()
@@ -233,28 +222,21 @@ fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<P
     Ok(Prepared {
         q: prep::l2norm(inp.q, p.use_qk_l2norm_in_kernel),
         k: prep::l2norm(inp.k, p.use_qk_l2norm_in_kernel),
+        v: inp.v,
         beta: prep::beta(inp.beta, p.use_beta_sigmoid_in_kernel, p.allow_neg_eigval),
-        a,
+        gate,
     })
 }
 
-/// The definition (spec 6.4): the per-token recurrence over every (sequence, value head).
+/// The definition (spec 6.4): the per-token recurrence over every (sequence, value head),
+/// `S_t = (I − β_t k_t k_tᵀ) diag(exp(a_t)) S_{t−1} + β_t k_t v_tᵀ`, `o_t = scale · S_tᵀ q_t`,
+/// after the in-kernel preprocessing the parameters ask for.
 pub fn kda_fwd<T: Real>(
     inp: &KdaFwdInputs<'_, T>,
     params: &KdaFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
-    run(inp, params, |pre, geo, i, hv, s0, scale| {
-        let seq = geo.seqs[i];
-        let (b, kh, r) = (seq.batch, geo.kh(hv), seq.bos..seq.eos);
-        recurrence(
-            pre.q.slice(s![b, r.clone(), kh, ..]),
-            pre.k.slice(s![b, r.clone(), kh, ..]),
-            inp.v.slice(s![b, r.clone(), hv, ..]),
-            pre.beta.slice(s![b, r.clone(), hv]),
-            SeqGate::PerKey(pre.a.slice(s![b, r, hv, ..])),
-            &s0,
-            scale,
-        )
+    run(inp, params, |pre, geo, seq, hv, s0, scale| {
+        pre.recurrence(geo, seq, hv, &s0, scale)
     })
 }
 
@@ -264,18 +246,17 @@ pub fn kda_fwd_chunked<T: Real>(
     inp: &KdaFwdInputs<'_, T>,
     params: &KdaFwdParams,
 ) -> Result<DeltaFwdOutputs<T>> {
-    run(inp, params, |pre, geo, i, hv, s0, scale| {
-        let seq = geo.seqs[i];
+    run(inp, params, |pre, geo, seq, hv, s0, scale| {
         let (b, kh) = (seq.batch, geo.kh(hv));
         let mut st = s0;
         let mut o = Array2::<T>::zeros((seq.len(), geo.v));
         for (a, e) in seq.chunks(geo.bt) {
             let q = pre.q.slice(s![b, a..e, kh, ..]);
-            let gl = chunk::log2_cumsum(pre.a.slice(s![b, a..e, hv, ..]));
+            let gl = chunk::log2_cumsum(pre.gate.slice(s![b, a..e, hv, ..]));
             let ic = intra_chunk(
                 q,
                 pre.k.slice(s![b, a..e, kh, ..]),
-                inp.v.slice(s![b, a..e, hv, ..]),
+                pre.v.slice(s![b, a..e, hv, ..]),
                 gl.view(),
                 pre.beta.slice(s![b, a..e, hv]),
                 scale,
@@ -299,26 +280,17 @@ fn run<T: Real, F>(
     head: F,
 ) -> Result<DeltaFwdOutputs<T>>
 where
-    F: Fn(&Prepared<'_, T>, &Geometry, usize, usize, Array2<T>, T) -> (Array2<T>, Array2<T>) + Sync,
+    F: Fn(&KdaPrepared<'_, T>, &Geometry, Seq, usize, Array2<T>, T) -> (Array2<T>, Array2<T>)
+        + Sync,
 {
     let geo = validate_kda_fwd(&inp.shapes(), inp.cu_seqlens, params)?;
     let scale = T::c(check::scale(params.scale, geo.k)?);
     let pre = prepare(inp, params)?;
-    let vf = params.state_v_first;
-    let results: Vec<HeadResult<T>> = tasks(&geo)
-        .into_par_iter()
-        .map(|(i, hv)| {
-            let s0 = load_state(
-                inp.initial_state.as_ref(),
-                geo.seqs[i].n,
-                hv,
-                geo.k,
-                geo.v,
-                vf,
-            );
-            let (o, fin) = head(&pre, &geo, i, hv, s0, scale);
-            (i, hv, o, fin)
-        })
-        .collect();
-    Ok(assemble(&geo, results, params.output_final_state, vf))
+    Ok(prep::run_heads(
+        &geo,
+        inp.initial_state.as_ref(),
+        params.output_final_state,
+        params.state_v_first,
+        |seq, hv, s0| head(&pre, &geo, seq, hv, s0, scale),
+    ))
 }

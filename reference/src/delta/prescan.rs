@@ -8,8 +8,7 @@
 //! `X = [b | M]` (`K × (V + K)`) from `[0 | I]` with values `[U | 0]` yields both at once.
 
 use super::check::Geometry;
-use super::chunk;
-use super::fwd_h::{self, tasks, FwdHInputs, FwdHShapes};
+use super::fwd_h::{self, scatter, tasks, FwdHInputs, FwdHShapes, SeqInputs};
 use crate::error::{Error, Result};
 use crate::scalar::Real;
 use ndarray::{s, Array2, Array4};
@@ -68,34 +67,18 @@ pub fn fwd_h_pre_scan<T: Real>(
     let per_head: Vec<_> = tasks(&geo)
         .into_par_iter()
         .map(|(i, hv)| {
-            let seq = geo.seqs[i];
-            let rows = s![seq.batch, seq.bos..seq.eos, hv, ..];
-            let k = inp.k.slice(s![seq.batch, seq.bos..seq.eos, geo.kh(hv), ..]);
-            let (w, u) = (inp.w.slice(rows), inp.u.slice(rows));
-            let g = inp
-                .g
-                .as_ref()
-                .map(|g| g.slice(s![seq.batch, seq.bos..seq.eos, hv]));
-            let gk = inp.gk.as_ref().map(|gk| gk.slice(rows));
+            let rows = SeqInputs::of(inp, &geo, geo.seqs[i], hv);
             let mut x = Array2::<T>::zeros((kd, vd + kd));
             x.slice_mut(s![.., vd..]).assign(&Array2::eye(kd));
-            for a in (0..seq.len()).step_by(bt) {
-                let e = (a + bt).min(seq.len());
-                let d = chunk::delta(&x, w.slice(s![a..e, ..]), u.slice(s![a..e, ..]));
-                chunk::advance(
-                    &mut x,
-                    k.slice(s![a..e, ..]),
-                    &d,
-                    g.map(|g| g.slice_move(s![a..e])),
-                    gk.map(|gk| gk.slice_move(s![a..e, ..])),
-                );
+            for (a, e) in rows.chunks(bt) {
+                rows.step(&mut x, a, e);
             }
             (i, hv, x)
         })
         .collect();
     let mut hm = Array4::<T>::zeros((geo.n(), geo.hv, kd, vd + kd));
-    for (i, hv, x) in per_head {
-        hm.slice_mut(s![i, hv, .., ..]).assign(&x);
-    }
+    scatter(&mut hm, 1, &geo, &per_head, |mut hh, seq, x| {
+        hh.slice_mut(s![seq.n, .., ..]).assign(x);
+    });
     Ok(FwdHPreScanOutputs { hm })
 }

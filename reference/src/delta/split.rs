@@ -25,18 +25,20 @@ pub const DEFAULT_NUM_SMS: usize = 132;
 ///   with the most pieces loses one.
 ///
 /// Returns the `subseq_cu_seqlens` (chunk-aligned inner boundaries, one empty piece per empty
-/// sequence), a valid split in the sense of spec 5.2.
+/// sequence), a valid split in the sense of spec 5.2. `bt == 0` is refused (named
+/// `chunk_size`).
 pub fn auto_subseq_cu_seqlens(
     seq_lens: &[usize],
     hv: usize,
     v: usize,
     bt: usize,
     num_sms: usize,
-) -> Vec<i64> {
-    let units = hv.max(1) * v.div_ceil(64).max(1);
+) -> Result<Vec<i64>> {
+    positive_chunk(bt)?;
+    let units = hv.max(1).saturating_mul(v.div_ceil(64).max(1));
     let nts: Vec<usize> = seq_lens.iter().map(|l| l.div_ceil(bt)).collect();
     let mut pieces: Vec<usize> = vec![1; nts.len()];
-    if nts.len() * units < num_sms / 2 {
+    if nts.len().saturating_mul(units) < num_sms / 2 {
         for (p, &nt) in pieces.iter_mut().zip(&nts) {
             if nt >= 256 {
                 *p = (nt / 64).min(32);
@@ -67,7 +69,15 @@ pub fn auto_subseq_cu_seqlens(
         bos += len;
         out.push(bos as i64);
     }
-    out
+    Ok(out)
+}
+
+/// A chunk size given as `usize` must be at least 1.
+fn positive_chunk(bt: usize) -> Result<()> {
+    if bt == 0 {
+        return Err(Error::param("chunk_size", "a chunk size >= 1", bt));
+    }
+    Ok(())
 }
 
 /// `subseq_offsets` of a valid split: sequence `n` owns pieces `offsets[n] .. offsets[n+1]`.
@@ -76,6 +86,7 @@ pub fn auto_subseq_cu_seqlens(
 /// zero-length sequence is exactly one empty piece, and the list ends at the last `eos`.
 /// `bounds` are the sequences' `(bos, eos)` in flattened token coordinates.
 pub fn subseq_offsets(subseq: &[i64], bounds: &[(usize, usize)], bt: usize) -> Result<Vec<i64>> {
+    positive_chunk(bt)?;
     let arg = "subseq_cu_seqlens";
     if subseq.len() < 2 || subseq[0] != 0 {
         return Err(boundary(
@@ -189,7 +200,7 @@ pub fn validate_chunk_gated_delta_rule_fwd_h_split(
         Some(p) => p.to_vec(),
         None => {
             let lens: Vec<usize> = geo.seqs.iter().map(|s| s.len()).collect();
-            auto_subseq_cu_seqlens(&lens, geo.hv, geo.v, geo.bt, DEFAULT_NUM_SMS)
+            auto_subseq_cu_seqlens(&lens, geo.hv, geo.v, geo.bt, DEFAULT_NUM_SMS)?
         }
     };
     let offsets = subseq_offsets(&pieces, &bounds, geo.bt)?;

@@ -4,26 +4,25 @@
 
 use ndarray::{s, Array1, Array2, Array3, Array4, ArrayD, ArrayView4, Axis, Dimension};
 
-/// SplitMix64 with Box–Muller normals: small, seeded, reproducible.
-pub struct Rng(u64);
+#[path = "../common/mod.rs"]
+mod common;
+
+/// The tests' SplitMix64 (seeded apart from the other tests') with Box–Muller normals.
+pub struct Rng(common::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+        Rng(common::Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `(0, 1)`.
     pub fn uniform(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        self.0.below(n)
     }
     pub fn normal(&mut self) -> f64 {
         let (u1, u2) = (self.uniform(), self.uniform());
@@ -168,10 +167,7 @@ pub fn trace(
 /// `RMS(x − r) / (RMS(r) + 1e-8)` (spec comparison ratio); shapes must agree.
 pub fn ratio<D: Dimension>(x: &ndarray::Array<f64, D>, r: &ndarray::Array<f64, D>) -> f64 {
     assert_eq!(x.shape(), r.shape(), "shape mismatch");
-    let n = r.len().max(1) as f64;
-    let diff = x.iter().zip(r).map(|(a, b)| (a - b) * (a - b)).sum::<f64>() / n;
-    let refm = r.iter().map(|b| b * b).sum::<f64>() / n;
-    diff.sqrt() / (refm.sqrt() + 1e-8)
+    common::ratio(r, x)
 }
 
 /// Fails unless every element is finite and `ratio(x, r) <= tol`.
@@ -310,6 +306,25 @@ impl Case {
             .unwrap()
             .to_owned()
     }
+}
+
+/// A random [`Case`]: varlen or batched, `1..4` sequences of `1 ..= max_len` tokens, heads
+/// `(H, HV)` with `H, HV / H` in `1 ..= 2`, `K, V` in `1 ..= max_dim`.
+pub fn cases(max_len: usize, max_dim: usize) -> impl proptest::strategy::Strategy<Value = Case> {
+    use proptest::prelude::*;
+    (
+        any::<u64>(),
+        any::<bool>(),
+        1usize..4,
+        1usize..=max_len,
+        1usize..=2,
+        1usize..=2,
+        1usize..=max_dim,
+        1usize..=max_dim,
+    )
+        .prop_map(|(seed, varlen, n, len, h, group, kd, vd)| {
+            Case::new(seed, varlen, n, len, h, group, kd, vd)
+        })
 }
 
 impl std::fmt::Debug for Case {

@@ -4,11 +4,13 @@
 //!
 //! `cargo run --release -p attn-tools --bin bench_reference [-- T]`
 
+use attn_reference::cumsum::chunk_local_cumsum;
 use attn_reference::delta::{
     chunk_gated_delta_rule_fwd_h, kda_fwd, kda_fwd_chunked, kda_intra, FwdHInputs, FwdHParams,
     KdaFwdInputs, KdaFwdParams, KdaIntraInputs, KdaIntraParams,
 };
-use ndarray::{s, Array3, Array4, Axis};
+use attn_reference::Error;
+use ndarray::{Array3, Array4, Axis, Ix4};
 use std::time::Instant;
 
 /// SplitMix64 normals (Box–Muller): seeded inputs without extra dependencies.
@@ -83,26 +85,28 @@ fn main() {
         ..KdaFwdParams::default()
     };
     // realistic fwd_h inputs: the KDA intra stage on the chunk-local log2 gate
-    let mut gcum = g.mapv(|x| x * std::f64::consts::LOG2_E);
-    for c in (0..t).step_by(bt) {
-        for r in c + 1..(c + bt).min(t) {
-            let prev = gcum.slice(s![.., r - 1, .., ..]).to_owned();
-            let mut cur = gcum.slice_mut(s![.., r, .., ..]);
-            cur += &prev;
-        }
-    }
-    let intra = kda_intra(
-        &KdaIntraInputs {
-            q: q.view(),
-            k: k.view(),
-            v: v.view(),
-            gk: gcum.view(),
-            beta: beta.view(),
-            cu_seqlens: None,
-        },
-        &KdaIntraParams::default(),
+    let gcum = chunk_local_cumsum(
+        g.view().into_dyn(),
+        None,
+        bt as i64,
+        false,
+        Some(std::f64::consts::LOG2_E),
     )
-    .expect("valid kda_intra inputs");
+    .and_then(|a| {
+        a.into_dimensionality::<Ix4>()
+            .map_err(|e| Error::shape("g", "[B, T, H, K]", e.to_string()))
+    })
+    .expect("valid chunk_local_cumsum inputs");
+    let iin = KdaIntraInputs {
+        q: q.view(),
+        k: k.view(),
+        v: v.view(),
+        gk: gcum.view(),
+        beta: beta.view(),
+        cu_seqlens: None,
+    };
+    let ip = KdaIntraParams::default();
+    let intra = kda_intra(&iin, &ip).expect("valid kda_intra inputs");
     let mut fin = FwdHInputs::new(intra.kg.view(), intra.w.view(), intra.u.view());
     fin.gk = Some(gcum.view());
     let fp = FwdHParams {
@@ -142,19 +146,9 @@ fn main() {
         (
             "kda_intra",
             Box::new(|| {
-                kda_intra(
-                    &KdaIntraInputs {
-                        q: q.view(),
-                        k: k.view(),
-                        v: v.view(),
-                        gk: gcum.view(),
-                        beta: beta.view(),
-                        cu_seqlens: None,
-                    },
-                    &KdaIntraParams::default(),
-                )
-                .map(|o| o.w[[0, 0, 0, 0]])
-                .unwrap_or(f64::NAN)
+                kda_intra(&iin, &ip)
+                    .map(|o| o.w[[0, 0, 0, 0]])
+                    .unwrap_or(f64::NAN)
             }),
         ),
         (
