@@ -3,6 +3,7 @@
 
 mod common;
 
+use approx::{assert_abs_diff_eq, assert_relative_eq, relative_eq};
 use attn_conformance::compare::{compare, measure, Rule};
 use attn_conformance::Tensor;
 use attn_reference::{Dtype, DtypeClass};
@@ -41,14 +42,14 @@ fn ratio_below_threshold_passes_and_above_fails() {
     let c = check(&r, &far, 1e-5);
     assert!(!c.pass);
     assert!(c.reason.unwrap().contains("ratio"));
-    assert!((c.max_abs - 1e-3).abs() < 1e-7, "{}", c.max_abs);
+    assert_abs_diff_eq!(c.max_abs, 1e-3, epsilon = 1e-7);
 }
 
 #[test]
 fn ratio_is_rms_of_difference_over_rms_of_reference() {
     let m = measure(&t64(&[3.0, 4.0]).widen_f64(), &t64(&[3.0, 5.0]).widen_f64());
     let want = (0.5f64).sqrt() / ((25.0f64 / 2.0).sqrt() + 1e-8);
-    assert!((m.ratio - want).abs() < 1e-15, "{}", m.ratio);
+    assert_relative_eq!(m.ratio, want, max_relative = 1e-14);
     assert_eq!(m.max_abs, 1.0);
 }
 
@@ -184,7 +185,7 @@ proptest! {
         let eps = 10f64.powi(exp);
         let x = r.mapv(|v| v * (1.0 + eps));
         let m = measure(&r, &x);
-        prop_assert!((m.ratio / eps - 1.0).abs() < 1e-6, "ratio {} eps {}", m.ratio, eps);
+        prop_assert!(relative_eq!(m.ratio, eps, max_relative = 1e-6), "ratio {} eps {}", m.ratio, eps);
         let rt = Tensor::F64(r);
         let xt = Tensor::F64(x);
         prop_assert!(compare(Some(&rt), Some(&xt), DtypeClass::Float64, Rule::Threshold(eps * 2.0)).pass);
