@@ -16,8 +16,8 @@ use ndarray::{Array4, ArrayView1, ArrayView4, Zip};
 /// Validates `g` `[B, T, HV, K]`, `A_log` `[HV]` (required unless `lower_bound`), `dt_bias`
 /// `[HV * K]`; returns `(B, T, HV, K)`.
 ///
-/// `lower_bound`, when given, must be finite and `<= 0` (the output is a log-decay, `<= 0`;
-/// upstream uses values in `[-5, 0)`).
+/// `lower_bound`, when given, must be finite and `< 0`, as `kda_fwd`'s in-kernel gate requires
+/// (ops-delta-rule.md 6.7; the output is a log-decay and upstream uses values in `[-5, 0)`).
 pub fn validate_kda_gate(
     g_shape: &[usize],
     a_log_len: Option<usize>,
@@ -28,8 +28,8 @@ pub fn validate_kda_gate(
         return Err(Error::shape("g", "rank 4 [B, T, HV, K]", g_shape));
     };
     if let Some(lb) = lower_bound {
-        if !lb.is_finite() || lb > 0.0 {
-            return Err(Error::param("lower_bound", "a finite value <= 0", lb));
+        if !lb.is_finite() || lb >= 0.0 {
+            return Err(Error::param("lower_bound", "a finite value < 0", lb));
         }
     }
     match (a_log_len, lower_bound) {

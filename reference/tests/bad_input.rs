@@ -163,6 +163,7 @@ const KV: [usize; 4] = [3, 16, 2, 8];
 #[case::gate_dt_bias_len_bounded(|| gate(None, Some(13), Some(-1.0)), Shape, "dt_bias")]
 #[case::gate_lower_bound_nan(|| gate(Some(3), None, Some(f64::NAN)), Param, "lower_bound")]
 #[case::gate_lower_bound_positive(|| gate(None, None, Some(2.0)), Param, "lower_bound")]
+#[case::gate_lower_bound_zero(|| gate(Some(3), None, Some(0.0)), Param, "lower_bound")]
 #[case::gate_rank_3(|| validate_kda_gate(&[2, 5, 12], Some(2), None, None).map(drop), Shape, "g")]
 // kda_gate_chunk_cumsum
 #[case::fused_chunk_size_100(|| fused(1, Some(3), 12, None, 100), Param, "chunk_size")]
