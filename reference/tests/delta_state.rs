@@ -62,7 +62,7 @@ fn random_split(c: &Case, bt: usize, p: f64, rng: &mut Rng) -> Vec<i64> {
         let base = b * c.t;
         let mut at = bos + bt;
         while at < eos {
-            if rng.uniform() < p {
+            if rng.uniform(0.0, 1.0) < p {
                 out.push((base + at) as i64);
             }
             at += bt;

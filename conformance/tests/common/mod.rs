@@ -5,33 +5,33 @@
 use attn_conformance::{find, Case, Tensor, Tensors};
 use attn_reference::{Dtype, DtypeClass};
 use ndarray::{ArrayD, IxDyn};
+use rand::rngs::StdRng;
+use rand::{Rng as _, RngCore, SeedableRng};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Output};
 
-/// SplitMix64: small, seeded, good enough for test data.
-pub struct Rng(u64);
+/// Seeded random inputs: a thin layer over `rand`'s [`StdRng`].
+pub struct Rng(StdRng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(StdRng::seed_from_u64(seed))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `[-1, 1)`.
     pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        self.0.random_range(-1.0..1.0)
     }
+    /// Uniform integer in `0 .. n` (`n > 0`).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
+        self.0.random_range(0..n)
     }
+    /// A tensor of `shape` with entries uniform in `[-scale, scale)`.
     pub fn array(&mut self, shape: &[usize], scale: f64) -> ArrayD<f64> {
-        ArrayD::from_shape_fn(IxDyn(shape), |_| scale * self.uniform())
+        ArrayD::from_shape_simple_fn(IxDyn(shape), || scale * self.uniform())
     }
     pub fn tensor(&mut self, shape: &[usize], dtype: Dtype, scale: f64) -> Tensor {
         Tensor::from_f64(&self.array(shape, scale), dtype)

@@ -6,6 +6,9 @@ use attn_gpu::{DeviceTensor, Gpu};
 use attn_reference::Dtype;
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
+use rand::distr::Uniform;
+use rand::rngs::StdRng;
+use rand::{Rng as _, RngCore, SeedableRng};
 
 /// The GPU, or `None` after printing why there is none. With `ATTN_REQUIRE_GPU=1` a missing
 /// GPU is a failure.
@@ -32,31 +35,28 @@ pub fn cases(n: u32) -> proptest::test_runner::Config {
     proptest::test_runner::Config::with_cases(n)
 }
 
-/// SplitMix64, seeded by proptest.
-pub struct Rng(u64);
+/// Seeded random inputs: a thin layer over `rand`'s [`StdRng`], seeded by proptest.
+pub struct Rng(StdRng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(StdRng::seed_from_u64(seed))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
+    /// Uniform in `[lo, hi)` (`lo < hi`).
     pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
+        self.0.random_range(lo..hi)
     }
+    /// Uniform integer in `0 .. n` (`n > 0`).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        self.0.random_range(0..n)
     }
+    /// A tensor of `shape` with entries uniform in `[lo, hi)`.
     pub fn array(&mut self, shape: &[usize], lo: f64, hi: f64) -> ArrayD<f64> {
-        ArrayD::from_shape_simple_fn(IxDyn(shape), || self.uniform(lo, hi))
+        let u = Uniform::new(lo, hi).expect("lo < hi, both finite");
+        ArrayD::from_shape_simple_fn(IxDyn(shape), || self.0.sample(u))
     }
 }
 

@@ -3,47 +3,48 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use ndarray::{ArrayD, IxDyn};
+use rand::rngs::StdRng;
+use rand::{Rng as _, RngCore, SeedableRng};
+use rand_distr::{StandardNormal, Uniform};
 
-/// SplitMix64: a tiny seeded generator (the seed comes from proptest, so every case is fresh
-/// and every failure reproducible).
-pub struct Rng(u64);
+/// Seeded random inputs: a thin layer over `rand`'s [`StdRng`] (the seed comes from proptest, so
+/// every case is fresh and every failure reproducible).
+pub struct Rng(StdRng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(StdRng::seed_from_u64(seed))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Uniform in `[lo, hi)`.
+    /// Uniform in `[lo, hi)` (`lo < hi`).
     pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
+        self.0.random_range(lo..hi)
     }
     /// Uniform integer in `0 .. n` (`n > 0`).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        self.0.random_range(0..n)
+    }
+    /// Standard normal.
+    pub fn normal(&mut self) -> f64 {
+        self.0.sample(StandardNormal)
     }
     /// A tensor of `shape` with entries uniform in `[lo, hi)`.
     pub fn array(&mut self, shape: &[usize], lo: f64, hi: f64) -> ArrayD<f64> {
-        ArrayD::from_shape_simple_fn(IxDyn(shape), || self.uniform(lo, hi))
+        let u = Uniform::new(lo, hi).expect("lo < hi, both finite");
+        ArrayD::from_shape_simple_fn(IxDyn(shape), || self.0.sample(u))
+    }
+    /// A tensor of `shape` with standard-normal entries.
+    pub fn randn<D: ndarray::Dimension, Sh: ndarray::ShapeBuilder<Dim = D>>(
+        &mut self,
+        shape: Sh,
+    ) -> ndarray::Array<f64, D> {
+        ndarray::Array::from_shape_simple_fn(shape, || self.normal())
     }
     /// A random subset of `0 .. n` of size `k`, in random order.
     pub fn distinct(&mut self, n: usize, k: usize) -> Vec<usize> {
-        let mut all: Vec<usize> = (0..n).collect();
-        for i in 0..k {
-            let j = i + self.below(n - i);
-            all.swap(i, j);
-        }
-        all.truncate(k);
-        all
+        rand::seq::index::sample(&mut self.0, n, k).into_vec()
     }
 }
 

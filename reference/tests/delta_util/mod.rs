@@ -7,34 +7,8 @@ use ndarray::{s, Array1, Array2, Array3, Array4, ArrayD, ArrayView4, Axis, Dimen
 #[path = "../common/mod.rs"]
 mod common;
 
-/// The tests' SplitMix64 (seeded apart from the other tests') with Box–Muller normals.
-pub struct Rng(common::Rng);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(common::Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15))
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-    /// Uniform in `(0, 1)`.
-    pub fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        self.0.below(n)
-    }
-    pub fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-    pub fn randn<D: Dimension, Sh: ndarray::ShapeBuilder<Dim = D>>(
-        &mut self,
-        shape: Sh,
-    ) -> ndarray::Array<f64, D> {
-        ndarray::Array::from_shape_simple_fn(shape, || self.normal())
-    }
-}
+/// The tests' seeded generator (uniforms, normals, `randn` tensors).
+pub use common::Rng;
 
 /// `x / sqrt(Σ x² + 1e-6)` along the last axis.
 pub fn l2norm(mut x: Array4<f64>) -> Array4<f64> {
@@ -59,7 +33,7 @@ pub fn gates<D: Dimension, Sh: ndarray::ShapeBuilder<Dim = D>>(
     ndarray::Array::from_shape_simple_fn(shape, || {
         let x = rng.normal();
         let ls = -((-x).exp().ln_1p());
-        if rng.uniform() < p_zero {
+        if rng.uniform(0.0, 1.0) < p_zero {
             0.0
         } else {
             ls / n
@@ -263,7 +237,7 @@ impl Case {
             // 5% of tokens forget everything (spec 10.2): catches unmasked 0 · inf
             for bi in 0..b {
                 for ti in 0..t {
-                    if rng.uniform() < 0.05 {
+                    if rng.uniform(0.0, 1.0) < 0.05 {
                         g.slice_mut(s![bi, ti, .., ..]).fill(-1000.0);
                         gs.slice_mut(s![bi, ti, ..]).fill(-1000.0);
                     }

@@ -18,6 +18,8 @@ use attn_reference::gate::KdaGateChunkCumsumParams;
 use attn_reference::{Dtype, RCP_LN2};
 use cudarc::driver::sys::CUevent_flags;
 use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 /// One benchmark shape: its name (shared with `bench_anchors.py`), the input shape and dtype,
@@ -147,14 +149,9 @@ fn random_tensor(
     seed: u64,
 ) -> GpuResult<DeviceTensor> {
     let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = StdRng::seed_from_u64(seed);
     let block: Vec<f32> = (0..(1usize << 20).min(n).max(1))
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
-        })
+        .map(|_| rng.random_range(lo..hi))
         .collect();
     let blk = match dtype {
         Dtype::F32 => DeviceTensor::from_slice(gpu, &block)?,

@@ -11,24 +11,10 @@ use attn_reference::delta::{
 };
 use attn_reference::Error;
 use ndarray::{Array3, Array4, Axis, Ix4};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
 use std::time::Instant;
-
-/// SplitMix64 normals (Box–Muller): seeded inputs without extra dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (((z ^ (z >> 31)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (a, b) = (self.uniform(), self.uniform());
-        (-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()
-    }
-}
 
 fn l2norm(mut x: Array4<f64>) -> Array4<f64> {
     for mut row in x.lanes_mut(Axis(3)) {
@@ -58,15 +44,18 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(8192);
     let (b, h, kd, vd, bt) = (1usize, 4usize, 128usize, 128usize, 64usize);
-    let mut rng = Rng(7);
-    let mut randn =
-        |shape: (usize, usize, usize, usize)| Array4::from_shape_simple_fn(shape, || rng.normal());
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut randn = |shape: (usize, usize, usize, usize)| {
+        Array4::from_shape_simple_fn(shape, || rng.sample::<f64, _>(StandardNormal))
+    };
     let q = l2norm(randn((b, t, h, kd)));
     let k = l2norm(randn((b, t, h, kd)));
     let v = randn((b, t, h, vd));
     // logsigmoid(randn) / 10, beta = sigmoid(randn) (spec 10.2)
     let g = randn((b, t, h, kd)).mapv(|x| -(-x).exp().ln_1p() / 10.0);
-    let beta = Array3::from_shape_simple_fn((b, t, h), || 1.0 / (1.0 + (-rng.normal()).exp()));
+    let beta = Array3::from_shape_simple_fn((b, t, h), || {
+        1.0 / (1.0 + (-rng.sample::<f64, _>(StandardNormal)).exp())
+    });
 
     let all = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let one = rayon::ThreadPoolBuilder::new()
