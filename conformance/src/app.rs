@@ -39,7 +39,7 @@ pub fn verify_file(
 fn gpu_gate(selection: Selection, io: &mut Io<'_>) -> bool {
     if selection == Selection::Gpu {
         if let Err(why) = registry::gpu_status() {
-            let _ = writeln!(io.err, "error: --device gpu: no GPU: {why}");
+            let _ = writeln!(io.err, "error: --device gpu: {why}");
             return false;
         }
     }

@@ -103,7 +103,13 @@ impl Gpu {
 
     /// The process-wide GPU 0, opened once (the opening error is remembered too).
     pub fn shared() -> GpuResult<&'static Gpu> {
-        match SHARED.get_or_init(|| Gpu::open(0).map_err(|e| e.to_string())) {
+        let open = || {
+            Gpu::open(0).map_err(|e| match e {
+                GpuError::Unavailable(why) => why,
+                other => other.to_string(),
+            })
+        };
+        match SHARED.get_or_init(open) {
             Ok(g) => Ok(g),
             Err(e) => Err(GpuError::Unavailable(e.clone())),
         }
