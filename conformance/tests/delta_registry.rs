@@ -9,6 +9,7 @@ use attn_conformance::verify::{verify_case, Selection};
 use attn_conformance::{find, OpSpec, Params, Problem, Tensor, Tensors};
 use attn_reference::{Dtype, DtypeClass, ErrorKind};
 use ndarray::{ArrayD, IxDyn};
+use rstest::rstest;
 use serde_json::{json, Value};
 
 fn zeros(shape: &[usize], dtype: Dtype) -> Tensor {
@@ -55,202 +56,125 @@ fn part_rule(
     (pt.rule)(&inputs, &p, class)
 }
 
-fn t(x: f64) -> Rule {
-    Rule::Threshold(x)
+/// The sequence axis of a row's inputs.
+#[derive(Debug, Clone, Copy)]
+enum Seq {
+    /// One sequence of `T` tokens.
+    T(usize),
+    /// Varlen: `cu_seqlens` as given, `T` its last entry.
+    Varlen(&'static [i64]),
+    /// No sequence axis (`fwd_h_merge` takes `hm` [2, 1, 4, 7]).
+    NoT,
+}
+use Seq::*;
+
+/// Zero inputs of `op` in `dtype` (K = 4, V = 3, one head).
+fn inputs(op: &str, dtype: Dtype, seq: Seq) -> Vec<(&'static str, Tensor)> {
+    let t = match seq {
+        T(t) => t,
+        Varlen(cu) => *cu.last().unwrap() as usize,
+        NoT => 0,
+    };
+    let mut v = match op {
+        "fwd_h_merge" => vec![("hm", zeros(&[2, 1, 4, 7], dtype))],
+        "chunk_gated_delta_rule_fwd_h"
+        | "fwd_h_pre_scan"
+        | "chunk_gated_delta_rule_fwd_h_split" => {
+            vec![
+                ("k", zeros(&[1, t, 1, 4], dtype)),
+                ("u", zeros(&[1, t, 1, 3], dtype)),
+            ]
+        }
+        _ => vec![
+            ("q", zeros(&[1, t, 1, 4], dtype)),
+            ("k", zeros(&[1, t, 1, 4], dtype)),
+            ("v", zeros(&[1, t, 1, 3], dtype)),
+        ],
+    };
+    if let Varlen(cu) = seq {
+        v.push(("cu_seqlens", common::idx(cu, Dtype::I32)));
+    }
+    v
 }
 
-#[test]
-fn fwd_h_pre_scan_and_split_thresholds() {
-    use DtypeClass::*;
-    let k = |d, t: usize| {
-        vec![
-            ("k", zeros(&[1, t, 1, 4], d)),
-            ("u", zeros(&[1, t, 1, 3], d)),
-        ]
-    };
-    // section 2.7
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &k(Dtype::BF16, 8),
-            "h",
-            Half
-        ),
-        (Half, t(1e-2))
-    );
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &k(Dtype::BF16, 8),
-            "v_new",
-            Half
-        ),
-        (Half, t(1e-2))
-    );
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &k(Dtype::BF16, 8),
-            "final_state",
-            Float32
-        ),
-        (Float32, t(5e-3))
-    );
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &k(Dtype::BF16, 5000),
-            "final_state",
-            Float32
-        )
-        .1,
-        t(1e-2)
-    );
-    let mut varlen = k(Dtype::BF16, 5000);
-    varlen.push(("cu_seqlens", common::idx(&[0, 2500, 5000], Dtype::I32)));
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &varlen,
-            "final_state",
-            Float32
-        )
-        .1,
-        t(5e-3)
-    );
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &k(Dtype::F32, 8),
-            "h",
-            Float32
-        ),
-        (Float32, t(1e-5))
-    );
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &k(Dtype::F64, 8),
-            "final_state",
-            Float64
-        ),
-        (Float64, t(1e-10))
-    );
-    // a float64 candidate (the oracle on half inputs) is held to float64
-    assert_eq!(
-        rule(
-            "chunk_gated_delta_rule_fwd_h",
-            &k(Dtype::BF16, 8),
-            "h",
-            Float64
-        )
-        .1,
-        t(1e-10)
-    );
-    // section 3.5: hm.b / hm.M
-    for (d, tb, tm) in [
-        (Dtype::BF16, 5e-3, 1e-2),
-        (Dtype::F32, 1e-5, 1e-5),
-        (Dtype::F64, 1e-10, 1e-10),
-    ] {
-        let c = if d == Dtype::F64 { Float64 } else { Float32 };
-        assert_eq!(
-            part_rule("fwd_h_pre_scan", &k(d, 8), "hm", "hm.b", c),
-            t(tb)
-        );
-        assert_eq!(
-            part_rule("fwd_h_pre_scan", &k(d, 8), "hm", "hm.M", c),
-            t(tm)
-        );
-        assert_eq!(rule("fwd_h_pre_scan", &k(d, 8), "hm", c).0, c);
-    }
-    assert_eq!(
-        part_rule(
-            "fwd_h_pre_scan",
-            &k(Dtype::BF16, 5000),
-            "hm",
-            "hm.b",
-            Float32
-        ),
-        t(1e-2)
-    );
-    // section 5.7
-    for out in ["h", "v_new", "final_state"] {
-        assert_eq!(
-            rule(
-                "chunk_gated_delta_rule_fwd_h_split",
-                &k(Dtype::BF16, 8),
-                out,
-                Float32
-            )
-            .1,
-            t(1e-2)
-        );
-        assert_eq!(
-            rule(
-                "chunk_gated_delta_rule_fwd_h_split",
-                &k(Dtype::F32, 8),
-                out,
-                Float32
-            )
-            .1,
-            t(5e-5)
-        );
-    }
-}
+use Dtype::{BF16, F16, F32, F64};
+use DtypeClass::{Float32, Float64, Half};
 
-#[test]
-fn merge_intra_and_forward_thresholds() {
-    use DtypeClass::*;
-    // section 4.7
-    let hm = |d| vec![("hm", zeros(&[2, 1, 4, 7], d))];
-    assert_eq!(
-        rule("fwd_h_merge", &hm(Dtype::F32), "initial_states", Float32),
-        (Float32, t(2e-5))
-    );
-    assert_eq!(
-        rule("fwd_h_merge", &hm(Dtype::F32), "final_state", Float32),
-        (Float32, t(2e-5))
-    );
-    assert_eq!(
-        rule("fwd_h_merge", &hm(Dtype::F64), "final_state", Float64),
-        (Float64, t(1e-10))
-    );
-    // section 7.7: README defaults by q, classes by k / v
-    let qkv = |d, t: usize| {
-        vec![
-            ("q", zeros(&[1, t, 1, 4], d)),
-            ("k", zeros(&[1, t, 1, 4], d)),
-            ("v", zeros(&[1, t, 1, 3], d)),
-        ]
+/// One spec threshold per row: output (or part, `hm.b`) `out` of `op` on `dtype` inputs, compared
+/// for a candidate of class `candidate`, has class `class` and threshold `threshold`.
+#[rustfmt::skip]
+#[rstest]
+//     op                                    dtype T / varlen                out               candidate class    threshold
+// section 2.7
+#[case("chunk_gated_delta_rule_fwd_h",       BF16, T(8),                     "h",              Half,     Half,    1e-2)]
+#[case("chunk_gated_delta_rule_fwd_h",       BF16, T(8),                     "v_new",          Half,     Half,    1e-2)]
+#[case("chunk_gated_delta_rule_fwd_h",       BF16, T(8),                     "final_state",    Float32,  Float32, 5e-3)]
+#[case("chunk_gated_delta_rule_fwd_h",       BF16, T(5000),                  "final_state",    Float32,  Float32, 1e-2)]
+#[case("chunk_gated_delta_rule_fwd_h",       BF16, Varlen(&[0, 2500, 5000]), "final_state",    Float32,  Float32, 5e-3)]
+#[case("chunk_gated_delta_rule_fwd_h",       F32,  T(8),                     "h",              Float32,  Float32, 1e-5)]
+#[case("chunk_gated_delta_rule_fwd_h",       F64,  T(8),                     "final_state",    Float64,  Float64, 1e-10)]
+// a float64 candidate (the oracle on half inputs) is held to float64
+#[case("chunk_gated_delta_rule_fwd_h",       BF16, T(8),                     "h",              Float64,  Half,    1e-10)]
+// section 3.5: hm compared as hm.b / hm.M
+#[case("fwd_h_pre_scan",                     BF16, T(8),                     "hm.b",           Float32,  Float32, 5e-3)]
+#[case("fwd_h_pre_scan",                     BF16, T(8),                     "hm.M",           Float32,  Float32, 1e-2)]
+#[case("fwd_h_pre_scan",                     BF16, T(5000),                  "hm.b",           Float32,  Float32, 1e-2)]
+#[case("fwd_h_pre_scan",                     F32,  T(8),                     "hm.b",           Float32,  Float32, 1e-5)]
+#[case("fwd_h_pre_scan",                     F32,  T(8),                     "hm.M",           Float32,  Float32, 1e-5)]
+#[case("fwd_h_pre_scan",                     F64,  T(8),                     "hm.b",           Float64,  Float64, 1e-10)]
+#[case("fwd_h_pre_scan",                     F64,  T(8),                     "hm.M",           Float64,  Float64, 1e-10)]
+// section 4.7
+#[case("fwd_h_merge",                        F32,  NoT,                      "initial_states", Float32,  Float32, 2e-5)]
+#[case("fwd_h_merge",                        F32,  NoT,                      "final_state",    Float32,  Float32, 2e-5)]
+#[case("fwd_h_merge",                        F64,  NoT,                      "final_state",    Float64,  Float64, 1e-10)]
+// section 5.7
+#[case("chunk_gated_delta_rule_fwd_h_split", BF16, T(8),                     "h",              Float32,  Half,    1e-2)]
+#[case("chunk_gated_delta_rule_fwd_h_split", BF16, T(8),                     "v_new",          Float32,  Half,    1e-2)]
+#[case("chunk_gated_delta_rule_fwd_h_split", BF16, T(8),                     "final_state",    Float32,  Float32, 1e-2)]
+#[case("chunk_gated_delta_rule_fwd_h_split", F32,  T(8),                     "h",              Float32,  Float32, 5e-5)]
+#[case("chunk_gated_delta_rule_fwd_h_split", F32,  T(8),                     "v_new",          Float32,  Float32, 5e-5)]
+#[case("chunk_gated_delta_rule_fwd_h_split", F32,  T(8),                     "final_state",    Float32,  Float32, 5e-5)]
+// section 7.7: README defaults by q, classes by k / v
+#[case("kda_intra",                          BF16, T(8),                     "w",              Half,     Half,    5e-3)]
+#[case("kda_intra",                          BF16, T(8),                     "u",              Half,     Half,    5e-3)]
+#[case("kda_intra",                          BF16, T(8),                     "kg",             Half,     Half,    5e-3)]
+#[case("kda_intra",                          BF16, T(8),                     "Aqk",            Half,     Half,    5e-3)]
+#[case("kda_intra",                          BF16, T(8),                     "Akk",            Half,     Half,    5e-3)]
+#[case("kda_intra",                          F32,  T(8),                     "w",              Float32,  Float32, 1e-5)]
+#[case("kda_intra",                          F32,  T(8),                     "u",              Float32,  Float32, 1e-5)]
+#[case("kda_intra",                          F32,  T(8),                     "kg",             Float32,  Float32, 1e-5)]
+#[case("kda_intra",                          F32,  T(8),                     "Aqk",            Float32,  Float32, 1e-5)]
+#[case("kda_intra",                          F32,  T(8),                     "Akk",            Float32,  Float32, 1e-5)]
+// section 6.8
+#[case("kda_fwd",                            F16,  T(8),                     "o",              Half,     Half,    5e-3)]
+#[case("kda_fwd",                            F16,  T(4097),                  "o",              Half,     Half,    1e-2)]
+#[case("kda_fwd",                            BF16, T(8),                     "final_state",    Float32,  Float32, 5e-3)]
+#[case("kda_fwd",                            F32,  T(8),                     "final_state",    Float32,  Float32, 1e-5)]
+#[case("kda_fwd",                            F64,  T(8),                     "o",              Float64,  Float64, 1e-10)]
+// section 8.8
+#[case("gdn_fwd",                            F16,  T(8),                     "o",              Half,     Half,    5e-3)]
+#[case("gdn_fwd",                            F16,  T(4097),                  "o",              Half,     Half,    1e-2)]
+#[case("gdn_fwd",                            BF16, T(8),                     "final_state",    Float32,  Float32, 5e-3)]
+#[case("gdn_fwd",                            F32,  T(8),                     "final_state",    Float32,  Float32, 1e-5)]
+#[case("gdn_fwd",                            F64,  T(8),                     "o",              Float64,  Float64, 1e-10)]
+fn spec_thresholds(
+    #[case] op: &str,
+    #[case] dtype: Dtype,
+    #[case] seq: Seq,
+    #[case] out: &str,
+    #[case] candidate: DtypeClass,
+    #[case] class: DtypeClass,
+    #[case] threshold: f64,
+) {
+    let inputs = inputs(op, dtype, seq);
+    let got = match out.split_once('.') {
+        None => rule(op, &inputs, out, candidate),
+        Some((whole, _)) => (
+            rule(op, &inputs, whole, candidate).0,
+            part_rule(op, &inputs, whole, out, candidate),
+        ),
     };
-    for out in ["w", "u", "kg", "Aqk", "Akk"] {
-        assert_eq!(
-            rule("kda_intra", &qkv(Dtype::BF16, 8), out, Half),
-            (Half, t(5e-3))
-        );
-        assert_eq!(
-            rule("kda_intra", &qkv(Dtype::F32, 8), out, Float32),
-            (Float32, t(1e-5))
-        );
-    }
-    // sections 6.8 and 8.8
-    for op in ["kda_fwd", "gdn_fwd"] {
-        assert_eq!(rule(op, &qkv(Dtype::F16, 8), "o", Half), (Half, t(5e-3)));
-        assert_eq!(rule(op, &qkv(Dtype::F16, 4097), "o", Half).1, t(1e-2));
-        assert_eq!(
-            rule(op, &qkv(Dtype::BF16, 8), "final_state", Float32),
-            (Float32, t(5e-3))
-        );
-        assert_eq!(
-            rule(op, &qkv(Dtype::F32, 8), "final_state", Float32),
-            (Float32, t(1e-5))
-        );
-        assert_eq!(
-            rule(op, &qkv(Dtype::F64, 8), "o", Float64),
-            (Float64, t(1e-10))
-        );
-    }
+    assert_eq!(got, (class, Rule::Threshold(threshold)));
 }
 
 /// A changed `b` hides behind a near-identity `M` when `hm` is compared whole; `hm.b` catches it.
