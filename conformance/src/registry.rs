@@ -222,6 +222,21 @@ macro_rules! intra_output {
         )
     };
 }
+/// `q, k, v, g, beta, initial_state` of `kda_fwd` / `gdn_fwd` (spec 6.1, 8.1), then the op's
+/// own inputs.
+macro_rules! forward_inputs {
+    ($($extra:expr),* $(,)?) => {
+        &[
+            float("q", true),
+            float("k", true),
+            float("v", true),
+            float("g", true),
+            float("beta", true),
+            float("initial_state", false),
+            $($extra),*
+        ]
+    };
+}
 /// `o` and `final_state` of `kda_fwd` / `gdn_fwd` (spec 6.8, 8.8).
 const FORWARD_OUTPUTS: [OutputSpec; 2] = [
     output(
@@ -476,13 +491,7 @@ pub static OPS: &[OpSpec] = &[
     OpSpec {
         id: "kda_fwd",
         summary: "Kimi Delta Attention forward (recurrent definition), in-kernel gate/beta/l2norm",
-        inputs: &[
-            float("q", true),
-            float("k", true),
-            float("v", true),
-            float("g", true),
-            float("beta", true),
-            float("initial_state", false),
+        inputs: forward_inputs![
             float("A_log", false),
             float("dt_bias", false),
             index("cu_seqlens", false),
@@ -506,15 +515,7 @@ pub static OPS: &[OpSpec] = &[
     OpSpec {
         id: "gdn_fwd",
         summary: "Gated DeltaNet forward (recurrent definition), scalar gate per head",
-        inputs: &[
-            float("q", true),
-            float("k", true),
-            float("v", true),
-            float("g", true),
-            float("beta", true),
-            float("initial_state", false),
-            index("cu_seqlens", false),
-        ],
+        inputs: forward_inputs![index("cu_seqlens", false)],
         params: &[P_SCALE, P_FINAL, P_L2NORM, P_CHUNK64, P_V_FIRST],
         outputs: &FORWARD_OUTPUTS,
         cpu: ops::delta::gdn_fwd,
