@@ -1,5 +1,6 @@
-//! CPU runners of the registry's ops (GPU runners of the scan and gate ops in [`gpu`]) (the float64 reference on a case's inputs) and the helpers
-//! their registry entries share: reading inputs by name, expected output classes, thresholds.
+//! The registry's runners: the float64 CPU reference on a case's inputs (one module per spec
+//! file), the GPU runners of the scan and gate ops ([`gpu`]), and the helpers their registry
+//! entries share: reading inputs by name, expected output classes, thresholds.
 
 pub mod decode;
 pub mod delta;
