@@ -18,3 +18,20 @@
     }
 
 FOR_SCAN_DTYPES(SEQ_KERNELS)
+
+// Tiles (tile.cuh): chunks of at most 8 * ATTN_TILE_RP rows with at least 32 lane groups.
+#define TILE_KERNELS(TIN, TOUT, ACC, IN, OUT)                    \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v1_##IN##_##OUT(const StridedArgs a) { \
+        tile_scan<TIN, TOUT, ACC, 1, false>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v2_##IN##_##OUT(const StridedArgs a) { \
+        tile_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), false>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v4_##IN##_##OUT(const StridedArgs a) { \
+        tile_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), false>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v8_##IN##_##OUT(const StridedArgs a) { \
+        tile_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), false>(a); \
+    }
+
+FOR_SCAN_DTYPES(TILE_KERNELS)

@@ -68,8 +68,24 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, Acc (&acc)[N])
     }
 }
 
-// Narrows acc[0..N) to T and stores them at p (aligned like load_vec).
-template <typename T, typename Acc, int N>
+// Stores q at p with the streaming hint (st.global.cs: evict first, for data not read again).
+template <typename T, int P>
+__device__ __forceinline__ void store_streaming(T* p, const Vec<T, P>& q) {
+    const unsigned* w = reinterpret_cast<const unsigned*>(&q);
+    if constexpr (sizeof(q) == 16) {
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+    } else if constexpr (sizeof(q) == 8) {
+        asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(w[0]), "r"(w[1]) : "memory");
+    } else if constexpr (sizeof(q) == 4) {
+        asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(p), "r"(w[0]) : "memory");
+    } else {
+        asm volatile("st.global.cs.u16 [%0], %1;" ::"l"(p), "h"(*reinterpret_cast<const unsigned short*>(&q)) : "memory");
+    }
+}
+
+// Narrows acc[0..N) to T and stores them at p (aligned like load_vec); STREAMING: with the
+// streaming hint.
+template <typename T, typename Acc, int N, bool STREAMING = false>
 __device__ __forceinline__ void store_vec(T* __restrict__ p, const Acc (&acc)[N]) {
     constexpr int P = N < Piece<T>::N ? N : Piece<T>::N;
 #pragma unroll
@@ -77,8 +93,18 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const Acc (&acc)[N]
         Vec<T, P> q;
 #pragma unroll
         for (int j = 0; j < P; ++j) q.v[j] = Narrow<T>::from(acc[k + j]);
-        *reinterpret_cast<Vec<T, P>*>(p + k) = q;
+        if (STREAMING) {
+            store_streaming(p + k, q);
+        } else {
+            *reinterpret_cast<Vec<T, P>*>(p + k) = q;
+        }
     }
+}
+
+// a / b for a >= 0, b > 0: one 32-bit division when both fit 31 bits, as they nearly always do
+// (a 64-bit division is a long subroutine).
+__device__ __forceinline__ i64 div_fast(i64 a, i64 b) {
+    return ((a | b) >> 31) == 0 ? (i64)((unsigned)a / (unsigned)b) : a / b;
 }
 
 // Inclusive scan of v over the 32 lanes of a full warp, lane order (a fixed tree: deterministic).

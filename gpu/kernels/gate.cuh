@@ -48,11 +48,17 @@ template <typename Acc, int VEC> struct Gate {
     __device__ __forceinline__ void init(const GateArgs& g, i64 c0) {
         bounded = g.has_lower_bound != 0;
         lb = (Acc)g.lower_bound;
+        // head of column c0 + k, stepped along (VEC may span heads when K < VEC)
+        i64 hv = div_fast(c0, g.head_dim);
+        i64 r = c0 - hv * g.head_dim;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            const i64 c = c0 + k;
-            bias[k] = g.dt_bias_dtype >= 0 ? (Acc)load_any(reinterpret_cast<const void*>(g.dt_bias), (int)g.dt_bias_dtype, c) : Acc(0);
-            coef[k] = g.a_log_dtype >= 0 ? (Acc)exp(load_any(reinterpret_cast<const void*>(g.a_log), (int)g.a_log_dtype, c / g.head_dim)) : Acc(1);
+            bias[k] = g.dt_bias_dtype >= 0 ? (Acc)load_any(reinterpret_cast<const void*>(g.dt_bias), (int)g.dt_bias_dtype, c0 + k) : Acc(0);
+            coef[k] = g.a_log_dtype >= 0 ? gexp((Acc)load_any(reinterpret_cast<const void*>(g.a_log), (int)g.a_log_dtype, hv)) : Acc(1);
+            if (++r == g.head_dim) {
+                r = 0;
+                ++hv;
+            }
         }
     }
 

@@ -33,6 +33,7 @@ struct StridedArgs {
     GateArgs gate;
     u64 sums;       // Acc*: chunk totals (MODE_SUMS writes, MODE_CARRY reads running totals)
     u64 job_carry;  // const i64* or 0: MODE_CARRY, the job whose running total starts this one (-1: none)
+    i64 parts;      // tile kernels (tile.cuh) only: row parts per tile
 };
 
 #define MODE_SCAN 0

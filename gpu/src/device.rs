@@ -158,6 +158,9 @@ impl Gpu {
         if let Some(u) = crate::cumsum::lookback_u_override() {
             opts.push(format!("-DATTN_LB_U={u}"));
         }
+        if let Some(r) = crate::tile::tile_rows_override().filter(|&r| r > 0) {
+            opts.push(format!("-DATTN_TILE_RP={r}"));
+        }
         // Extra NVRTC options for tuning experiments, e.g. `-DATTN_MIN_BLOCKS=2`.
         if let Ok(extra) = std::env::var("ATTN_NVRTC_OPTS") {
             opts.extend(extra.split_whitespace().map(str::to_string));
@@ -199,6 +202,21 @@ impl Gpu {
             .unwrap_or_else(|p| p.into_inner())
             .insert(kernel.to_string(), f.clone());
         Ok(f)
+    }
+
+    /// Blocks of `block` threads of `kernel` resident on the whole GPU at once (the occupancy
+    /// calculator's blocks per multiprocessor, at least 1, times the multiprocessors).
+    pub(crate) fn resident_blocks(
+        &self,
+        module: Module,
+        kernel: &str,
+        block: u32,
+    ) -> GpuResult<usize> {
+        let f = self.function(module, kernel)?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+            .map_err(GpuError::driver(format!("occupancy of `{kernel}`")))?;
+        Ok(per_sm.max(1) as usize * self.sm_count())
     }
 
     /// Launches `kernel` of `module` on a `grid` of `block`-thread blocks with one by-value

@@ -117,6 +117,7 @@ pub fn kda_gate_into(
         return Ok(());
     }
     let vec = widths(g.dtype(), Dtype::F32, cols)[0];
+    let name = format!("kda_gate_v{vec}_{}", tag(g.dtype()));
     let args = GateElemArgs {
         x: g.ptr(gpu),
         y: y.ptr_mut(gpu),
@@ -124,10 +125,11 @@ pub fn kda_gate_into(
         cols: cols as i64,
         gate,
     };
-    let name = format!("kda_gate_v{vec}_{}", tag(g.dtype()));
-    // x: the column blocks; y: enough row strides for ~16 blocks per multiprocessor
+    // x: the column blocks; y: row strides for one wave of resident blocks (a second, partial
+    // wave would leave most of the GPU idle at the end)
     let gx = (cols / vec).div_ceil(256);
-    let gy = (gpu.sm_count() * 16).div_ceil(gx).clamp(1, rows.min(65535));
+    let resident = gpu.resident_blocks(Module::KdaGate, &name, 256)?;
+    let gy = (resident / gx).clamp(1, rows.min(65535));
     gpu.launch(Module::KdaGate, &name, (gx as u32, gy as u32), 256, &args)
 }
 

@@ -5,6 +5,7 @@ const COMMON: &str = include_str!("../kernels/common.cuh");
 const GATE: &str = include_str!("../kernels/gate.cuh");
 const STRIDED: &str = include_str!("../kernels/strided.cuh");
 const ROWS: &str = include_str!("../kernels/rows.cuh");
+const TILE: &str = include_str!("../kernels/tile.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,8 +43,10 @@ impl Module {
         let mut s = String::from(COMMON);
         s.push_str(GATE);
         s.push_str(STRIDED);
-        if self == Module::Cumsum {
-            s.push_str(ROWS);
+        match self {
+            Module::Cumsum => s.push_str(ROWS),
+            Module::ChunkLocalCumsum | Module::KdaGateChunkCumsum => s.push_str(TILE),
+            _ => {}
         }
         s.push_str(self.op_source());
         s

@@ -16,6 +16,7 @@ mod params;
 pub mod seq_scan;
 mod strided;
 pub mod tensor;
+pub mod tile;
 
 pub use cumsum::{cumsum, cumsum_into};
 pub use device::Gpu;

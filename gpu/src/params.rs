@@ -52,6 +52,7 @@ pub(crate) struct StridedArgs {
     pub gate: GateArgs,
     pub sums: u64,
     pub job_carry: u64,
+    pub parts: i64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for StridedArgs {}

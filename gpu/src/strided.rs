@@ -2,13 +2,15 @@
 //! are enough lanes to fill the GPU, else three passes over chunks of [`SPLIT_ROWS`] rows (chunk
 //! totals; their running totals, by the same scan, split again while still long; chunk scans
 //! carried in), which gives few long lanes the whole GPU at the price of reading the input
-//! twice. Both are deterministic.
+//! twice. Chunk scans whose chunks fit a tile take the tile kernel instead ([`crate::tile`]).
+//! All are deterministic.
 
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
 use crate::params::{grid_for, strided_width, tag, GateArgs, StridedArgs};
 use crate::tensor::DeviceTensor;
+use crate::tile::{tile_layout, TileLayout};
 use attn_reference::cumsum::SeqScanPlan;
 use attn_reference::Dtype;
 
@@ -140,7 +142,16 @@ impl Jobs {
     }
 }
 
-/// A launch of one strided kernel: `name` over `jobs`, reading `x`, writing `y`.
+/// How the threads of a launch cover its jobs.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// strided.cuh: a thread per job and group of adjacent lanes, width by [`strided_width`].
+    Strided,
+    /// tile.cuh: a block per tile.
+    Tile(TileLayout),
+}
+
+/// A launch of one strided or tile kernel: `name` over `jobs`, reading `x`, writing `y`.
 struct Pass<'a> {
     name: String,
     x: u64,
@@ -156,6 +167,7 @@ fn launch_pass(
     gpu: &Gpu,
     module: Module,
     pass: Pass<'_>,
+    layout: Layout,
     cols: usize,
     reverse: bool,
     scale: Option<f64>,
@@ -164,13 +176,16 @@ fn launch_pass(
     if pass.jobs.njobs == 0 || cols == 0 {
         return Ok(());
     }
-    let vec = strided_width(
-        gpu.sm_count(),
-        pass.dtypes.0,
-        pass.dtypes.1,
-        cols,
-        pass.jobs.njobs,
-    );
+    let vec = match layout {
+        Layout::Strided => strided_width(
+            gpu.sm_count(),
+            pass.dtypes.0,
+            pass.dtypes.1,
+            cols,
+            pass.jobs.njobs,
+        ),
+        Layout::Tile(t) => t.vec,
+    };
     let ncv = cols / vec;
     // job tables live on the device until the launch has been queued (stream-ordered frees)
     let table = match &pass.jobs.table {
@@ -199,20 +214,25 @@ fn launch_pass(
         gate,
         sums: pass.sums,
         job_carry: pass.job_carry,
+        parts: match layout {
+            Layout::Strided => 0,
+            Layout::Tile(t) => t.parts as i64,
+        },
     };
-    let name = format!(
-        "{}_v{vec}_{}_{}",
-        pass.name,
-        tag(pass.dtypes.0),
-        tag(pass.dtypes.1)
-    );
-    gpu.launch(
-        module,
-        &name,
-        (grid_for(pass.jobs.njobs * ncv), 1),
-        256,
-        &args,
-    )
+    let (dtypes, name) = (pass.dtypes, pass.name);
+    let (kind, grid, block) = match layout {
+        Layout::Strided => ("", grid_for(pass.jobs.njobs * ncv), 256),
+        Layout::Tile(t) => {
+            let tiles = pass.jobs.njobs * ncv.div_ceil(t.groups);
+            (
+                "_tile",
+                tiles.min(i32::MAX as usize) as u32,
+                t.parts * t.groups,
+            )
+        }
+    };
+    let name = format!("{name}{kind}_v{vec}_{}_{}", tag(dtypes.0), tag(dtypes.1));
+    gpu.launch(module, &name, (grid, 1), block as u32, &args)
 }
 
 /// The strided kernels' name prefix in `module`.
@@ -243,6 +263,11 @@ pub(crate) fn launch_strided(
     }
     let dtypes = (g.dtype(), o.dtype());
     let (x, y) = (g.ptr(gpu), o.ptr_mut(gpu));
+    let chunked = matches!(
+        module,
+        Module::ChunkLocalCumsum | Module::KdaGateChunkCumsum
+    );
+    let tile = tile_layout(dtypes.0, dtypes.1, cols, jobs.longest()).filter(|_| chunked);
     let whole_lanes = jobs.table.is_some() || jobs.jobs_per_batch == 1;
     let few_lanes = jobs.njobs * cols < gpu.sm_count() * 3 * 256;
     let splittable = matches!(module, Module::Cumsum | Module::ChunkGlobalCumsum);
@@ -256,7 +281,8 @@ pub(crate) fn launch_strided(
             sums: 0,
             job_carry: 0,
         };
-        return launch_pass(gpu, module, pass, cols, reverse, scale, gate);
+        let layout = tile.map_or(Layout::Strided, Layout::Tile);
+        return launch_pass(gpu, module, pass, layout, cols, reverse, scale, gate);
     }
     let (chunks, totals, carry) = jobs.split(reverse);
     let acc = if dtypes.0 == Dtype::F64 || dtypes.1 == Dtype::F64 {
@@ -280,7 +306,16 @@ pub(crate) fn launch_strided(
         sums: sums_ptr,
         job_carry: 0,
     };
-    launch_pass(gpu, module, pass1, cols, reverse, None, gate)?;
+    launch_pass(
+        gpu,
+        module,
+        pass1,
+        Layout::Strided,
+        cols,
+        reverse,
+        None,
+        gate,
+    )?;
     // the running totals: the same scan over the chunk totals (split again when still long)
     launch_strided(
         gpu,
@@ -302,5 +337,14 @@ pub(crate) fn launch_strided(
         sums: running.ptr(gpu),
         job_carry: carry.as_ref().map_or(0, |c| c.ptr(gpu)),
     };
-    launch_pass(gpu, module, pass3, cols, reverse, scale, gate)
+    launch_pass(
+        gpu,
+        module,
+        pass3,
+        Layout::Strided,
+        cols,
+        reverse,
+        scale,
+        gate,
+    )
 }

@@ -1,12 +1,14 @@
-//! More than 2^31 elements (64-bit indexing): one look-back lane, the rows kernel and the
-//! strided kernel, each over > 2^31 bf16 elements in {-1, 0, 1}, whose fp32 prefix sums are
-//! exact (|sum| < 2^24), so every element is checked exactly against an integer prefix sum.
+//! More than 2^31 elements (64-bit indexing): one look-back lane, the rows kernel, the strided
+//! kernel and the chunk tile kernel, each over > 2^31 bf16 elements in {-1, 0, 1}, whose fp32
+//! prefix sums are exact (|sum| < 2^24), so every element is checked exactly against an integer
+//! prefix sum.
 //! Needs about 13 GB of device memory per case; without a GPU it says why and passes.
 
 mod common;
 
 use attn_gpu::cumsum::{strategy, CumsumStrategy};
-use attn_gpu::{cumsum_into, DeviceTensor};
+use attn_gpu::tile::{chunk_scan_kernel, ChunkScanKernel};
+use attn_gpu::{chunk_local_cumsum_into, cumsum_into, DeviceTensor};
 use attn_reference::cumsum::validate_cumsum;
 use attn_reference::Dtype;
 use common::{gpu_or_skip, poisoned};
@@ -110,4 +112,60 @@ fn cumsum_over_more_than_2_pow_31_elements_is_exact() {
             }
         });
     }
+}
+
+#[test]
+fn chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact() {
+    let Some(gpu) =
+        gpu_or_skip("chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact")
+    else {
+        return;
+    };
+    // [1, T, 4096] in chunks of 64 (the last one partial), scanned in reverse
+    let (t, cols, chunk) = ((1usize << 19) + 37, 4096usize, 64usize);
+    let shape = [1, t, cols];
+    assert_eq!(
+        chunk_scan_kernel(Dtype::BF16, Dtype::F32, cols, chunk),
+        ChunkScanKernel::Tile
+    );
+    let n = t * cols;
+    assert!(n > 1 << 31);
+    let seed = 7;
+    let mut host = vec![bf16::ZERO; n];
+    par_chunks(&mut host, |off, part| {
+        for (i, v) in part.iter_mut().enumerate() {
+            *v = bf16::from_f32(ternary_at(off + i, seed) as f32);
+        }
+    });
+    let x = DeviceTensor::from_array(gpu, ArrayViewD::from_shape(IxDyn(&shape), &host).unwrap())
+        .unwrap();
+    drop(host);
+    let mut y = poisoned(gpu, &shape, Dtype::F32);
+    chunk_local_cumsum_into(gpu, &x, None, chunk as i64, true, None, &mut y).unwrap();
+    drop(x);
+    let got = y.to_array::<f32>(gpu).unwrap();
+    let got = got.as_slice().unwrap();
+    // 16 parallel parts of whole chunks; each chunk summed from its last row back
+    let chunks = t.div_ceil(chunk);
+    let step = chunks.div_ceil(16);
+    std::thread::scope(|sc| {
+        for first in (0..chunks).step_by(step) {
+            sc.spawn(move || {
+                for ch in first..(first + step).min(chunks) {
+                    let mut acc = vec![0i64; cols];
+                    for r in (ch * chunk..((ch + 1) * chunk).min(t)).rev() {
+                        for (c, a) in acc.iter_mut().enumerate() {
+                            let i = r * cols + c;
+                            *a += ternary_at(i, seed) as i64;
+                            assert!(
+                                got[i] == *a as f32,
+                                "element {i} (row {r}, lane {c}) is {}, expected {a}",
+                                got[i]
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
 }

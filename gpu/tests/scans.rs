@@ -6,6 +6,7 @@
 mod common;
 
 use attn_gpu::cumsum::{strategy, CumsumStrategy};
+use attn_gpu::tile::{chunk_scan_kernel, ChunkScanKernel};
 use attn_gpu::{chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, Gpu};
 use attn_reference::cumsum as refr;
 use attn_reference::{Dtype, RCP_LN2};
@@ -319,6 +320,85 @@ fn chunk_global_cumsum_matches_reference() {
             Ok(())
         })
         .unwrap();
+}
+
+#[test]
+fn chunk_scan_kernels_are_the_intended_ones() {
+    use ChunkScanKernel::{Strided, Tile};
+    let (bf, f32_) = (Dtype::BF16, Dtype::F32);
+    // the benchmark shapes: H * K = 4096, 2048, 1024 lanes in chunks of 64
+    for cols in [4096, 2048, 1024] {
+        assert_eq!(chunk_scan_kernel(bf, f32_, cols, 64), Tile, "{cols}");
+    }
+    assert_eq!(chunk_scan_kernel(bf, f32_, 512, 16), Tile);
+    // chunks of more than 8 parts, or fewer than 32 lane groups: the strided kernel
+    assert_eq!(chunk_scan_kernel(bf, f32_, 512, 1024), Strided);
+    assert_eq!(chunk_scan_kernel(bf, f32_, 64, 64), Strided);
+    assert_eq!(chunk_scan_kernel(Dtype::F64, Dtype::F64, 24, 64), Strided);
+}
+
+/// Fixed cases on both chunk kernels (asserted), forward and reverse, uniform and varlen.
+#[test]
+fn chunk_local_cumsum_tile_and_strided_match_reference() {
+    let Some(gpu) = gpu_or_skip("chunk_local_cumsum_tile_and_strided_match_reference") else {
+        return;
+    };
+    let cases: [(&[usize], usize, Option<usize>); 6] = [
+        (&[2, 300, 4, 128], 64, None),
+        (&[2, 300, 4, 128], 16, None),
+        (&[1, 1000, 2, 64], 32, Some(5)),
+        (&[2, 300, 4, 128], 1024, None),
+        (&[1, 200, 3, 8], 64, None),
+        (&[1, 1000, 2, 64], 64, Some(4)),
+    ];
+    let mut rng = Rng::new(11);
+    for (shape, chunk, nseq) in cases {
+        let cols = shape[2] * shape[3];
+        for (din, dout) in [
+            (Dtype::BF16, Dtype::F32),
+            (Dtype::F32, Dtype::F32),
+            (Dtype::F64, Dtype::F64),
+        ] {
+            let kernel = chunk_scan_kernel(din, dout, cols, chunk);
+            let want_kernel = if chunk <= 64 && cols >= 128 {
+                ChunkScanKernel::Tile
+            } else {
+                ChunkScanKernel::Strided
+            };
+            assert_eq!(kernel, want_kernel, "{shape:?} chunk {chunk} {din}->{dout}");
+            for reverse in [false, true] {
+                let cu = nseq.map(|n| random_cu_seqlens(&mut rng, shape[1], n));
+                let (g, gv) = upload(gpu, &rng.array(shape, -3.0, 1.0), din);
+                let mut o = poisoned(gpu, shape, dout);
+                chunk_local_cumsum_into(
+                    gpu,
+                    &g,
+                    cu.as_deref(),
+                    chunk as i64,
+                    reverse,
+                    Some(0.5),
+                    &mut o,
+                )
+                .unwrap();
+                let want = refr::chunk_local_cumsum(
+                    gv.view(),
+                    cu.as_deref(),
+                    chunk as i64,
+                    reverse,
+                    Some(0.5),
+                )
+                .unwrap();
+                assert_close(
+                    &format!(
+                        "{kernel:?} {shape:?} chunk {chunk} cu {cu:?} rev {reverse} {din}->{dout}"
+                    ),
+                    &download(gpu, &o),
+                    &want,
+                    threshold(dout, 1e-6),
+                );
+            }
+        }
+    }
 }
 
 #[test]

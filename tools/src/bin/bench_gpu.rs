@@ -7,7 +7,8 @@
 //! Bytes moved = every input element read once + every output element written once. The copy
 //! ceiling is a `cuMemcpyDtoDAsync` of 1 GiB (2 GiB moved).
 //!
-//! Usage: `bench_gpu [--json PATH] [--filter SUBSTR] [--iters N]`. Prints a table; `--json`
+//! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
+//! contains any of the substrings). Prints a table; `--json`
 //! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
 
 use attn_gpu::{
@@ -255,7 +256,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let mut rows = Vec::new();
-    for case in cases().into_iter().filter(|c| c.name.contains(&filter)) {
+    let wanted = |name: &str| filter.split(',').any(|f| name.contains(f));
+    for case in cases().into_iter().filter(|c| wanted(c.name)) {
         let numel: usize = case.shape.iter().product();
         let in_bytes = numel * case.din.size_bytes();
         let bytes = in_bytes + numel * case.dout.size_bytes();

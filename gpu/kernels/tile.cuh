@@ -1,0 +1,117 @@
+// Chunk scans by tiles (`chunk_local_cumsum`, `kda_gate_chunk_cumsum`): one block scans one tile,
+// the rows of one job (a chunk of at most parts * TILE_RP rows) over G = blockDim.x / parts lane
+// groups of VEC adjacent lanes. The jobs and the lanes are those of the strided scan
+// (StridedArgs, strided.cuh); `parts` (1, 2, 4 or 8) is the number of row parts a tile is cut
+// into, and G is a power of two of at least 32, so a warp reads whole rows of 32 lane groups.
+//
+// Thread (p, g) owns the lanes of group g in the rows of part p: the scan-order positions
+// i = p * TILE_RP .. (p + 1) * TILE_RP - 1 of the job (row i from the job's start, or from its
+// end when reverse). It loads all its rows at once (TILE_RP loads in flight), applies the gate
+// (GATE) and sums them; the part totals meet in shared memory; after one barrier the thread
+// rescans its rows starting from the sum of the totals of the parts before it, in part order:
+//   o[i] = scale * ((T_0 + T_1 + ... + T_{p-1}) + x[p * TILE_RP] + ... + x[i]),
+// a fixed order of additions, so the result is deterministic.
+//
+// Blocks live for one tile (a few memory latencies), so the GPU drains evenly at the end of the
+// grid; a long-lived thread walking a whole chunk leaves a tail of partly idle multiprocessors.
+
+// Rows per part (overridable with -DATTN_TILE_RP=N; the host reads the same knob).
+#ifndef ATTN_TILE_RP
+#define ATTN_TILE_RP 8
+#endif
+// Outputs stored with the streaming hint (-DATTN_TILE_CS=0 for plain stores).
+#ifndef ATTN_TILE_CS
+#define ATTN_TILE_CS 1
+#endif
+
+template <typename Tin, typename Tout, typename Acc, int VEC, bool GATE>
+__device__ __forceinline__ void tile_scan(const StridedArgs& a) {
+    constexpr int RP = ATTN_TILE_RP;
+    __shared__ Acc part_total[256 * VEC];  // [part][k][group]: a warp's accesses hit distinct banks
+    const int parts = (int)a.parts;
+    const int G = blockDim.x / parts;  // blockDim.x <= 256; G a power of two
+    const int g = threadIdx.x & (G - 1);
+    const int p = threadIdx.x >> (__ffs(G) - 1);
+    const i64 slabs = (a.ncv + G - 1) / G;
+    const i64 ntiles = a.njobs * slabs;
+    const Acc scale = (Acc)a.scale;
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const i64 job = div_fast(tile, slabs);
+        const i64 cv = (tile - job * slabs) * G + g;
+        const i64 c0 = cv * VEC;
+        i64 row0, n;
+        if (a.job_row0) {
+            row0 = reinterpret_cast<const i64*>(a.job_row0)[job];
+            n = reinterpret_cast<const i64*>(a.job_len)[job];
+        } else {
+            const i64 b = div_fast(job, a.jobs_per_batch), k = job - b * a.jobs_per_batch;
+            row0 = b * a.rows_per_batch + k * a.seg;
+            n = min(a.seg, a.rows_per_batch - k * a.seg);
+        }
+        const i64 i0 = (i64)p * RP;
+        // rows of this thread's part (none for lanes past the last group)
+        const int m = cv < a.ncv ? (int)max((i64)0, min((i64)RP, n - i0)) : 0;
+        // offsets within a part fit 32 bits (the host keeps cols * TILE_RP < 2^31)
+        int step = (int)a.cols;
+        i64 first = (row0 + i0) * a.cols + c0;
+        if (a.reverse) {
+            first = (row0 + n - 1 - i0) * a.cols + c0;
+            step = -step;
+        }
+        const Tin* __restrict__ x = reinterpret_cast<const Tin*>(a.x) + first;
+        Tout* __restrict__ y = reinterpret_cast<Tout*>(a.y) + first;
+
+        Vec<Tin, VEC> raw[RP];
+#pragma unroll
+        for (int u = 0; u < RP; ++u)
+            if (u < m) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + u * step);
+
+        // the gated values (GATE), else the raw rows, kept for the rescan
+        Gate<Acc, VEC> gate;
+        if (GATE && m > 0) gate.init(a.gate, c0);
+        Acc gated[GATE ? RP : 1][VEC];
+        Acc total[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) total[k] = Acc(0);
+#pragma unroll
+        for (int u = 0; u < RP; ++u) {
+            if (u < m) {
+                Acc in[VEC];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) in[k] = (Acc)widen(raw[u].v[k]);
+                if constexpr (GATE) {
+                    gate.apply(in);
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) gated[u][k] = in[k];
+                }
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) total[k] += in[k];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) part_total[(p * VEC + k) * G + g] = total[k];
+        __syncthreads();
+
+        Acc acc[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[k] = Acc(0);
+#pragma unroll 1
+        for (int q = 0; q < p; ++q) {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) acc[k] += part_total[(q * VEC + k) * G + g];
+        }
+#pragma unroll
+        for (int u = 0; u < RP; ++u) {
+            if (u < m) {
+                Acc o[VEC];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    acc[k] += GATE ? gated[u][k] : (Acc)widen(raw[u].v[k]);
+                    o[k] = acc[k] * scale;
+                }
+                store_vec<Tout, Acc, VEC, ATTN_TILE_CS != 0>(y + u * step, o);
+            }
+        }
+        __syncthreads();  // part_total is rewritten by the block's next tile
+    }
+}

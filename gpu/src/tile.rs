@@ -1,0 +1,84 @@
+//! Which kernel scans chunks (`chunk_local_cumsum`, `kda_gate_chunk_cumsum`), and how the tile
+//! kernel (kernels/tile.cuh) is laid out: one block per tile, a tile being the rows of one chunk
+//! over `groups` groups of `vec` adjacent lanes, the rows cut into `parts` parts of
+//! [`tile_rows`] rows scanned side by side and joined through shared memory. Chunks longer than
+//! [`MAX_PARTS`] parts, or fewer than 32 lane groups, take the strided kernel (one thread walks
+//! a whole chunk).
+
+use crate::params::widths;
+use attn_reference::Dtype;
+
+/// Most row parts in a tile.
+pub const MAX_PARTS: usize = 8;
+
+/// Rows per part of a tile: `$ATTN_TILE_RP` (a tuning knob: 4, 8 or 16, passed to NVRTC too;
+/// 0 turns the tile kernel off), else 8.
+pub fn tile_rows() -> usize {
+    tile_rows_override().unwrap_or(8)
+}
+
+/// `$ATTN_TILE_RP` when set to an allowed value.
+pub(crate) fn tile_rows_override() -> Option<usize> {
+    std::env::var("ATTN_TILE_RP")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|r| [0, 4, 8, 16].contains(r))
+}
+
+/// The layout of a tile launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TileLayout {
+    /// Lanes per thread.
+    pub vec: usize,
+    /// Row parts per tile (1, 2, 4 or 8).
+    pub parts: usize,
+    /// Lane groups per tile: a power of two, at least 32 (a warp), `parts * groups <= 256`.
+    pub groups: usize,
+}
+
+/// The tile layout for jobs of at most `longest` rows over `cols` lanes, `din` -> `dout`; `None`
+/// when the strided kernel is the one to use.
+pub(crate) fn tile_layout(
+    din: Dtype,
+    dout: Dtype,
+    cols: usize,
+    longest: usize,
+) -> Option<TileLayout> {
+    let rows = tile_rows();
+    if rows == 0 {
+        return None;
+    }
+    let vec = widths(din, dout, cols)[0];
+    let ncv = cols / vec;
+    let parts = longest.div_ceil(rows).max(1).next_power_of_two();
+    // the kernel offsets rows within a part in 32 bits
+    let offsets_fit = cols.saturating_mul(rows) < i32::MAX as usize;
+    if parts > MAX_PARTS || ncv < 32 || !offsets_fit {
+        return None;
+    }
+    let groups = (256 / parts).min(ncv.next_power_of_two());
+    Some(TileLayout { vec, parts, groups })
+}
+
+/// Which kernel scans the chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkScanKernel {
+    /// A block per chunk and group of lanes (tile.cuh).
+    Tile,
+    /// A thread per chunk and group of adjacent lanes (strided.cuh).
+    Strided,
+}
+
+/// The kernel `chunk_local_cumsum` and `kda_gate_chunk_cumsum` use for chunks of `chunk_size`
+/// tokens over `cols = H * S` (or `HV * K`) lanes, `din` -> `dout`.
+pub fn chunk_scan_kernel(
+    din: Dtype,
+    dout: Dtype,
+    cols: usize,
+    chunk_size: usize,
+) -> ChunkScanKernel {
+    match tile_layout(din, dout, cols, chunk_size) {
+        Some(_) => ChunkScanKernel::Tile,
+        None => ChunkScanKernel::Strided,
+    }
+}
