@@ -5,16 +5,16 @@
 
 #define SEQ_KERNELS(TIN, TOUT, ACC, IN, OUT)                                                      \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_v1_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, 1, false>(a); \
+        strided_scan<TIN, TOUT, ACC, 1, GATE_NONE>(a); \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_v2_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), false>(a); \
+        strided_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), GATE_NONE>(a); \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_v4_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), false>(a); \
+        strided_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), GATE_NONE>(a); \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_v8_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), false>(a); \
+        strided_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), GATE_NONE>(a); \
     }
 
 FOR_SCAN_DTYPES(SEQ_KERNELS)
@@ -22,16 +22,16 @@ FOR_SCAN_DTYPES(SEQ_KERNELS)
 // Tiles (tile.cuh): chunks of at most 8 * ATTN_TILE_RP rows with at least 32 lane groups.
 #define TILE_KERNELS(TIN, TOUT, ACC, IN, OUT)                    \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v1_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, 1, false>(a); \
+        tile_scan<TIN, TOUT, ACC, 1, GATE_NONE>(a); \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v2_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), false>(a); \
+        tile_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), GATE_NONE>(a); \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v4_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), false>(a); \
+        tile_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), GATE_NONE>(a); \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_tile_v8_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), false>(a); \
+        tile_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), GATE_NONE>(a); \
     }
 
 FOR_SCAN_DTYPES(TILE_KERNELS)

@@ -124,17 +124,6 @@ template <typename Acc> __device__ __forceinline__ Acc warp_sum(Acc v) {
     return v;
 }
 
-// Reads one float element of a tensor whose dtype is only known at run time (small side inputs
-// such as A_log and dt_bias). Codes match the host's `dtype_code`.
-__device__ __forceinline__ double load_any(const void* p, int dtype, i64 i) {
-    switch (dtype) {
-    case 0: return reinterpret_cast<const double*>(p)[i];
-    case 1: return reinterpret_cast<const float*>(p)[i];
-    case 2: return widen(reinterpret_cast<const bf16*>(p)[i]);
-    default: return widen(reinterpret_cast<const f16*>(p)[i]);
-    }
-}
-
 // The (input, output, accumulator) dtype combinations every scan kernel is instantiated for:
 // M(Tin, Tout, Acc, in_tag, out_tag). Half-precision inputs accumulate in fp32; anything
 // touching fp64 accumulates in fp64.

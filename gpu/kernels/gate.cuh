@@ -30,34 +30,81 @@ __device__ __forceinline__ float lg2_approx(float v) {
 }
 __device__ __forceinline__ float gexp(float v) { return ex2_approx(v * 1.4426950408889634f); }
 __device__ __forceinline__ double gexp(double v) { return exp(v); }
+// Branch-free (selects), so the elements of a thread interleave their multi-function latencies.
 __device__ __forceinline__ float gsoftplus(float a) {
-    if (a > 20.0f) return a;
     const float e = gexp(a);
-    return a < -8.0f ? e - 0.5f * e * e : lg2_approx(1.0f + e) * 0.6931471805599453f;
+    const float tiny = e - 0.5f * e * e;
+    const float mid = lg2_approx(1.0f + e) * 0.6931471805599453f;
+    return a > 20.0f ? a : (a < -8.0f ? tiny : mid);
 }
 __device__ __forceinline__ double gsoftplus(double a) { return a > 20.0 ? a : log1p(exp(a)); }
 __device__ __forceinline__ float gsigmoid(float z) { return __fdividef(1.0f, 1.0f + gexp(-z)); }
 __device__ __forceinline__ double gsigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
 
-template <typename Acc, int VEC> struct Gate {
+// Which gate a kernel applies: none (a plain scan), the softplus form, or the lower-bound form.
+// Kernels choose between the two forms once per launch (gate_form), so no element branches.
+#define GATE_NONE 0
+#define GATE_SOFTPLUS 1
+#define GATE_BOUNDED 2
+
+// Loads N consecutive elements of a side input (A_log, dt_bias) whose dtype is only known at
+// run time, as Acc. Codes match the host's `dtype_code`: 0 fp64, 1 fp32, 2 bf16, 3 fp16.
+template <typename Acc, int N>
+__device__ __forceinline__ void load_side(const void* p, int dtype, i64 i, Acc (&out)[N]) {
+    switch (dtype) {
+    case 0:
+#pragma unroll
+        for (int k = 0; k < N; ++k) out[k] = (Acc)reinterpret_cast<const double*>(p)[i + k];
+        break;
+    case 1:
+#pragma unroll
+        for (int k = 0; k < N; ++k) out[k] = (Acc)reinterpret_cast<const float*>(p)[i + k];
+        break;
+    case 2:
+#pragma unroll
+        for (int k = 0; k < N; ++k) out[k] = (Acc)widen(reinterpret_cast<const bf16*>(p)[i + k]);
+        break;
+    default:
+#pragma unroll
+        for (int k = 0; k < N; ++k) out[k] = (Acc)widen(reinterpret_cast<const f16*>(p)[i + k]);
+    }
+}
+
+template <typename Acc, int VEC, int FORM> struct Gate {
     Acc bias[VEC];
     Acc coef[VEC];  // exp(A_log[hv]), or 1 without A_log
     Acc lb;
-    bool bounded;
 
+    // The constants of columns c0 .. c0 + VEC - 1.
     __device__ __forceinline__ void init(const GateArgs& g, i64 c0) {
-        bounded = g.has_lower_bound != 0;
         lb = (Acc)g.lower_bound;
-        // head of column c0 + k, stepped along (VEC may span heads when K < VEC)
-        i64 hv = div_fast(c0, g.head_dim);
-        i64 r = c0 - hv * g.head_dim;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            bias[k] = g.dt_bias_dtype >= 0 ? (Acc)load_any(reinterpret_cast<const void*>(g.dt_bias), (int)g.dt_bias_dtype, c0 + k) : Acc(0);
-            coef[k] = g.a_log_dtype >= 0 ? gexp((Acc)load_any(reinterpret_cast<const void*>(g.a_log), (int)g.a_log_dtype, hv)) : Acc(1);
-            if (++r == g.head_dim) {
-                r = 0;
-                ++hv;
+        for (int k = 0; k < VEC; ++k) bias[k] = Acc(0);
+        if (g.dt_bias_dtype >= 0) load_side(reinterpret_cast<const void*>(g.dt_bias), (int)g.dt_bias_dtype, c0, bias);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) coef[k] = Acc(1);
+        if (g.a_log_dtype >= 0) {
+            const void* alog = reinterpret_cast<const void*>(g.a_log);
+            const int dt = (int)g.a_log_dtype;
+            i64 hv = div_fast(c0, g.head_dim);
+            i64 r = c0 - hv * g.head_dim;
+            if (r + VEC <= g.head_dim) {  // one head for all VEC columns (K >= VEC: the usual case)
+                Acc l[1];
+                load_side(alog, dt, hv, l);
+                const Acc c = gexp(l[0]);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) coef[k] = c;
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    Acc l[1];
+                    load_side(alog, dt, hv, l);
+                    coef[k] = gexp(l[0]);
+                    if (++r == g.head_dim) {
+                        r = 0;
+                        ++hv;
+                    }
+                }
             }
         }
     }
@@ -66,7 +113,21 @@ template <typename Acc, int VEC> struct Gate {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
             const Acc a = v[k] + bias[k];
-            v[k] = bounded ? lb * gsigmoid(coef[k] * a) : -coef[k] * gsoftplus(a);
+            if constexpr (FORM == GATE_BOUNDED) {
+                v[k] = lb * gsigmoid(coef[k] * a);
+            } else {
+                v[k] = -coef[k] * gsoftplus(a);
+            }
         }
     }
 };
+
+// Runs CALL (which names FORM) with the launch's gate form as the constant FORM.
+#define GATE_DISPATCH(args, CALL)                   \
+    if ((args).gate.has_lower_bound) {              \
+        constexpr int FORM = GATE_BOUNDED;          \
+        CALL;                                       \
+    } else {                                        \
+        constexpr int FORM = GATE_SOFTPLUS;         \
+        CALL;                                       \
+    }

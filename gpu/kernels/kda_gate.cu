@@ -13,11 +13,11 @@ struct GateElemArgs {
 // its columns are computed once), y strides over the rows, GATE_ROWS rows loaded ahead.
 #define GATE_ROWS 4
 
-template <typename Tin, typename Acc, int VEC>
+template <typename Tin, typename Acc, int VEC, int FORM>
 __device__ __forceinline__ void gate_elementwise(const GateElemArgs& a) {
     const i64 c0 = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (c0 >= a.cols) return;
-    Gate<Acc, VEC> g;
+    Gate<Acc, VEC, FORM> g;
     g.init(a.gate, c0);
     const Tin* __restrict__ x = reinterpret_cast<const Tin*>(a.x) + c0;
     float* __restrict__ y = reinterpret_cast<float*>(a.y) + c0;
@@ -44,16 +44,16 @@ __device__ __forceinline__ void gate_elementwise(const GateElemArgs& a) {
 
 #define GATE_KERNELS(TIN, ACC, IN) \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v1_##IN(const GateElemArgs a) { \
-        gate_elementwise<TIN, ACC, 1>(a); \
+        GATE_DISPATCH(a, (gate_elementwise<TIN, ACC, 1, FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v2_##IN(const GateElemArgs a) { \
-        gate_elementwise<TIN, ACC, (2 <= VMax<TIN>::N ? 2 : 1)>(a); \
+        GATE_DISPATCH(a, (gate_elementwise<TIN, ACC, (2 <= VMax<TIN>::N ? 2 : 1), FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v4_##IN(const GateElemArgs a) { \
-        gate_elementwise<TIN, ACC, (4 <= VMax<TIN>::N ? 4 : 1)>(a); \
+        GATE_DISPATCH(a, (gate_elementwise<TIN, ACC, (4 <= VMax<TIN>::N ? 4 : 1), FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_v8_##IN(const GateElemArgs a) { \
-        gate_elementwise<TIN, ACC, (8 <= VMax<TIN>::N ? 8 : 1)>(a); \
+        GATE_DISPATCH(a, (gate_elementwise<TIN, ACC, (8 <= VMax<TIN>::N ? 8 : 1), FORM>(a))) \
     }
 
 GATE_KERNELS(float, float, f32)

@@ -4,16 +4,16 @@
 
 #define GATE_SCAN_KERNELS(TIN, TOUT, ACC, IN, OUT)                                                \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v1_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, 1, true>(a); \
+        GATE_DISPATCH(a, (strided_scan<TIN, TOUT, ACC, 1, FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v2_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), true>(a); \
+        GATE_DISPATCH(a, (strided_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v4_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), true>(a); \
+        GATE_DISPATCH(a, (strided_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_v8_##IN##_##OUT(const StridedArgs a) { \
-        strided_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), true>(a); \
+        GATE_DISPATCH(a, (strided_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), FORM>(a))) \
     }
 
 FOR_SCAN_DTYPES(GATE_SCAN_KERNELS)
@@ -21,16 +21,16 @@ FOR_SCAN_DTYPES(GATE_SCAN_KERNELS)
 // Tiles (tile.cuh): chunks of at most 8 * ATTN_TILE_RP rows with at least 32 lane groups.
 #define GATE_TILE_KERNELS(TIN, TOUT, ACC, IN, OUT)                    \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v1_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, 1, true>(a); \
+        GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, 1, FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v2_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), true>(a); \
+        GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v4_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), true>(a); \
+        GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), FORM>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v8_##IN##_##OUT(const StridedArgs a) { \
-        tile_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), true>(a); \
+        GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), FORM>(a))) \
     }
 
 FOR_SCAN_DTYPES(GATE_TILE_KERNELS)

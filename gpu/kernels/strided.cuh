@@ -8,7 +8,7 @@
 // (row0, n) per job (varlen), or jobs are uniform: batch b = j / jobs_per_batch has
 // rows_per_batch rows cut into segments of `seg` rows, the last one partial.
 //
-// With GATE the KDA gate (gate.cuh) is applied to every element before it is summed, so the
+// With a GATE form the KDA gate (gate.cuh) is applied to every element before it is summed, so the
 // gate values never reach memory.
 //
 // Few lanes over long sequences (too few threads for the GPU) use three passes over jobs cut
@@ -45,7 +45,7 @@ struct StridedArgs {
 #define ATTN_UNR 8
 #endif
 
-template <typename Tin, typename Tout, typename Acc, int VEC, bool GATE, int MODE = MODE_SCAN>
+template <typename Tin, typename Tout, typename Acc, int VEC, int GATE, int MODE = MODE_SCAN>
 __device__ __forceinline__ void strided_scan(const StridedArgs& a) {
     constexpr int UNR = ATTN_UNR;
     const i64 total = a.njobs * a.ncv;
@@ -72,7 +72,7 @@ __device__ __forceinline__ void strided_scan(const StridedArgs& a) {
         const Tin* __restrict__ x = reinterpret_cast<const Tin*>(a.x) + first;
         Tout* __restrict__ y = reinterpret_cast<Tout*>(a.y) + first;
 
-        Gate<Acc, VEC> gate;
+        Gate<Acc, VEC, GATE> gate;
         if (GATE) gate.init(a.gate, c0);
 
         Acc acc[VEC];

@@ -1,13 +1,14 @@
 // Chunk scans by tiles (`chunk_local_cumsum`, `kda_gate_chunk_cumsum`): one block scans one tile,
 // the rows of one job (a chunk of at most parts * TILE_RP rows) over G = blockDim.x / parts lane
 // groups of VEC adjacent lanes. The jobs and the lanes are those of the strided scan
-// (StridedArgs, strided.cuh); `parts` (1, 2, 4 or 8) is the number of row parts a tile is cut
-// into, and G is a power of two of at least 32, so a warp reads whole rows of 32 lane groups.
+// (StridedArgs, strided.cuh); `parts` (a power of two up to 16) is the number of row parts a
+// tile is cut into, and G is a power of two of at least 16, so each half-warp reads 16 lane
+// groups of one row: whole 32-byte sectors.
 //
 // Thread (p, g) owns the lanes of group g in the rows of part p: the scan-order positions
 // i = p * TILE_RP .. (p + 1) * TILE_RP - 1 of the job (row i from the job's start, or from its
 // end when reverse). It loads all its rows at once (TILE_RP loads in flight), applies the gate
-// (GATE) and sums them; the part totals meet in shared memory; after one barrier the thread
+// (a GATE form) and sums them; the part totals meet in shared memory; after one barrier the thread
 // rescans its rows starting from the sum of the totals of the parts before it, in part order:
 //   o[i] = scale * ((T_0 + T_1 + ... + T_{p-1}) + x[p * TILE_RP] + ... + x[i]),
 // a fixed order of additions, so the result is deterministic.
@@ -24,7 +25,7 @@
 #define ATTN_TILE_CS 1
 #endif
 
-template <typename Tin, typename Tout, typename Acc, int VEC, bool GATE>
+template <typename Tin, typename Tout, typename Acc, int VEC, int GATE>
 __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
     constexpr int RP = ATTN_TILE_RP;
     __shared__ Acc part_total[256 * VEC];  // [part][k][group]: a warp's accesses hit distinct banks
@@ -67,7 +68,7 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
             if (u < m) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + u * step);
 
         // the gated values (GATE), else the raw rows, kept for the rescan
-        Gate<Acc, VEC> gate;
+        Gate<Acc, VEC, GATE> gate;
         if (GATE && m > 0) gate.init(a.gate, c0);
         Acc gated[GATE ? RP : 1][VEC];
         Acc total[VEC];

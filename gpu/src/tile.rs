@@ -2,14 +2,14 @@
 //! kernel (kernels/tile.cuh) is laid out: one block per tile, a tile being the rows of one chunk
 //! over `groups` groups of `vec` adjacent lanes, the rows cut into `parts` parts of
 //! [`tile_rows`] rows scanned side by side and joined through shared memory. Chunks longer than
-//! [`MAX_PARTS`] parts, or fewer than 32 lane groups, take the strided kernel (one thread walks
-//! a whole chunk).
+//! [`MAX_PARTS`] parts, or lanes of fewer than 32 groups, take the strided kernel (one thread
+//! walks a whole chunk).
 
 use crate::params::widths;
 use attn_reference::Dtype;
 
 /// Most row parts in a tile.
-pub const MAX_PARTS: usize = 8;
+pub const MAX_PARTS: usize = 16;
 
 /// Rows per part of a tile: `$ATTN_TILE_RP` (a tuning knob: 4, 8 or 16, passed to NVRTC too;
 /// 0 turns the tile kernel off), else 8.
@@ -30,9 +30,9 @@ pub(crate) fn tile_rows_override() -> Option<usize> {
 pub(crate) struct TileLayout {
     /// Lanes per thread.
     pub vec: usize,
-    /// Row parts per tile (1, 2, 4 or 8).
+    /// Row parts per tile (a power of two up to [`MAX_PARTS`]).
     pub parts: usize,
-    /// Lane groups per tile: a power of two, at least 32 (a warp), `parts * groups <= 256`.
+    /// Lane groups per tile: a power of two, at least 16 (half a warp), `parts * groups <= 256`.
     pub groups: usize,
 }
 

@@ -331,7 +331,7 @@ fn chunk_scan_kernels_are_the_intended_ones() {
         assert_eq!(chunk_scan_kernel(bf, f32_, cols, 64), Tile, "{cols}");
     }
     assert_eq!(chunk_scan_kernel(bf, f32_, 512, 16), Tile);
-    // chunks of more than 8 parts, or fewer than 32 lane groups: the strided kernel
+    // chunks of more than 16 parts of 8 rows, or fewer than 32 lane groups: the strided kernel
     assert_eq!(chunk_scan_kernel(bf, f32_, 512, 1024), Strided);
     assert_eq!(chunk_scan_kernel(bf, f32_, 64, 64), Strided);
     assert_eq!(chunk_scan_kernel(Dtype::F64, Dtype::F64, 24, 64), Strided);
@@ -360,7 +360,7 @@ fn chunk_local_cumsum_tile_and_strided_match_reference() {
             (Dtype::F64, Dtype::F64),
         ] {
             let kernel = chunk_scan_kernel(din, dout, cols, chunk);
-            let want_kernel = if chunk <= 64 && cols >= 128 {
+            let want_kernel = if chunk <= 128 && cols >= 128 {
                 ChunkScanKernel::Tile
             } else {
                 ChunkScanKernel::Strided
