@@ -6,8 +6,8 @@
 # Writes into $OUT: summary.txt (the short table of everything), tests.log, verify.log,
 # sanitizer.log, bench.txt, bench_gpu.json, bench_anchors.json, tune.txt. `tune` (not part of
 # `all`) times the chunk and gate kernels under each tuning variant of $ATTN_TUNE_VARIANTS
-# (`;`-separated; each a list of VAR=VALUE words without spaces in a value, e.g.
-# "ATTN_TILE_RP=16;ATTN_NVRTC_OPTS=-DATTN_TILE_CS=0";
+# (`;`-separated; each a list of shell words VAR=VALUE, e.g.
+# "ATTN_TILE_RP=16;ATTN_NVRTC_OPTS='-DATTN_TILE_CS=0 -DATTN_MIN_BLOCKS=4'";
 # "-" is the default build), each run $ATTN_TUNE_PASSES times (default 1), a process per run.
 set -u -o pipefail
 S=${1:?usage: run.sh STAGE_DIR [parts]}
@@ -66,7 +66,7 @@ if [[ " $PARTS " == *" tune "* ]]; then
     for v in "${variants[@]}"; do
       [ "$v" = "-" ] && v=""
       echo "== variant [$v] pass $pass" >>"$OUT/tune.txt"
-      env $v timeout 120 "$S/bin/bench_gpu" --filter "${ATTN_TUNE_FILTER:-chunk_local,kda_gate}" >"$OUT/tune_one.txt" 2>&1
+      eval "env $v timeout 120 \"\$S/bin/bench_gpu\"" --filter "${ATTN_TUNE_FILTER:-chunk_local,kda_gate}" >"$OUT/tune_one.txt" 2>&1
       cat "$OUT/tune_one.txt" >>"$OUT/tune.txt"
       grep -E "^(chunk|kda)" "$OUT/tune_one.txt" | awk -v v="[$v] p$pass" '{printf "%-58s %-40s %8s ms %6s\n", v, $1, $2, $4}' | tee -a "$SUM"
     done

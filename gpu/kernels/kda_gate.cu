@@ -11,7 +11,9 @@ struct GateElemArgs {
 
 // 2-D grid: x covers the columns (VEC per thread, fixed per thread so the gate constants of
 // its columns are computed once), y strides over the rows, GATE_ROWS rows loaded ahead.
+#ifndef GATE_ROWS
 #define GATE_ROWS 4
+#endif
 
 template <typename Tin, typename Acc, int VEC, int FORM>
 __device__ __forceinline__ void gate_elementwise(const GateElemArgs& a) {

@@ -20,6 +20,10 @@
 #ifndef ATTN_TILE_RP
 #define ATTN_TILE_RP 8
 #endif
+// Gate values recomputed in the rescan instead of kept in registers (-DATTN_TILE_REGATE=1).
+#ifndef ATTN_TILE_REGATE
+#define ATTN_TILE_REGATE 0
+#endif
 // Outputs stored with the streaming hint (-DATTN_TILE_CS=0 for plain stores).
 #ifndef ATTN_TILE_CS
 #define ATTN_TILE_CS 1
@@ -67,10 +71,12 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
         for (int u = 0; u < RP; ++u)
             if (u < m) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + u * step);
 
-        // the gated values (GATE), else the raw rows, kept for the rescan
+        // the gated values (GATE, unless REGATE recomputes them), else the raw rows, kept for
+        // the rescan
+        constexpr bool KEEP = GATE != GATE_NONE && !ATTN_TILE_REGATE;
         Gate<Acc, VEC, GATE> gate;
         if (GATE && m > 0) gate.init(a.gate, c0);
-        Acc gated[GATE ? RP : 1][VEC];
+        Acc gated[KEEP ? RP : 1][VEC];
         Acc total[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) total[k] = Acc(0);
@@ -80,8 +86,8 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
                 Acc in[VEC];
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) in[k] = (Acc)widen(raw[u].v[k]);
-                if constexpr (GATE) {
-                    gate.apply(in);
+                if constexpr (GATE != GATE_NONE) gate.apply(in);
+                if constexpr (KEEP) {
 #pragma unroll
                     for (int k = 0; k < VEC; ++k) gated[u][k] = in[k];
                 }
@@ -104,10 +110,14 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
 #pragma unroll
         for (int u = 0; u < RP; ++u) {
             if (u < m) {
+                Acc in[VEC];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) in[k] = KEEP ? gated[u][k] : (Acc)widen(raw[u].v[k]);
+                if constexpr (GATE != GATE_NONE && !KEEP) gate.apply(in);
                 Acc o[VEC];
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {
-                    acc[k] += GATE ? gated[u][k] : (Acc)widen(raw[u].v[k]);
+                    acc[k] += in[k];
                     o[k] = acc[k] * scale;
                 }
                 store_vec<Tout, Acc, VEC, ATTN_TILE_CS != 0>(y + u * step, o);

@@ -129,7 +129,11 @@ pub fn kda_gate_into(
     // wave would leave most of the GPU idle at the end)
     let gx = (cols / vec).div_ceil(256);
     let resident = gpu.resident_blocks(Module::KdaGate, &name, 256)?;
-    let gy = (resident / gx).clamp(1, rows.min(65535));
+    let gy = if std::env::var("ATTN_GATE_GRID").as_deref() == Ok("full") {
+        rows.div_ceil(4).clamp(1, 65535)
+    } else {
+        (resident / gx).clamp(1, rows.min(65535))
+    };
     gpu.launch(Module::KdaGate, &name, (gx as u32, gy as u32), 256, &args)
 }
 
