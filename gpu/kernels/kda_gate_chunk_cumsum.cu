@@ -18,18 +18,18 @@
 
 FOR_SCAN_DTYPES(GATE_SCAN_KERNELS)
 
-// Tiles (tile.cuh): chunks of at most 8 * ATTN_TILE_RP rows with at least 32 lane groups.
+// Tiles (tile.cuh), at least 4 blocks per multiprocessor (64 registers).
 #define GATE_TILE_KERNELS(TIN, TOUT, ACC, IN, OUT)                    \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v1_##IN##_##OUT(const StridedArgs a) { \
+    extern "C" __global__ void __launch_bounds__(256, 4) kda_gate_chunk_cumsum_tile_v1_##IN##_##OUT(const StridedArgs a) { \
         GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, 1, FORM>(a))) \
     } \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v2_##IN##_##OUT(const StridedArgs a) { \
+    extern "C" __global__ void __launch_bounds__(256, 4) kda_gate_chunk_cumsum_tile_v2_##IN##_##OUT(const StridedArgs a) { \
         GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, (2 <= VMax<TIN>::N ? 2 : 1), FORM>(a))) \
     } \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v4_##IN##_##OUT(const StridedArgs a) { \
+    extern "C" __global__ void __launch_bounds__(256, 4) kda_gate_chunk_cumsum_tile_v4_##IN##_##OUT(const StridedArgs a) { \
         GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, (4 <= VMax<TIN>::N ? 4 : 1), FORM>(a))) \
     } \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) kda_gate_chunk_cumsum_tile_v8_##IN##_##OUT(const StridedArgs a) { \
+    extern "C" __global__ void __launch_bounds__(256, 4) kda_gate_chunk_cumsum_tile_v8_##IN##_##OUT(const StridedArgs a) { \
         GATE_DISPATCH(a, (tile_scan<TIN, TOUT, ACC, (8 <= VMax<TIN>::N ? 8 : 1), FORM>(a))) \
     }
 

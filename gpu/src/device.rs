@@ -204,21 +204,6 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Blocks of `block` threads of `kernel` resident on the whole GPU at once (the occupancy
-    /// calculator's blocks per multiprocessor, at least 1, times the multiprocessors).
-    pub(crate) fn resident_blocks(
-        &self,
-        module: Module,
-        kernel: &str,
-        block: u32,
-    ) -> GpuResult<usize> {
-        let f = self.function(module, kernel)?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
-            .map_err(GpuError::driver(format!("occupancy of `{kernel}`")))?;
-        Ok(per_sm.max(1) as usize * self.sm_count())
-    }
-
     /// Launches `kernel` of `module` on a `grid` of `block`-thread blocks with one by-value
     /// parameter struct, checks the launch,
     /// and (when checked) its completion.

@@ -125,15 +125,9 @@ pub fn kda_gate_into(
         cols: cols as i64,
         gate,
     };
-    // x: the column blocks; y: row strides for one wave of resident blocks (a second, partial
-    // wave would leave most of the GPU idle at the end)
+    // x: the column blocks; y: a block per GATE_ROWS (4) rows, up to the grid's limit
     let gx = (cols / vec).div_ceil(256);
-    let resident = gpu.resident_blocks(Module::KdaGate, &name, 256)?;
-    let gy = if std::env::var("ATTN_GATE_GRID").as_deref() == Ok("full") {
-        rows.div_ceil(4).clamp(1, 65535)
-    } else {
-        (resident / gx).clamp(1, rows.min(65535))
-    };
+    let gy = rows.div_ceil(4).clamp(1, 65535);
     gpu.launch(Module::KdaGate, &name, (gx as u32, gy as u32), 256, &args)
 }
 

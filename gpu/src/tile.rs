@@ -25,6 +25,15 @@ pub(crate) fn tile_rows_override() -> Option<usize> {
         .filter(|r| [0, 4, 8, 16].contains(r))
 }
 
+/// Threads per tile block: `$ATTN_TILE_THREADS` (a tuning knob: 128 or 256), else 256.
+fn tile_threads() -> usize {
+    std::env::var("ATTN_TILE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|t| [128, 256].contains(t))
+        .unwrap_or(256)
+}
+
 /// The layout of a tile launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TileLayout {
@@ -32,7 +41,8 @@ pub(crate) struct TileLayout {
     pub vec: usize,
     /// Row parts per tile (a power of two up to [`MAX_PARTS`]).
     pub parts: usize,
-    /// Lane groups per tile: a power of two, at least 16 (half a warp), `parts * groups <= 256`.
+    /// Lane groups per tile: a power of two, at least 16 (half a warp), `parts * groups <= 256`
+    /// (the block).
     pub groups: usize,
 }
 
@@ -48,7 +58,12 @@ pub(crate) fn tile_layout(
     if rows == 0 {
         return None;
     }
-    let vec = widths(din, dout, cols)[0];
+    // at most 8 input bytes per row and thread: the raw rows held for the rescan then fit the
+    // kernel's 64 registers
+    let vec = widths(din, dout, cols)
+        .into_iter()
+        .find(|w| w * din.size_bytes() <= 8)
+        .unwrap_or(1);
     let ncv = cols / vec;
     let parts = longest.div_ceil(rows).max(1).next_power_of_two();
     // the kernel offsets rows within a part in 32 bits
@@ -56,8 +71,8 @@ pub(crate) fn tile_layout(
     if parts > MAX_PARTS || ncv < 32 || !offsets_fit {
         return None;
     }
-    let groups = (256 / parts).min(ncv.next_power_of_two());
-    Some(TileLayout { vec, parts, groups })
+    let groups = (tile_threads() / parts).min(ncv.next_power_of_two());
+    (groups >= 16).then_some(TileLayout { vec, parts, groups })
 }
 
 /// Which kernel scans the chunks.
