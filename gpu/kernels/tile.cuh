@@ -9,8 +9,9 @@
 // i = p * TILE_RP .. (p + 1) * TILE_RP - 1 of the job (row i from the job's start, or from its
 // end when reverse). It loads all its rows at once (TILE_RP loads in flight), applies the gate
 // (a GATE form) and sums them; the part totals meet in shared memory; after one barrier the
-// thread rescans its rows (gate recomputed) starting from the sum of the totals of the parts
-// before it, in part order, and stores with the streaming hint (the output is not read again):
+// thread rescans its rows (the gated values kept in shared memory) starting from the sum of the
+// totals of the parts before it, in part order, and stores with the streaming hint (the output
+// is not read again):
 //   o[i] = scale * ((T_0 + T_1 + ... + T_{p-1}) + x[p * TILE_RP] + ... + x[i]),
 // a fixed order of additions, so the result is deterministic.
 //
@@ -22,10 +23,22 @@
 #define ATTN_TILE_RP 8
 #endif
 
+// Gate values recomputed in the rescan instead of kept in shared memory (-DATTN_TILE_REGATE=1).
+#ifndef ATTN_TILE_REGATE
+#define ATTN_TILE_REGATE 0
+#endif
+
+// Dynamic shared memory (sized by the host, tile.rs): the part totals [part][k][group]
+// (blockDim.x * VEC accumulators), then with a gate the gated values [u][k][thread]
+// (TILE_RP * VEC * blockDim.x accumulators). Both layouts put a warp's accesses in distinct banks.
+extern __shared__ __align__(16) unsigned char tile_smem[];
+
 template <typename Tin, typename Tout, typename Acc, int VEC, int GATE>
 __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
     constexpr int RP = ATTN_TILE_RP;
-    __shared__ Acc part_total[256 * VEC];  // [part][k][group]: a warp's accesses hit distinct banks
+    constexpr bool KEEP = GATE != GATE_NONE && !ATTN_TILE_REGATE;
+    Acc* part_total = reinterpret_cast<Acc*>(tile_smem);
+    Acc* kept = part_total + blockDim.x * VEC;
     const int parts = (int)a.parts;
     const int G = blockDim.x / parts;  // blockDim.x <= 256; G a power of two
     const int g = threadIdx.x & (G - 1);
@@ -64,8 +77,8 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
         for (int u = 0; u < RP; ++u)
             if (u < m) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + u * step);
 
-        // the raw rows stay in registers for the rescan, which recomputes the gate: keeping the
-        // gated fp32 values instead takes twice the registers and a quarter of the occupancy
+        // for the rescan: the gated values in shared memory (KEEP), else the raw rows in
+        // registers (holding the gated fp32 values there would take twice the registers)
         Gate<Acc, VEC, GATE> gate;
         if (GATE && m > 0) gate.init(a.gate, c0);
         Acc total[VEC];
@@ -80,6 +93,10 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
                 if constexpr (GATE != GATE_NONE) gate.apply(in);
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) total[k] += in[k];
+                if constexpr (KEEP) {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) kept[(u * VEC + k) * blockDim.x + threadIdx.x] = in[k];
+                }
             }
         }
 #pragma unroll
@@ -99,8 +116,9 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
             if (u < m) {
                 Acc in[VEC];
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) in[k] = (Acc)widen(raw[u].v[k]);
-                if constexpr (GATE != GATE_NONE) gate.apply(in);
+                for (int k = 0; k < VEC; ++k)
+                    in[k] = KEEP ? kept[(u * VEC + k) * blockDim.x + threadIdx.x] : (Acc)widen(raw[u].v[k]);
+                if constexpr (GATE != GATE_NONE && !KEEP) gate.apply(in);
                 Acc o[VEC];
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {

@@ -215,11 +215,24 @@ impl Gpu {
         block: u32,
         params: &P,
     ) -> GpuResult<()> {
+        self.launch_with_smem(module, kernel, grid, block, 0, params)
+    }
+
+    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory per block (at most 48 KiB).
+    pub(crate) fn launch_with_smem<P: DeviceRepr>(
+        &self,
+        module: Module,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        params: &P,
+    ) -> GpuResult<()> {
         let f = self.function(module, kernel)?;
         let cfg = LaunchConfig {
             grid_dim: (grid.0, grid.1, 1),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(params);

@@ -10,7 +10,7 @@ use crate::error::GpuResult;
 use crate::kernels::Module;
 use crate::params::{grid_for, strided_width, tag, GateArgs, StridedArgs};
 use crate::tensor::DeviceTensor;
-use crate::tile::{tile_layout, TileLayout};
+use crate::tile::{tile_layout, tile_smem_bytes, TileLayout};
 use attn_reference::cumsum::SeqScanPlan;
 use attn_reference::Dtype;
 
@@ -220,19 +220,26 @@ fn launch_pass(
         },
     };
     let (dtypes, name) = (pass.dtypes, pass.name);
-    let (kind, grid, block) = match layout {
-        Layout::Strided => ("", grid_for(pass.jobs.njobs * ncv), 256),
+    let (kind, grid, block, smem) = match layout {
+        Layout::Strided => ("", grid_for(pass.jobs.njobs * ncv), 256, 0),
         Layout::Tile(t) => {
             let tiles = pass.jobs.njobs * ncv.div_ceil(t.groups);
+            let gated = module == Module::KdaGateChunkCumsum;
+            let acc = if dtypes.0 == Dtype::F64 || dtypes.1 == Dtype::F64 {
+                8
+            } else {
+                4
+            };
             (
                 "_tile",
                 tiles.min(i32::MAX as usize) as u32,
                 t.parts * t.groups,
+                tile_smem_bytes(&t, gated, acc),
             )
         }
     };
     let name = format!("{name}{kind}_v{vec}_{}_{}", tag(dtypes.0), tag(dtypes.1));
-    gpu.launch(module, &name, (grid, 1), block as u32, &args)
+    gpu.launch_with_smem(module, &name, (grid, 1), block as u32, smem as u32, &args)
 }
 
 /// The strided kernels' name prefix in `module`.

@@ -34,6 +34,18 @@ fn tile_threads() -> usize {
         .unwrap_or(256)
 }
 
+/// Dynamic shared memory of a tile block (kernels/tile.cuh): the part totals, and with the gate
+/// the gated values of every thread's rows, in accumulators of `acc_bytes`.
+pub(crate) fn tile_smem_bytes(t: &TileLayout, gated: bool, acc_bytes: usize) -> usize {
+    let rows = if gated && !regate() { tile_rows() } else { 0 };
+    t.parts * t.groups * t.vec * acc_bytes * (1 + rows)
+}
+
+/// `$ATTN_NVRTC_OPTS` asks the kernel to recompute the gate instead of keeping it (a tuning knob).
+fn regate() -> bool {
+    std::env::var("ATTN_NVRTC_OPTS").is_ok_and(|o| o.contains("-DATTN_TILE_REGATE=1"))
+}
+
 /// The layout of a tile launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TileLayout {
