@@ -23,11 +23,6 @@
 #define ATTN_TILE_RP 8
 #endif
 
-// Gate values recomputed in the rescan instead of kept in shared memory (-DATTN_TILE_REGATE=1).
-#ifndef ATTN_TILE_REGATE
-#define ATTN_TILE_REGATE 0
-#endif
-
 // Dynamic shared memory (sized by the host, tile.rs): the part totals [part][k][group]
 // (blockDim.x * VEC accumulators), then with a gate the gated values [u][k][thread]
 // (TILE_RP * VEC * blockDim.x accumulators). Both layouts put a warp's accesses in distinct banks.
@@ -36,7 +31,7 @@ extern __shared__ __align__(16) unsigned char tile_smem[];
 template <typename Tin, typename Tout, typename Acc, int VEC, int GATE>
 __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
     constexpr int RP = ATTN_TILE_RP;
-    constexpr bool KEEP = GATE != GATE_NONE && !ATTN_TILE_REGATE;
+    constexpr bool KEEP = GATE != GATE_NONE;
     Acc* part_total = reinterpret_cast<Acc*>(tile_smem);
     Acc* kept = part_total + blockDim.x * VEC;
     const int parts = (int)a.parts;
@@ -77,8 +72,9 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
         for (int u = 0; u < RP; ++u)
             if (u < m) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + u * step);
 
-        // for the rescan: the gated values in shared memory (KEEP), else the raw rows in
-        // registers (holding the gated fp32 values there would take twice the registers)
+        // for the rescan: the gated values in shared memory (KEEP: holding them in registers
+        // would take twice the registers, recomputing them twice the gate arithmetic), else
+        // the raw rows in registers
         Gate<Acc, VEC, GATE> gate;
         if (GATE && m > 0) gate.init(a.gate, c0);
         Acc total[VEC];
@@ -118,7 +114,6 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
                     in[k] = KEEP ? kept[(u * VEC + k) * blockDim.x + threadIdx.x] : (Acc)widen(raw[u].v[k]);
-                if constexpr (GATE != GATE_NONE && !KEEP) gate.apply(in);
                 Acc o[VEC];
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {

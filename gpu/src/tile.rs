@@ -11,8 +11,9 @@ use attn_reference::Dtype;
 /// Most row parts in a tile.
 pub const MAX_PARTS: usize = 16;
 
-/// Rows per part of a tile: `$ATTN_TILE_RP` (a tuning knob: 4, 8 or 16, passed to NVRTC too;
-/// 0 turns the tile kernel off), else 8.
+/// Rows per part of a tile: `$ATTN_TILE_RP` (a tuning knob: 4 or 8, passed to NVRTC too; 0
+/// turns the tile kernel off), else 8. (16 would take more than the 48 KiB of shared memory a
+/// fused block may have without opting in.)
 pub fn tile_rows() -> usize {
     tile_rows_override().unwrap_or(8)
 }
@@ -22,28 +23,14 @@ pub(crate) fn tile_rows_override() -> Option<usize> {
     std::env::var("ATTN_TILE_RP")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .filter(|r| [0, 4, 8, 16].contains(r))
-}
-
-/// Threads per tile block: `$ATTN_TILE_THREADS` (a tuning knob: 128 or 256), else 256.
-fn tile_threads() -> usize {
-    std::env::var("ATTN_TILE_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|t| [128, 256].contains(t))
-        .unwrap_or(256)
+        .filter(|r| [0, 4, 8].contains(r))
 }
 
 /// Dynamic shared memory of a tile block (kernels/tile.cuh): the part totals, and with the gate
 /// the gated values of every thread's rows, in accumulators of `acc_bytes`.
 pub(crate) fn tile_smem_bytes(t: &TileLayout, gated: bool, acc_bytes: usize) -> usize {
-    let rows = if gated && !regate() { tile_rows() } else { 0 };
+    let rows = if gated { tile_rows() } else { 0 };
     t.parts * t.groups * t.vec * acc_bytes * (1 + rows)
-}
-
-/// `$ATTN_NVRTC_OPTS` asks the kernel to recompute the gate instead of keeping it (a tuning knob).
-fn regate() -> bool {
-    std::env::var("ATTN_NVRTC_OPTS").is_ok_and(|o| o.contains("-DATTN_TILE_REGATE=1"))
 }
 
 /// The layout of a tile launch.
@@ -83,8 +70,8 @@ pub(crate) fn tile_layout(
     if parts > MAX_PARTS || ncv < 32 || !offsets_fit {
         return None;
     }
-    let groups = (tile_threads() / parts).min(ncv.next_power_of_two());
-    (groups >= 16).then_some(TileLayout { vec, parts, groups })
+    let groups = (256 / parts).min(ncv.next_power_of_two());
+    Some(TileLayout { vec, parts, groups })
 }
 
 /// Which kernel scans the chunks.
