@@ -41,10 +41,6 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
     const i64 slabs = (a.ncv + G - 1) / G;
     const i64 ntiles = a.njobs * slabs;
     const Acc scale = (Acc)a.scale;
-    // gate constants of the lanes last set up (a block that keeps its column slab over its tiles
-    // sets them up once)
-    Gate<Acc, VEC, GATE> gate;
-    i64 gate_c0 = -1;
     for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         const i64 job = div_fast(tile, slabs);
         const i64 cv = (tile - job * slabs) * G + g;
@@ -79,10 +75,8 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
         // for the rescan: the gated values in shared memory (KEEP: holding them in registers
         // would take twice the registers, recomputing them twice the gate arithmetic), else
         // the raw rows in registers
-        if (GATE && m > 0 && c0 != gate_c0) {
-            gate.init(a.gate, c0);
-            gate_c0 = c0;
-        }
+        Gate<Acc, VEC, GATE> gate;
+        if (GATE && m > 0) gate.init(a.gate, c0);
         Acc total[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) total[k] = Acc(0);

@@ -230,21 +230,9 @@ fn launch_pass(
             } else {
                 4
             };
-            // $ATTN_TILE_PERSIST=N (a tuning knob): a grid of about N blocks per multiprocessor,
-            // a multiple of the column slabs, so each block keeps its slab
-            let persist = std::env::var("ATTN_TILE_PERSIST")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok());
-            let grid = match persist {
-                Some(n) if n > 0 => {
-                    let slabs = ncv.div_ceil(t.groups);
-                    (slabs * (gpu.sm_count() * n / slabs).max(1)).min(tiles)
-                }
-                _ => tiles,
-            };
             (
                 "_tile",
-                grid.min(i32::MAX as usize) as u32,
+                tiles.min(i32::MAX as usize) as u32,
                 t.parts * t.groups,
                 tile_smem_bytes(&t, gated, acc),
             )
