@@ -23,6 +23,11 @@
 #define ATTN_TILE_RP 8
 #endif
 
+// Resident blocks per multiprocessor the register allocator must allow (tile kernels).
+#ifndef ATTN_TILE_MIN_BLOCKS
+#define ATTN_TILE_MIN_BLOCKS 4
+#endif
+
 // Dynamic shared memory (sized by the host, tile.rs): the part totals [part][k][group]
 // (blockDim.x * VEC accumulators), then with a gate the gated values [u][k][thread]
 // (TILE_RP * VEC * blockDim.x accumulators). Both layouts put a warp's accesses in distinct banks.
