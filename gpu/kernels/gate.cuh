@@ -42,7 +42,7 @@ __device__ __forceinline__ float gsigmoid(float z) { return __fdividef(1.0f, 1.0
 __device__ __forceinline__ double gsigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
 
 // Which gate a kernel applies: none (a plain scan), the softplus form, or the lower-bound form.
-// Kernels choose between the two forms once per launch (gate_form), so no element branches.
+// Kernels choose between the two forms once per launch (GATE_DISPATCH), so no element branches.
 #define GATE_NONE 0
 #define GATE_SOFTPLUS 1
 #define GATE_BOUNDED 2

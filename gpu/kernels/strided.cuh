@@ -8,8 +8,8 @@
 // (row0, n) per job (varlen), or jobs are uniform: batch b = j / jobs_per_batch has
 // rows_per_batch rows cut into segments of `seg` rows, the last one partial.
 //
-// With a GATE form the KDA gate (gate.cuh) is applied to every element before it is summed, so the
-// gate values never reach memory.
+// With a GATE form the KDA gate (gate.cuh) is applied to every element before it is summed, so
+// the gate values never reach memory.
 //
 // Few lanes over long sequences (too few threads for the GPU) use three passes over jobs cut
 // into chunks of SPLIT_ROWS rows (MODE): SUMS writes each chunk's total to `sums`

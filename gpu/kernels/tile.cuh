@@ -30,7 +30,8 @@
 
 // Dynamic shared memory (sized by the host, tile.rs): the part totals [part][k][group]
 // (blockDim.x * VEC accumulators), then with a gate the gated values [u][k][thread]
-// (TILE_RP * VEC * blockDim.x accumulators). Both layouts put a warp's accesses in distinct banks.
+// (TILE_RP * VEC * blockDim.x accumulators). A warp's accesses hit distinct banks (two ways for
+// the totals when G = 16: the half-warps are in different parts).
 extern __shared__ __align__(16) unsigned char tile_smem[];
 
 template <typename Tin, typename Tout, typename Acc, int VEC, int GATE>

@@ -176,7 +176,11 @@ proptest! {
                     let aqk = intra.aqk.slice(s![b, a..e, hv, ..nc]).to_owned();
                     let vn = v_new.slice(s![b, a..e, hv, ..]).to_owned();
                     let o = qg.dot(&h) * scale + aqk.dot(&vn);
-                    assert_close(&o, &tr.o.slice(s![a - bos..e - bos, ..]).to_owned(), 1e-12, "o from the pipeline");
+                    // rebuilt here in another order of operations than the recurrence: the sum
+                    // of two products through Aqk and v_new (whose triangular solve amplifies
+                    // rounding with the conditioning of I + L); over 400 random cases the
+                    // ratio reached 1.5e-12 (the case in delta_forward.proptest-regressions)
+                    assert_close(&o, &tr.o.slice(s![a - bos..e - bos, ..]).to_owned(), 1e-11, "o from the pipeline");
                     // Akk (I + L) = I, with L recomputed from its definition
                     let akk = intra.akk.slice(s![b, a..e, hv, ..nc]).to_owned();
                     let mut il = Array2::<f64>::eye(nc);
