@@ -29,9 +29,10 @@
 #endif
 
 // Dynamic shared memory (sized by the host, tile.rs): the part totals [part][k][group]
-// (blockDim.x * VEC accumulators), then with a gate the gated values [u][k][thread]
-// (TILE_RP * VEC * blockDim.x accumulators). A warp's accesses hit distinct banks (two ways for
-// the totals when G = 16: the half-warps are in different parts).
+// (blockDim.x * VEC accumulators), then with a gate the gated values [u][thread][k]
+// (TILE_RP * 256 * VEC accumulators: a fixed thread stride, so the offsets of rows are
+// immediates, and one vector access per row). A warp's accesses hit distinct banks (two ways
+// for the totals when G = 16: the half-warps are in different parts).
 extern __shared__ __align__(16) unsigned char tile_smem[];
 
 template <typename Tin, typename Tout, typename Acc, int VEC, int GATE>
@@ -96,8 +97,10 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) total[k] += in[k];
                 if constexpr (KEEP) {
+                    Vec<Acc, VEC> q;
 #pragma unroll
-                    for (int k = 0; k < VEC; ++k) kept[(u * VEC + k) * blockDim.x + threadIdx.x] = in[k];
+                    for (int k = 0; k < VEC; ++k) q.v[k] = in[k];
+                    reinterpret_cast<Vec<Acc, VEC>*>(kept)[u * 256 + threadIdx.x] = q;
                 }
             }
         }
@@ -117,9 +120,14 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
         for (int u = 0; u < RP; ++u) {
             if (u < m) {
                 Acc in[VEC];
+                if constexpr (KEEP) {
+                    const Vec<Acc, VEC> q = reinterpret_cast<const Vec<Acc, VEC>*>(kept)[u * 256 + threadIdx.x];
 #pragma unroll
-                for (int k = 0; k < VEC; ++k)
-                    in[k] = KEEP ? kept[(u * VEC + k) * blockDim.x + threadIdx.x] : (Acc)widen(raw[u].v[k]);
+                    for (int k = 0; k < VEC; ++k) in[k] = q.v[k];
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) in[k] = (Acc)widen(raw[u].v[k]);
+                }
                 Acc o[VEC];
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {

@@ -29,8 +29,14 @@ pub(crate) fn tile_rows_override() -> Option<usize> {
 /// Dynamic shared memory of a tile block (kernels/tile.cuh): the part totals, and with the gate
 /// the gated values of every thread's rows, in accumulators of `acc_bytes`.
 pub(crate) fn tile_smem_bytes(t: &TileLayout, gated: bool, acc_bytes: usize) -> usize {
-    let rows = if gated { tile_rows() } else { 0 };
-    t.parts * t.groups * t.vec * acc_bytes * (1 + rows)
+    let totals = t.parts * t.groups * t.vec * acc_bytes;
+    // the gated values: a fixed stride of 256 threads per row
+    let kept = if gated {
+        tile_rows() * 256 * t.vec * acc_bytes
+    } else {
+        0
+    };
+    totals + kept
 }
 
 /// The layout of a tile launch.
