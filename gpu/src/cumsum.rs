@@ -113,6 +113,13 @@ pub fn cumsum_into(
         return Ok(());
     }
     let pair = format!("{}_{}", tag(x.dtype()), tag(y.dtype()));
+    // rows and look-back tiles: whole 16-byte vectors when the row length allows
+    let vec = if plan.len % vmax(x.dtype()) == 0 {
+        vmax(x.dtype())
+    } else {
+        1
+    };
+    let kind = if vec > 1 { "vec" } else { "scalar" };
     match strategy(&plan, gpu.sm_count()) {
         CumsumStrategy::Strided => launch_strided(
             gpu,
@@ -131,12 +138,6 @@ pub fn cumsum_into(
             },
         ),
         CumsumStrategy::Rows => {
-            let vec = if plan.len % vmax(x.dtype()) == 0 {
-                vmax(x.dtype())
-            } else {
-                1
-            };
-            let kind = if vec > 1 { "vec" } else { "scalar" };
             let args = RowArgs {
                 x: x.ptr(gpu),
                 y: y.ptr_mut(gpu),
@@ -155,12 +156,6 @@ pub fn cumsum_into(
             )
         }
         CumsumStrategy::Lookback => {
-            let vec = if plan.len % vmax(x.dtype()) == 0 {
-                vmax(x.dtype())
-            } else {
-                1
-            };
-            let kind = if vec > 1 { "vec" } else { "scalar" };
             let acc_f64 = x.dtype() == Dtype::F64 || y.dtype() == Dtype::F64;
             let tile = LB_WARPS * lookback_warp_elems(vec, acc_f64);
             let tiles_per_row = plan.len.div_ceil(tile);

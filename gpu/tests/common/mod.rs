@@ -5,10 +5,7 @@
 use attn_gpu::{DeviceTensor, Gpu};
 use attn_reference::Dtype;
 use half::{bf16, f16};
-use ndarray::{ArrayD, IxDyn};
-use rand::distr::Uniform;
-use rand::rngs::StdRng;
-use rand::{Rng as _, RngCore, SeedableRng};
+use ndarray::ArrayD;
 
 /// The GPU, or `None` after printing why there is none. With `ATTN_REQUIRE_GPU=1` a missing
 /// GPU is a failure.
@@ -35,30 +32,7 @@ pub fn cases(n: u32) -> proptest::test_runner::Config {
     proptest::test_runner::Config::with_cases(n)
 }
 
-/// Seeded random inputs: a thin layer over `rand`'s [`StdRng`], seeded by proptest.
-pub struct Rng(StdRng);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(StdRng::seed_from_u64(seed))
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-    /// Uniform in `[lo, hi)` (`lo < hi`).
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        self.0.random_range(lo..hi)
-    }
-    /// Uniform integer in `0 .. n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
-        self.0.random_range(0..n)
-    }
-    /// A tensor of `shape` with entries uniform in `[lo, hi)`.
-    pub fn array(&mut self, shape: &[usize], lo: f64, hi: f64) -> ArrayD<f64> {
-        let u = Uniform::new(lo, hi).expect("lo < hi, both finite");
-        ArrayD::from_shape_simple_fn(IxDyn(shape), || self.0.sample(u))
-    }
-}
+pub use attn_testkit::Rng;
 
 pub const FLOATS: [Dtype; 4] = [Dtype::F32, Dtype::F64, Dtype::BF16, Dtype::F16];
 
