@@ -15,6 +15,9 @@ typedef unsigned long long u64;
 struct bf16 { unsigned short x; };
 struct f16 { unsigned short x; };
 
+// N elements of T, aligned as one access.
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+
 // ---- widening (input element -> accumulator) ----
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ double widen(double v) { return v; }
@@ -23,6 +26,27 @@ __device__ __forceinline__ float widen(f16 v) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
     return f;
+}
+
+// Widens the N elements of a vector; bf16 pairs as one 32-bit word each (the low element by a
+// shift, the high one by a mask: no extraction).
+template <typename T, typename Acc, int N>
+__device__ __forceinline__ void widen_vec(const Vec<T, N>& r, Acc (&acc)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc[k] = (Acc)widen(r.v[k]);
+}
+template <int N> __device__ __forceinline__ void widen_vec(const Vec<bf16, N>& r, float (&acc)[N]) {
+    if constexpr (N % 2 == 0) {
+        const unsigned* w = reinterpret_cast<const unsigned*>(&r);
+#pragma unroll
+        for (int k = 0; k < N; k += 2) {
+            acc[k] = __uint_as_float(w[k / 2] << 16);
+            acc[k + 1] = __uint_as_float(w[k / 2] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) acc[k] = widen(r.v[k]);
+    }
 }
 
 // ---- narrowing (accumulator -> output element), round to nearest even ----
@@ -51,7 +75,6 @@ template <> struct Narrow<f16> {
 };
 
 // ---- vectors of N elements, loaded/stored in pieces of at most 16 bytes ----
-template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 
 template <typename T> struct Piece { static constexpr int N = 16 / sizeof(T); };
 
@@ -62,9 +85,11 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ p, Acc (&acc)[N])
     constexpr int P = N < Piece<T>::N ? N : Piece<T>::N;
 #pragma unroll
     for (int k = 0; k < N; k += P) {
-        Vec<T, P> q = *reinterpret_cast<const Vec<T, P>*>(p + k);
+        const Vec<T, P> q = *reinterpret_cast<const Vec<T, P>*>(p + k);
+        Acc w[P];
+        widen_vec(q, w);
 #pragma unroll
-        for (int j = 0; j < P; ++j) acc[k + j] = (Acc)widen(q.v[j]);
+        for (int j = 0; j < P; ++j) acc[k + j] = w[j];
     }
 }
 

@@ -15,9 +15,8 @@ struct GateArgs {
     i64 head_dim;         // K
 };
 
-// fp32: the multi-function unit's exp2/log2 (as FLA's Triton kernels use), with log1p(e) taken
-// as e - e^2/2 where 1 + e would lose e's digits; the softplus error stays below 3e-7 absolute.
-// fp64: the precise library functions.
+// fp32: the multi-function unit's exp2/log2 (as FLA's Triton kernels use). fp64: the precise
+// library functions.
 __device__ __forceinline__ float ex2_approx(float v) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
@@ -28,18 +27,24 @@ __device__ __forceinline__ float lg2_approx(float v) {
     asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
     return r;
 }
-__device__ __forceinline__ float gexp(float v) { return ex2_approx(v * 1.4426950408889634f); }
+#define GATE_LOG2E 1.4426950408889634
+#define GATE_LN2 0.6931471805599453
+__device__ __forceinline__ float gexp(float v) { return ex2_approx(v * (float)GATE_LOG2E); }
 __device__ __forceinline__ double gexp(double v) { return exp(v); }
-// Branch-free (selects), so the elements of a thread interleave their multi-function latencies.
-__device__ __forceinline__ float gsoftplus(float a) {
-    const float e = gexp(a);
-    const float tiny = e - 0.5f * e * e;
-    const float mid = lg2_approx(1.0f + e) * 0.6931471805599453f;
-    return a > 20.0f ? a : (a < -8.0f ? tiny : mid);
+
+// fp32 softplus in base 2: for t = a * log2(e), softplus(a) / ln 2 =
+//   t                          for a > 20,
+//   log2(1 + 2^t)              in between,
+//   (e - e^2/2) * log2(e)      for a < -8, e = 2^t (where 1 + e would lose e's digits),
+// branch-free (selects), so the elements of a thread interleave their multi-function latencies.
+// The error stays below 3e-7 absolute (times ln 2).
+__device__ __forceinline__ float gsoftplus2(float t) {
+    const float e = ex2_approx(t);
+    const float tiny = e * fmaf(e, (float)(-0.5 * GATE_LOG2E), (float)GATE_LOG2E);
+    const float mid = lg2_approx(1.0f + e);
+    return t > (float)(20.0 * GATE_LOG2E) ? t : (t < (float)(-8.0 * GATE_LOG2E) ? tiny : mid);
 }
 __device__ __forceinline__ double gsoftplus(double a) { return a > 20.0 ? a : log1p(exp(a)); }
-__device__ __forceinline__ float gsigmoid(float z) { return __fdividef(1.0f, 1.0f + gexp(-z)); }
-__device__ __forceinline__ double gsigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
 
 // Which gate a kernel applies: none (a plain scan), the softplus form, or the lower-bound form.
 // Kernels choose between the two forms once per launch (GATE_DISPATCH), so no element branches.
@@ -70,41 +75,45 @@ __device__ __forceinline__ void load_side(const void* p, int dtype, i64 i, Acc (
     }
 }
 
+// The gate of VEC adjacent columns of one head (the host keeps VEC a divisor of K), its
+// constants folded at init so that each element costs one multiply-add before the exponential:
+//   fp32 softplus form:  t = x * log2(e) + bias * log2(e),  y = (-exp(A_log) * ln 2) * gsoftplus2(t)
+//   fp32 bounded form:   u = -exp(A_log) * log2(e) * (x + bias),  y = lb / (1 + 2^u)
+//   fp64:                a = x + bias, then the formulas of the header with the library functions.
 template <typename Acc, int VEC, int FORM> struct Gate {
-    Acc bias[VEC];
-    Acc coef[VEC];  // exp(A_log[hv]), or 1 without A_log
+    static constexpr bool FP32 = sizeof(Acc) == 4;
+    Acc bias[VEC];  // the folded dt_bias of each column (see above)
+    Acc coef;       // the folded factor of the head (see above)
     Acc lb;
 
     // The constants of columns c0 .. c0 + VEC - 1.
     __device__ __forceinline__ void init(const GateArgs& g, i64 c0) {
         lb = (Acc)g.lower_bound;
+        Acc b[VEC];  // dt_bias (0 when absent)
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) bias[k] = Acc(0);
-        if (g.dt_bias_dtype >= 0) load_side(reinterpret_cast<const void*>(g.dt_bias), (int)g.dt_bias_dtype, c0, bias);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) coef[k] = Acc(1);
+        for (int k = 0; k < VEC; ++k) b[k] = Acc(0);
+        if (g.dt_bias_dtype >= 0) load_side(reinterpret_cast<const void*>(g.dt_bias), (int)g.dt_bias_dtype, c0, b);
+        Acc c = Acc(1);  // exp(A_log[hv]) (1 when absent)
         if (g.a_log_dtype >= 0) {
-            const void* alog = reinterpret_cast<const void*>(g.a_log);
-            const int dt = (int)g.a_log_dtype;
-            i64 hv = div_fast(c0, g.head_dim);
-            i64 r = c0 - hv * g.head_dim;
-            if (r + VEC <= g.head_dim) {  // one head for all VEC columns (K >= VEC: the usual case)
-                Acc l[1];
-                load_side(alog, dt, hv, l);
-                const Acc c = gexp(l[0]);
+            Acc l[1];
+            load_side(reinterpret_cast<const void*>(g.a_log), (int)g.a_log_dtype, div_fast(c0, g.head_dim), l);
+            c = gexp(l[0]);
+        }
+        if constexpr (!FP32) {
+            coef = FORM == GATE_BOUNDED ? c : -c;
+        } else if constexpr (FORM == GATE_BOUNDED) {
+            coef = -c * (float)GATE_LOG2E;
+        } else {
+            coef = -c * (float)GATE_LN2;
+        }
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) coef[k] = c;
+        for (int k = 0; k < VEC; ++k) {
+            if constexpr (!FP32) {
+                bias[k] = b[k];
+            } else if constexpr (FORM == GATE_BOUNDED) {
+                bias[k] = coef * b[k];
             } else {
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) {
-                    Acc l[1];
-                    load_side(alog, dt, hv, l);
-                    coef[k] = gexp(l[0]);
-                    if (++r == g.head_dim) {
-                        r = 0;
-                        ++hv;
-                    }
-                }
+                bias[k] = b[k] * (float)GATE_LOG2E;
             }
         }
     }
@@ -112,11 +121,13 @@ template <typename Acc, int VEC, int FORM> struct Gate {
     __device__ __forceinline__ void apply(Acc (&v)[VEC]) const {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            const Acc a = v[k] + bias[k];
-            if constexpr (FORM == GATE_BOUNDED) {
-                v[k] = lb * gsigmoid(coef[k] * a);
+            if constexpr (!FP32) {
+                const Acc a = v[k] + bias[k];
+                v[k] = FORM == GATE_BOUNDED ? lb / (1.0 + exp(-coef * a)) : coef * gsoftplus(a);
+            } else if constexpr (FORM == GATE_BOUNDED) {
+                v[k] = __fdividef(lb, 1.0f + ex2_approx(fmaf(v[k], coef, bias[k])));
             } else {
-                v[k] = -coef[k] * gsoftplus(a);
+                v[k] = coef * gsoftplus2(fmaf(v[k], (float)GATE_LOG2E, bias[k]));
             }
         }
     }

@@ -1,5 +1,5 @@
 // `kda_gate` (spec ops-cumsum.md section 4): y = gate(g) elementwise (gate.cuh), y in fp32.
-// `v{W}`: W elements per thread; W must divide HV * K.
+// `v{W}`: W elements per thread; W must divide K.
 
 struct GateElemArgs {
     u64 x;       // const Tin*
@@ -35,8 +35,7 @@ __device__ __forceinline__ void gate_elementwise(const GateElemArgs& a) {
             const i64 ru = r + (i64)u * gridDim.y;
             if (ru < a.rows) {
                 Acc v[VEC];
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) v[k] = (Acc)widen(raw[u].v[k]);
+                widen_vec(raw[u], v);
                 g.apply(v);
                 store_vec<float, Acc, VEC>(y + ru * a.cols, v);
             }

@@ -35,74 +35,128 @@
 // for the totals when G = 16: the half-warps are in different parts).
 extern __shared__ __align__(16) unsigned char tile_smem[];
 
+// Where thread (p, g) of a tile works: its first row (in scan order) at element `first`, the
+// next ones `step` elements apart, `m` rows (0 for lanes past the last group), lanes c0 ...
+struct TileAt {
+    i64 first;
+    i64 c0;
+    int step;
+    int m;
+};
+
+__device__ __forceinline__ TileAt tile_at(const StridedArgs& a, i64 tile, i64 slabs, int G, int g, int p, int vec) {
+    constexpr int RP = ATTN_TILE_RP;
+    const i64 job = div_fast(tile, slabs);
+    const i64 cv = (tile - job * slabs) * G + g;
+    TileAt t;
+    t.c0 = cv * vec;
+    i64 row0, n;
+    if (a.job_row0) {
+        row0 = reinterpret_cast<const i64*>(a.job_row0)[job];
+        n = reinterpret_cast<const i64*>(a.job_len)[job];
+    } else {
+        const i64 b = div_fast(job, a.jobs_per_batch), k = job - b * a.jobs_per_batch;
+        row0 = b * a.rows_per_batch + k * a.seg;
+        n = min(a.seg, a.rows_per_batch - k * a.seg);
+    }
+    const i64 i0 = (i64)p * RP;
+    t.m = cv < a.ncv ? (int)max((i64)0, min((i64)RP, n - i0)) : 0;
+    // offsets within a part fit 32 bits (the host keeps cols * TILE_RP < 2^31)
+    t.step = (int)a.cols;
+    t.first = (row0 + i0) * a.cols + t.c0;
+    if (a.reverse) {
+        t.first = (row0 + n - 1 - i0) * a.cols + t.c0;
+        t.step = -t.step;
+    }
+    return t;
+}
+
+// The first half of a tile for one thread: loads its rows (all at once), applies the gate (its
+// constants loaded meanwhile) and sums them into `total`. For the rescan the gated values go to
+// `kept` (holding them in registers would take twice the registers, recomputing them twice the
+// gate arithmetic); without a gate the raw rows stay in `raw`. FULL: all TILE_RP rows are there
+// (the usual case), so no row needs a guard.
+template <bool FULL, typename Tin, typename Acc, int VEC, int GATE>
+__device__ __forceinline__ void tile_gather(const StridedArgs& a, const TileAt& t, Vec<Tin, VEC> (&raw)[ATTN_TILE_RP],
+                                            Vec<Acc, VEC>* kept, Acc (&total)[VEC]) {
+    constexpr int RP = ATTN_TILE_RP;
+    const Tin* __restrict__ x = reinterpret_cast<const Tin*>(a.x) + t.first;
+#pragma unroll
+    for (int u = 0; u < RP; ++u)
+        if (FULL || u < t.m) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + u * t.step);
+    Gate<Acc, VEC, GATE> gate;
+    if (GATE && (FULL || t.m > 0)) gate.init(a.gate, t.c0);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) total[k] = Acc(0);
+#pragma unroll
+    for (int u = 0; u < RP; ++u) {
+        if (FULL || u < t.m) {
+            Acc in[VEC];
+            widen_vec(raw[u], in);
+            if constexpr (GATE != GATE_NONE) {
+                gate.apply(in);
+                Vec<Acc, VEC> q;
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) q.v[k] = in[k];
+                kept[u * 256] = q;
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) total[k] += in[k];
+        }
+    }
+}
+
+// The second half: rescans the thread's rows from `acc` (the carry of the parts before it) and
+// stores scale * the running sums with the streaming hint.
+template <bool FULL, typename Tin, typename Tout, typename Acc, int VEC, int GATE>
+__device__ __forceinline__ void tile_rescan(const StridedArgs& a, const TileAt& t, const Vec<Tin, VEC> (&raw)[ATTN_TILE_RP],
+                                            const Vec<Acc, VEC>* kept, Acc (&acc)[VEC]) {
+    constexpr int RP = ATTN_TILE_RP;
+    Tout* __restrict__ y = reinterpret_cast<Tout*>(a.y) + t.first;
+    const Acc scale = (Acc)a.scale;
+#pragma unroll
+    for (int u = 0; u < RP; ++u) {
+        if (FULL || u < t.m) {
+            Acc in[VEC];
+            if constexpr (GATE != GATE_NONE) {
+                const Vec<Acc, VEC> q = kept[u * 256];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) in[k] = q.v[k];
+            } else {
+                widen_vec(raw[u], in);
+            }
+            Acc o[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                acc[k] += in[k];
+                o[k] = acc[k] * scale;
+            }
+            store_vec<Tout, Acc, VEC, true>(y + u * t.step, o);
+        }
+    }
+}
+
 template <typename Tin, typename Tout, typename Acc, int VEC, int GATE>
 __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
     constexpr int RP = ATTN_TILE_RP;
-    constexpr bool KEEP = GATE != GATE_NONE;
     Acc* part_total = reinterpret_cast<Acc*>(tile_smem);
-    Acc* kept = part_total + blockDim.x * VEC;
+    // this thread's gated values: row u at kept[u * 256]
+    Vec<Acc, VEC>* kept = reinterpret_cast<Vec<Acc, VEC>*>(part_total + blockDim.x * VEC) + threadIdx.x;
     const int parts = (int)a.parts;
     const int G = blockDim.x / parts;  // blockDim.x <= 256; G a power of two
     const int g = threadIdx.x & (G - 1);
     const int p = threadIdx.x >> (__ffs(G) - 1);
     const i64 slabs = (a.ncv + G - 1) / G;
     const i64 ntiles = a.njobs * slabs;
-    const Acc scale = (Acc)a.scale;
     for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        const i64 job = div_fast(tile, slabs);
-        const i64 cv = (tile - job * slabs) * G + g;
-        const i64 c0 = cv * VEC;
-        i64 row0, n;
-        if (a.job_row0) {
-            row0 = reinterpret_cast<const i64*>(a.job_row0)[job];
-            n = reinterpret_cast<const i64*>(a.job_len)[job];
-        } else {
-            const i64 b = div_fast(job, a.jobs_per_batch), k = job - b * a.jobs_per_batch;
-            row0 = b * a.rows_per_batch + k * a.seg;
-            n = min(a.seg, a.rows_per_batch - k * a.seg);
-        }
-        const i64 i0 = (i64)p * RP;
-        // rows of this thread's part (none for lanes past the last group)
-        const int m = cv < a.ncv ? (int)max((i64)0, min((i64)RP, n - i0)) : 0;
-        // offsets within a part fit 32 bits (the host keeps cols * TILE_RP < 2^31)
-        int step = (int)a.cols;
-        i64 first = (row0 + i0) * a.cols + c0;
-        if (a.reverse) {
-            first = (row0 + n - 1 - i0) * a.cols + c0;
-            step = -step;
-        }
-        const Tin* __restrict__ x = reinterpret_cast<const Tin*>(a.x) + first;
-        Tout* __restrict__ y = reinterpret_cast<Tout*>(a.y) + first;
-
+        const TileAt t = tile_at(a, tile, slabs, G, g, p, VEC);
+        const bool full = t.m == RP;
         Vec<Tin, VEC> raw[RP];
-#pragma unroll
-        for (int u = 0; u < RP; ++u)
-            if (u < m) raw[u] = *reinterpret_cast<const Vec<Tin, VEC>*>(x + u * step);
-
-        // for the rescan: the gated values in shared memory (KEEP: holding them in registers
-        // would take twice the registers, recomputing them twice the gate arithmetic), else
-        // the raw rows in registers
-        Gate<Acc, VEC, GATE> gate;
-        if (GATE && m > 0) gate.init(a.gate, c0);
         Acc total[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) total[k] = Acc(0);
-#pragma unroll
-        for (int u = 0; u < RP; ++u) {
-            if (u < m) {
-                Acc in[VEC];
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) in[k] = (Acc)widen(raw[u].v[k]);
-                if constexpr (GATE != GATE_NONE) gate.apply(in);
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) total[k] += in[k];
-                if constexpr (KEEP) {
-                    Vec<Acc, VEC> q;
-#pragma unroll
-                    for (int k = 0; k < VEC; ++k) q.v[k] = in[k];
-                    reinterpret_cast<Vec<Acc, VEC>*>(kept)[u * 256 + threadIdx.x] = q;
-                }
-            }
+        if (full) {
+            tile_gather<true, Tin, Acc, VEC, GATE>(a, t, raw, kept, total);
+        } else {
+            tile_gather<false, Tin, Acc, VEC, GATE>(a, t, raw, kept, total);
         }
 #pragma unroll
         for (int k = 0; k < VEC; ++k) part_total[(p * VEC + k) * G + g] = total[k];
@@ -116,26 +170,10 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
 #pragma unroll
             for (int k = 0; k < VEC; ++k) acc[k] += part_total[(q * VEC + k) * G + g];
         }
-#pragma unroll
-        for (int u = 0; u < RP; ++u) {
-            if (u < m) {
-                Acc in[VEC];
-                if constexpr (KEEP) {
-                    const Vec<Acc, VEC> q = reinterpret_cast<const Vec<Acc, VEC>*>(kept)[u * 256 + threadIdx.x];
-#pragma unroll
-                    for (int k = 0; k < VEC; ++k) in[k] = q.v[k];
-                } else {
-#pragma unroll
-                    for (int k = 0; k < VEC; ++k) in[k] = (Acc)widen(raw[u].v[k]);
-                }
-                Acc o[VEC];
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) {
-                    acc[k] += in[k];
-                    o[k] = acc[k] * scale;
-                }
-                store_vec<Tout, Acc, VEC, true>(y + u * step, o);
-            }
+        if (full) {
+            tile_rescan<true, Tin, Tout, Acc, VEC, GATE>(a, t, raw, kept, acc);
+        } else {
+            tile_rescan<false, Tin, Tout, Acc, VEC, GATE>(a, t, raw, kept, acc);
         }
         __syncthreads();  // part_total is rewritten by the block's next tile
     }

@@ -116,7 +116,8 @@ pub fn kda_gate_into(
     if g.numel() == 0 {
         return Ok(());
     }
-    let vec = widths(g.dtype(), Dtype::F32, cols)[0];
+    // a vector's columns share one head (one A_log factor): widths dividing K
+    let vec = widths(g.dtype(), Dtype::F32, k)[0];
     let name = format!("kda_gate_v{vec}_{}", tag(g.dtype()));
     let args = GateElemArgs {
         x: g.ptr(gpu),

@@ -145,7 +145,8 @@ pub(crate) fn widths(din: Dtype, dout: Dtype, cols: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The width of a strided scan over `cols` lanes in `jobs` jobs: the widest allowed one that
+/// The width of a strided scan over `cols` lanes in `jobs` jobs, a divisor of `unit` (which
+/// divides `cols`: K when a vector's lanes must share one head's gate): the widest allowed one that
 /// still gives `STRIDED_WAVES` waves of resident threads (fewer, longer threads leave the GPU
 /// idle at the tail), else the narrowest vector width. `$ATTN_STRIDED_WIDTH` overrides it
 /// (a tuning knob; ignored when not allowed).
@@ -154,9 +155,10 @@ pub(crate) fn strided_width(
     din: Dtype,
     dout: Dtype,
     cols: usize,
+    unit: usize,
     jobs: usize,
 ) -> usize {
-    let allowed = widths(din, dout, cols);
+    let allowed = widths(din, dout, unit);
     if let Some(w) = std::env::var("ATTN_STRIDED_WIDTH")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())

@@ -182,6 +182,7 @@ fn launch_pass(
             pass.dtypes.0,
             pass.dtypes.1,
             cols,
+            width_unit(module, &gate, cols),
             pass.jobs.njobs,
         ),
         Layout::Tile(t) => t.vec,
@@ -242,6 +243,16 @@ fn launch_pass(
     gpu.launch_with_smem(module, &name, (grid, 1), block as u32, smem as u32, &args)
 }
 
+/// The lanes a thread's vector must stay within: one head (K lanes) under the KDA gate, whose
+/// A_log factor is per head; else all `cols`.
+fn width_unit(module: Module, gate: &GateArgs, cols: usize) -> usize {
+    if module == Module::KdaGateChunkCumsum {
+        gate.head_dim.max(1) as usize
+    } else {
+        cols
+    }
+}
+
 /// The strided kernels' name prefix in `module`.
 fn prefix(module: Module) -> &'static str {
     match module {
@@ -274,7 +285,8 @@ pub(crate) fn launch_strided(
         module,
         Module::ChunkLocalCumsum | Module::KdaGateChunkCumsum
     );
-    let tile = tile_layout(dtypes.0, dtypes.1, cols, jobs.longest()).filter(|_| chunked);
+    let unit = width_unit(module, &gate, cols);
+    let tile = tile_layout(dtypes.0, dtypes.1, cols, unit, jobs.longest()).filter(|_| chunked);
     let whole_lanes = jobs.table.is_some() || jobs.jobs_per_batch == 1;
     let few_lanes = jobs.njobs * cols < gpu.sm_count() * 3 * 256;
     let splittable = matches!(module, Module::Cumsum | Module::ChunkGlobalCumsum);

@@ -51,12 +51,14 @@ pub(crate) struct TileLayout {
     pub groups: usize,
 }
 
-/// The tile layout for jobs of at most `longest` rows over `cols` lanes, `din` -> `dout`; `None`
-/// when the strided kernel is the one to use.
+/// The tile layout for jobs of at most `longest` rows over `cols` lanes, `din` -> `dout`, the
+/// lanes of a thread within one `unit` (a divisor of `cols`); `None` when the strided kernel is
+/// the one to use.
 pub(crate) fn tile_layout(
     din: Dtype,
     dout: Dtype,
     cols: usize,
+    unit: usize,
     longest: usize,
 ) -> Option<TileLayout> {
     let rows = tile_rows();
@@ -65,7 +67,7 @@ pub(crate) fn tile_layout(
     }
     // at most 8 input bytes per row and thread: the raw rows held for the rescan then fit the
     // kernel's 64 registers
-    let vec = widths(din, dout, cols)
+    let vec = widths(din, dout, unit)
         .into_iter()
         .find(|w| w * din.size_bytes() <= 8)
         .unwrap_or(1);
@@ -90,14 +92,17 @@ pub enum ChunkScanKernel {
 }
 
 /// The kernel `chunk_local_cumsum` and `kda_gate_chunk_cumsum` use for chunks of `chunk_size`
-/// tokens over `cols = H * S` (or `HV * K`) lanes, `din` -> `dout`.
+/// tokens over `cols = H * S` (or `HV * K`) lanes, `din` -> `dout`. `unit`: the lanes a thread's
+/// vector must stay within: `cols` for `chunk_local_cumsum`, `K` for `kda_gate_chunk_cumsum`
+/// (one head's gate).
 pub fn chunk_scan_kernel(
     din: Dtype,
     dout: Dtype,
     cols: usize,
+    unit: usize,
     chunk_size: usize,
 ) -> ChunkScanKernel {
-    match tile_layout(din, dout, cols, chunk_size) {
+    match tile_layout(din, dout, cols, unit, chunk_size) {
         Some(_) => ChunkScanKernel::Tile,
         None => ChunkScanKernel::Strided,
     }

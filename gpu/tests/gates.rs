@@ -136,7 +136,7 @@ fn kda_gate_chunk_cumsum_matches_reference() {
         1..3usize,
         prop::sample::select(vec![1usize, 15, 63, 64, 65, 200, 1000]),
         1..4usize,
-        prop::sample::select(vec![1usize, 8, 16, 64, 128]),
+        prop::sample::select(vec![1usize, 2, 6, 8, 16, 64, 128]),
         0..4usize,
         prop::option::of(1..6usize),
         prop::sample::select(vec![16i64, 32, 64]),

@@ -125,7 +125,7 @@ fn chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact() {
     let (t, cols, chunk) = ((1usize << 19) + 37, 4096usize, 64usize);
     let shape = [1, t, cols];
     assert_eq!(
-        chunk_scan_kernel(Dtype::BF16, Dtype::F32, cols, chunk),
+        chunk_scan_kernel(Dtype::BF16, Dtype::F32, cols, cols, chunk),
         ChunkScanKernel::Tile
     );
     let n = t * cols;

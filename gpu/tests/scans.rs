@@ -328,13 +328,16 @@ fn chunk_scan_kernels_are_the_intended_ones() {
     let (bf, f32_) = (Dtype::BF16, Dtype::F32);
     // the benchmark shapes: H * K = 4096, 2048, 1024 lanes in chunks of 64
     for cols in [4096, 2048, 1024] {
-        assert_eq!(chunk_scan_kernel(bf, f32_, cols, 64), Tile, "{cols}");
+        assert_eq!(chunk_scan_kernel(bf, f32_, cols, cols, 64), Tile, "{cols}");
     }
-    assert_eq!(chunk_scan_kernel(bf, f32_, 512, 16), Tile);
+    assert_eq!(chunk_scan_kernel(bf, f32_, 512, 512, 16), Tile);
     // chunks of more than 16 parts of 8 rows, or fewer than 32 lane groups: the strided kernel
-    assert_eq!(chunk_scan_kernel(bf, f32_, 512, 1024), Strided);
-    assert_eq!(chunk_scan_kernel(bf, f32_, 64, 64), Strided);
-    assert_eq!(chunk_scan_kernel(Dtype::F64, Dtype::F64, 24, 64), Strided);
+    assert_eq!(chunk_scan_kernel(bf, f32_, 512, 512, 1024), Strided);
+    assert_eq!(chunk_scan_kernel(bf, f32_, 64, 64, 64), Strided);
+    assert_eq!(
+        chunk_scan_kernel(Dtype::F64, Dtype::F64, 24, 24, 64),
+        Strided
+    );
 }
 
 /// Fixed cases on both chunk kernels (asserted), forward and reverse, uniform and varlen.
@@ -359,7 +362,7 @@ fn chunk_local_cumsum_tile_and_strided_match_reference() {
             (Dtype::F32, Dtype::F32),
             (Dtype::F64, Dtype::F64),
         ] {
-            let kernel = chunk_scan_kernel(din, dout, cols, chunk);
+            let kernel = chunk_scan_kernel(din, dout, cols, cols, chunk);
             let want_kernel = if chunk <= 128 && cols >= 128 {
                 ChunkScanKernel::Tile
             } else {
