@@ -150,7 +150,10 @@ __device__ __forceinline__ void tile_scan(const StridedArgs& a) {
     const i64 ntiles = a.njobs * slabs;
     for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         const TileAt t = tile_at(a, tile, slabs, G, g, p, VEC);
-        const bool full = t.m == RP;
+        // Full tiles of a plain scan take the unguarded copy of the code. The gated kernel keeps
+        // the guards: its unguarded copy needs more than its 64 registers (spills), which cost
+        // more than the guards (NOTES.md, runs 23-25).
+        const bool full = GATE == GATE_NONE && t.m == RP;
         Vec<Tin, VEC> raw[RP];
         Acc total[VEC];
         if (full) {
