@@ -75,7 +75,6 @@ template <> struct Narrow<f16> {
 };
 
 // ---- vectors of N elements, loaded/stored in pieces of at most 16 bytes ----
-
 template <typename T> struct Piece { static constexpr int N = 16 / sizeof(T); };
 
 // Loads N consecutive elements starting at p (p aligned to min(N * sizeof(T), 16) bytes) and

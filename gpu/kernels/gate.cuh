@@ -37,7 +37,7 @@ __device__ __forceinline__ double gexp(double v) { return exp(v); }
 //   log2(1 + 2^t)              in between,
 //   (e - e^2/2) * log2(e)      for a < -8, e = 2^t (where 1 + e would lose e's digits),
 // branch-free (selects), so the elements of a thread interleave their multi-function latencies.
-// The error stays below 3e-7 absolute (times ln 2).
+// The GPU tests and fixtures hold the result to the spec's 1e-5 of the float64 reference.
 __device__ __forceinline__ float gsoftplus2(float t) {
     const float e = ex2_approx(t);
     const float tiny = e * fmaf(e, (float)(-0.5 * GATE_LOG2E), (float)GATE_LOG2E);

@@ -338,6 +338,10 @@ fn chunk_scan_kernels_are_the_intended_ones() {
         chunk_scan_kernel(Dtype::F64, Dtype::F64, 24, 24, 64),
         Strided
     );
+    // under the KDA gate a vector stays within one head (unit K): K = 1 gives 64 one-lane groups
+    // (tiles) where 64 free lanes make 16 groups of 4 (strided)
+    assert_eq!(chunk_scan_kernel(bf, f32_, 64, 1, 64), Tile);
+    assert_eq!(chunk_scan_kernel(bf, f32_, 2048, 2, 64), Tile);
 }
 
 /// Fixed cases on both chunk kernels (asserted), forward and reverse, uniform and varlen.
