@@ -130,12 +130,7 @@ pub fn cumsum_into(
             &Jobs::whole(plan.outer, plan.len),
             reverse,
             None,
-            GateArgs {
-                a_log_dtype: -1,
-                dt_bias_dtype: -1,
-                head_dim: 1,
-                ..Default::default()
-            },
+            GateArgs::none(),
         ),
         CumsumStrategy::Rows => {
             let args = RowArgs {

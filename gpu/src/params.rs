@@ -33,6 +33,18 @@ pub(crate) struct GateArgs {
     pub head_dim: i64,
 }
 
+impl GateArgs {
+    /// No gate: a plain scan (no side inputs; the kernels never read the rest).
+    pub(crate) fn none() -> GateArgs {
+        GateArgs {
+            a_log_dtype: -1,
+            dt_bias_dtype: -1,
+            head_dim: 1,
+            ..Default::default()
+        }
+    }
+}
+
 /// Mirror of `StridedArgs` (strided.cuh).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]

@@ -80,12 +80,7 @@ fn seq_scan_into(
         &jobs,
         reverse,
         scale,
-        GateArgs {
-            a_log_dtype: -1,
-            dt_bias_dtype: -1,
-            head_dim: 1,
-            ..Default::default()
-        },
+        GateArgs::none(),
     )
 }
 
