@@ -1,5 +1,13 @@
 //! `attn-conformance`: case files, the comparison rule of the spec, the op registry, and the
 //! `attn-conform` command.
+//!
+//! Modules form a one-way stack, each importing only those below it:
+//! 1. `error`, `tensor`, `params`, `compare`, `fixtures`: the format's parts and the comparison rule;
+//! 2. `case`: `attn-case/1` files, knowing no op;
+//! 3. `spec`: what an op entry is made of;
+//! 4. `ops`: one module per op family (entries, CPU and GPU runners) and `ops::device`;
+//! 5. `registry`: the families gathered, lookup, binding a case to its op;
+//! 6. `verify`, then `app` (the `attn-conform` command).
 
 pub mod app;
 pub mod case;
@@ -9,6 +17,7 @@ pub mod fixtures;
 pub mod ops;
 pub mod params;
 pub mod registry;
+pub mod spec;
 pub mod tensor;
 pub mod verify;
 
@@ -16,5 +25,6 @@ pub use case::{Case, Tensors};
 pub use compare::{compare, Comparison, Rule};
 pub use error::{Error, Problem, Result};
 pub use params::{ParamSpec, ParamType, Params};
-pub use registry::{find, OpSpec, OPS};
+pub use registry::{find, OPS};
+pub use spec::OpSpec;
 pub use tensor::Tensor;

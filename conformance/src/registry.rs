@@ -1,115 +1,54 @@
-//! The op registry: one [`OpSpec`] per operation of the spec, with its inputs, parameters
-//! (types and defaults), outputs (expected dtype class and comparison rule) and runners.
+//! The op registry: the families' tables gathered into [`OPS`] (in the order of the spec's files),
+//! looking an op up, and binding a case to its op: which inputs it needs and of which kind, its
+//! parameters with their defaults, which outputs and tolerances it may name.
 //!
-//! Adding an op is one entry in [`OPS`] plus its runner function in [`crate::ops`].
+//! Adding an op is one entry in its family's `OPS` table under [`crate::ops`] (with its runners
+//! beside it); adding a family is one more table in [`FAMILIES`].
 
-use crate::case::Tensors;
-use crate::compare::Rule;
-use crate::error::Problem;
-use crate::ops::{self, delta, scan_threshold};
-use crate::params::{ParamSpec, ParamType, Params};
-use crate::tensor::Tensor;
-use attn_reference::DtypeClass;
+use crate::case::Case;
+use crate::error::{Problem, Result};
+use crate::ops;
+use crate::params::Params;
+use crate::spec::{InputKind, OpSpec};
+use std::path::Path;
 
-/// Whether an input holds floats or indices (`cu_seqlens`, `cache_seqlens`, ...).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InputKind {
-    Float,
-    Index,
+/// The families' tables, in the order of the spec's files.
+const FAMILIES: &[&[OpSpec]] = &[
+    ops::scans::OPS,
+    ops::gates::OPS,
+    ops::decode::OPS,
+    ops::delta::OPS,
+];
+
+const fn count(families: &[&[OpSpec]]) -> usize {
+    let (mut n, mut i) = (0, 0);
+    while i < families.len() {
+        n += families[i].len();
+        i += 1;
+    }
+    n
 }
 
-/// One tensor argument of an op.
-#[derive(Debug, Clone, Copy)]
-pub struct InputSpec {
-    pub name: &'static str,
-    pub required: bool,
-    pub kind: InputKind,
-}
-
-/// The dtype class an output must have, given the call's inputs and parameters.
-pub type ClassFn = fn(&Tensors, &Params) -> Result<DtypeClass, Problem>;
-/// The comparison rule of an output, given the call and the class the candidate was computed in.
-pub type RuleFn = fn(&Tensors, &Params, DtypeClass) -> Rule;
-/// Runs an op on a case's inputs and validated parameters; returns its outputs by name.
-pub type Runner = fn(&Tensors, &Params) -> Result<Tensors, Problem>;
-
-/// One output of an op.
-#[derive(Debug, Clone, Copy)]
-pub struct OutputSpec {
-    pub name: &'static str,
-    /// Whether a case may leave it out although the op produces it (e.g. `lse`, which
-    /// PyTorch's SDPA does not return). A required output that is absent is a failure.
-    pub optional: bool,
-    pub class: ClassFn,
-    pub rule: RuleFn,
-    /// When not empty, the output is compared as these parts (one row each, e.g. `hm.b` and
-    /// `hm.M` of `fwd_h_pre_scan`) instead of as a whole.
-    pub parts: &'static [PartSpec],
-}
-
-/// Selects one part of an output tensor (e.g. the columns `..V` of `hm`).
-pub type TakeFn = fn(&Tensor) -> Tensor;
-
-/// A part of an output compared on its own, with its own rule.
-#[derive(Debug, Clone, Copy)]
-pub struct PartSpec {
-    /// The row name, `<output>.<part>`.
-    pub name: &'static str,
-    pub take: TakeFn,
-    pub rule: RuleFn,
-}
-
-/// Everything the suite knows about one op.
-#[derive(Debug, Clone, Copy)]
-pub struct OpSpec {
-    /// The spec's op id.
-    pub id: &'static str,
-    /// One line for `list`.
-    pub summary: &'static str,
-    pub inputs: &'static [InputSpec],
-    pub params: &'static [ParamSpec],
-    pub outputs: &'static [OutputSpec],
-    /// The float64 CPU reference.
-    pub cpu: Runner,
-    /// The CUDA kernel, where one exists.
-    pub gpu: Option<Runner>,
-}
-
-impl OpSpec {
-    pub fn input(&self, name: &str) -> Option<&InputSpec> {
-        self.inputs.iter().find(|i| i.name == name)
-    }
-    pub fn output(&self, name: &str) -> Option<&OutputSpec> {
-        self.outputs.iter().find(|o| o.name == name)
-    }
-    /// Whether `name` is compared on its own: an output, or a part of one (`hm.b`); a case's
-    /// `tolerance` may name either.
-    pub fn compares(&self, name: &str) -> bool {
-        self.output(name).is_some()
-            || self
-                .outputs
-                .iter()
-                .any(|o| o.parts.iter().any(|p| p.name == name))
-    }
-    pub fn input_names(&self) -> String {
-        names(self.inputs.iter().map(|i| i.name))
-    }
-    pub fn output_names(&self) -> String {
-        names(self.outputs.iter().map(|o| o.name))
-    }
-    /// The devices that implement this op (`cpu` always).
-    pub fn devices(&self) -> Vec<&'static str> {
-        let mut d = vec!["cpu"];
-        if self.gpu.is_some() {
-            d.push("gpu");
+/// The families' tables as one array (a `const fn`, so [`OPS`] stays a plain static slice).
+const fn gather<const N: usize>(families: &[&[OpSpec]]) -> [OpSpec; N] {
+    let mut all = [families[0][0]; N];
+    let (mut n, mut f) = (0, 0);
+    while f < families.len() {
+        let mut i = 0;
+        while i < families[f].len() {
+            all[n] = families[f][i];
+            n += 1;
+            i += 1;
         }
-        d
+        f += 1;
     }
+    all
 }
 
-fn names<'a>(it: impl Iterator<Item = &'a str>) -> String {
-    it.collect::<Vec<_>>().join(", ")
-}
+const ALL: [OpSpec; count(FAMILIES)] = gather(FAMILIES);
+
+/// Every op of the spec, in the order of its files.
+pub static OPS: &[OpSpec] = &ALL;
 
 /// The registry entry of op `id`.
 pub fn find(id: &str) -> Option<&'static OpSpec> {
@@ -118,410 +57,77 @@ pub fn find(id: &str) -> Option<&'static OpSpec> {
 
 /// Whether GPU runners can run here: some op has one and a GPU answers at run time (the
 /// driver, NVRTC and a device are probed once per process); `Err` says why not.
-pub fn gpu_status() -> Result<(), String> {
+pub fn gpu_status() -> std::result::Result<(), String> {
     if !OPS.iter().any(|o| o.gpu.is_some()) {
         return Err("this build of attn-conform has no GPU runner for any op".into());
     }
-    ops::gpu::status()
+    ops::device::status()
 }
 
-const fn float(name: &'static str, required: bool) -> InputSpec {
-    InputSpec {
-        name,
-        required,
-        kind: InputKind::Float,
+/// The registry entry of the case's op.
+pub fn spec_of(case: &Case) -> Result<&'static OpSpec, Problem> {
+    find(&case.op).ok_or_else(|| Problem::UnknownOp(case.op.clone()))
+}
+
+/// The case's validated parameters, its op's defaults filled in.
+pub fn params_of(case: &Case) -> Result<Params, Problem> {
+    Params::resolve(&case.op, spec_of(case)?.params, &case.params)
+}
+
+/// Checks everything the registry can tell about a case without running its op: known op,
+/// parameters, tolerance keys, input and output names, required inputs, and index-vs-float input
+/// dtypes; returns the parameters. (The file format itself was checked when the case was read;
+/// shape agreement is the reference's to check when the op runs.)
+pub fn check(case: &Case) -> Result<Params, Problem> {
+    let spec = spec_of(case)?;
+    let params = params_of(case)?;
+    if let Some(name) = case.tolerance.keys().find(|n| !spec.compares(n)) {
+        return Err(Problem::BadTolerance(format!(
+            "`{name}` is not an output of `{}` (outputs: {})",
+            case.op,
+            spec.output_names()
+        )));
     }
-}
-
-const fn index(name: &'static str, required: bool) -> InputSpec {
-    InputSpec {
-        name,
-        required,
-        kind: InputKind::Index,
+    for (name, t) in &case.inputs {
+        let Some(input) = spec.input(name) else {
+            return Err(Problem::UnexpectedTensor {
+                name: format!("in.{name}"),
+                why: format!("inputs of `{}`: {}", case.op, spec.input_names()),
+            });
+        };
+        let (ok, expected) = match input.kind {
+            InputKind::Float => (t.dtype().is_float(), "a float dtype"),
+            InputKind::Index => (!t.dtype().is_float(), "int32 or int64"),
+        };
+        if !ok {
+            return Err(
+                attn_reference::Error::dtype(name.as_str(), expected, t.dtype().name()).into(),
+            );
+        }
     }
-}
-
-const fn param(name: &'static str, ty: ParamType, default: Option<&'static str>) -> ParamSpec {
-    ParamSpec { name, ty, default }
-}
-
-const fn output(name: &'static str, class: ClassFn, rule: RuleFn) -> OutputSpec {
-    OutputSpec {
-        name,
-        optional: false,
-        class,
-        rule,
-        parts: &[],
+    if let Some(missing) = spec
+        .inputs
+        .iter()
+        .find(|i| i.required && !case.inputs.contains_key(i.name))
+    {
+        return Err(Problem::MissingInput(missing.name.into()));
     }
+    if let Some(name) = case.outputs.keys().find(|n| spec.output(n).is_none()) {
+        return Err(Problem::UnexpectedTensor {
+            name: format!("out.{name}"),
+            why: format!("outputs of `{}`: {}", case.op, spec.output_names()),
+        });
+    }
+    Ok(params)
 }
 
-const FLOAT_OUT: &[&str] = &["float32", "float64"];
-const LAYOUTS: &[&str] = &["bshd", "bhsd"];
-const P_REVERSE: ParamSpec = param("reverse", ParamType::Bool, Some("false"));
-const P_SCALE: ParamSpec = param("scale", ParamType::OptFloat, Some("null"));
-const P_CHUNK: ParamSpec = param("chunk_size", ParamType::Int, None);
-const P_OUT_F32: ParamSpec = param(
-    "output_dtype",
-    ParamType::OptStr(FLOAT_OUT),
-    Some("\"float32\""),
-);
-const P_LOWER: ParamSpec = param("lower_bound", ParamType::OptFloat, Some("null"));
-const P_LAYOUT: ParamSpec = param("cache_layout", ParamType::Str(LAYOUTS), Some("\"bshd\""));
-const P_CHUNK64: ParamSpec = param("chunk_size", ParamType::Int, Some("64"));
-const P_FINAL: ParamSpec = param("output_final_state", ParamType::Bool, Some("false"));
-const P_V_FIRST: ParamSpec = param("state_v_first", ParamType::Bool, Some("false"));
-const P_SAVE_V: ParamSpec = param("save_new_value", ParamType::Bool, Some("true"));
-const P_SAFE_GATE: ParamSpec = param("safe_gate", ParamType::Bool, Some("false"));
-const P_L2NORM: ParamSpec = param("use_qk_l2norm_in_kernel", ParamType::Bool, Some("false"));
-/// `k, w, u, g, gk` of the state-recurrence ops (spec 2.1), then the op's own inputs.
-macro_rules! fwd_h_inputs {
-    ($($extra:expr),* $(,)?) => {
-        &[
-            float("k", true),
-            float("w", true),
-            float("u", true),
-            float("g", false),
-            float("gk", false),
-            $($extra),*
-        ]
-    };
+/// Reads a case file and [`check`]s it against its op; every error names the file.
+pub fn read(path: impl AsRef<Path>) -> Result<Case> {
+    let path = path.as_ref();
+    let case = Case::read(path)?;
+    check(&case).map_err(|p| p.at(path))?;
+    Ok(case)
 }
-/// `h`, `v_new`, `final_state` of section 2 (and 5): the `half` / `half_long` / `f32`
-/// thresholds of `h` and `v_new`, then those of `final_state`.
-macro_rules! fwd_h_outputs {
-    ($h:literal, $h_long:literal, $h32:literal; $s:literal, $s_long:literal, $s32:literal) => {
-        [
-            output(
-                "h",
-                |i, _| ops::class_of(i, "k"),
-                |i, _, c| delta::threshold(i, "k", c, $h, $h_long, $h32),
-            ),
-            output(
-                "v_new",
-                |i, _| ops::class_of(i, "u"),
-                |i, _, c| delta::threshold(i, "k", c, $h, $h_long, $h32),
-            ),
-            output(
-                "final_state",
-                |i, _| Ok(delta::f32_class(i, "k")),
-                |i, _, c| delta::threshold(i, "k", c, $s, $s_long, $s32),
-            ),
-        ]
-    };
-}
-const FWD_H_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 1e-5; 5e-3, 1e-2, 1e-5);
-/// Section 5's outputs, with its looser float32 threshold.
-const SPLIT_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 5e-5; 1e-2, 1e-2, 5e-5);
-/// An output of `kda_intra` stored in the dtype of input `like` (README thresholds by `q`).
-macro_rules! intra_output {
-    ($name:literal, $like:literal) => {
-        output(
-            $name,
-            |i, _| ops::class_of(i, $like),
-            |i, _, c| delta::threshold(i, "q", c, 5e-3, 5e-3, 1e-5),
-        )
-    };
-}
-/// `q, k, v, g, beta, initial_state` of `kda_fwd` / `gdn_fwd` (spec 6.1, 8.1), then the op's
-/// own inputs.
-macro_rules! forward_inputs {
-    ($($extra:expr),* $(,)?) => {
-        &[
-            float("q", true),
-            float("k", true),
-            float("v", true),
-            float("g", true),
-            float("beta", true),
-            float("initial_state", false),
-            $($extra),*
-        ]
-    };
-}
-/// `o` and `final_state` of `kda_fwd` / `gdn_fwd` (spec 6.8, 8.8).
-const FORWARD_OUTPUTS: [OutputSpec; 2] = [
-    output(
-        "o",
-        |i, _| ops::class_of(i, "q"),
-        |i, _, c| delta::threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
-    ),
-    output(
-        "final_state",
-        |i, _| Ok(delta::f32_class(i, "q")),
-        |i, _, c| delta::threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
-    ),
-];
-const GATE_INPUTS: [InputSpec; 3] = [
-    float("g", true),
-    float("A_log", false),
-    float("dt_bias", false),
-];
-
-/// The ops of the spec, in the order of its files.
-pub static OPS: &[OpSpec] = &[
-    OpSpec {
-        id: "cumsum",
-        summary: "torch.cumsum(x, dim) with reverse",
-        inputs: &[float("x", true)],
-        params: &[
-            param("dim", ParamType::Int, Some("-1")),
-            P_REVERSE,
-            param("output_dtype", ParamType::OptStr(FLOAT_OUT), Some("null")),
-        ],
-        outputs: &[output(
-            "y",
-            |i, p| ops::out_class(i, p, "x"),
-            |i, p, c| scan_threshold(c, ops::cumsum_len(i, p)),
-        )],
-        cpu: ops::scans::cumsum,
-        gpu: Some(ops::gpu::cumsum),
-    },
-    OpSpec {
-        id: "chunk_local_cumsum",
-        summary: "per-chunk prefix sums of g [B,T,H(,S)], varlen-aware",
-        inputs: &[float("g", true), index("cu_seqlens", false)],
-        params: &[P_CHUNK, P_REVERSE, P_SCALE, P_OUT_F32],
-        outputs: &[output(
-            "o",
-            |i, p| ops::out_class(i, p, "g"),
-            |_, _, c| match c {
-                DtypeClass::Float32 => Rule::Threshold(1e-6),
-                c => Rule::default_for(c),
-            },
-        )],
-        cpu: ops::scans::chunk_local_cumsum,
-        gpu: Some(ops::gpu::chunk_local_cumsum),
-    },
-    OpSpec {
-        id: "chunk_global_cumsum",
-        summary: "whole-sequence prefix sums of g [B,T,H(,S)], varlen-aware",
-        inputs: &[float("g", true), index("cu_seqlens", false)],
-        params: &[P_REVERSE, P_SCALE, P_OUT_F32],
-        outputs: &[output(
-            "o",
-            |i, p| ops::out_class(i, p, "g"),
-            |i, _, c| scan_threshold(c, ops::longest_sequence(i)),
-        )],
-        cpu: ops::scans::chunk_global_cumsum,
-        gpu: Some(ops::gpu::chunk_global_cumsum),
-    },
-    OpSpec {
-        id: "kda_gate",
-        summary: "KDA decay -exp(A_log)*softplus(g+dt_bias), or lower_bound*sigmoid(...)",
-        inputs: &GATE_INPUTS,
-        params: &[P_LOWER],
-        outputs: &[output(
-            "y",
-            |_, _| Ok(DtypeClass::Float32),
-            |_, _, c| Rule::default_for(c),
-        )],
-        cpu: ops::gates::kda_gate,
-        gpu: Some(ops::gpu::kda_gate),
-    },
-    OpSpec {
-        id: "kda_gate_chunk_cumsum",
-        summary: "chunk_local_cumsum(kda_gate(g, A_log, dt_bias)) fused",
-        inputs: &[
-            GATE_INPUTS[0],
-            GATE_INPUTS[1],
-            GATE_INPUTS[2],
-            index("cu_seqlens", false),
-        ],
-        params: &[P_CHUNK, P_SCALE, P_LOWER, P_OUT_F32, P_REVERSE],
-        outputs: &[output(
-            "o",
-            |i, p| ops::out_class(i, p, "g"),
-            |_, _, c| Rule::default_for(c),
-        )],
-        cpu: ops::gates::kda_gate_chunk_cumsum,
-        gpu: Some(ops::gpu::kda_gate_chunk_cumsum),
-    },
-    OpSpec {
-        id: "kv_cache_update",
-        summary: "write k, v into static caches at cache_seqlens (bit exact)",
-        inputs: &[
-            float("k_cache", true),
-            float("v_cache", true),
-            float("k", true),
-            float("v", true),
-            index("cache_seqlens", true),
-            index("cache_batch_idx", false),
-        ],
-        params: &[P_LAYOUT],
-        outputs: &[
-            output(
-                "k_cache",
-                |i, _| ops::class_of(i, "k_cache"),
-                |_, _, _| Rule::Exact,
-            ),
-            output(
-                "v_cache",
-                |i, _| ops::class_of(i, "v_cache"),
-                |_, _, _| Rule::Exact,
-            ),
-        ],
-        cpu: ops::decode::kv_cache_update,
-        gpu: None,
-    },
-    OpSpec {
-        id: "decode_attention",
-        summary: "attention of q over the valid prefix of static KV caches",
-        inputs: &[
-            float("q", true),
-            float("k_cache", true),
-            float("v_cache", true),
-            index("cache_seqlens", true),
-            index("cache_batch_idx", false),
-        ],
-        params: &[
-            param("softmax_scale", ParamType::OptFloat, Some("null")),
-            param("causal", ParamType::Bool, Some("true")),
-            P_LAYOUT,
-        ],
-        outputs: &[
-            output(
-                "o",
-                |i, _| ops::class_of(i, "q"),
-                |_, _, c| Rule::default_for(c),
-            ),
-            OutputSpec {
-                name: "lse",
-                optional: true,
-                class: ops::decode::lse_class,
-                rule: ops::decode::lse_rule,
-                parts: &[],
-            },
-        ],
-        cpu: ops::decode::decode_attention,
-        gpu: None,
-    },
-    OpSpec {
-        id: "chunk_gated_delta_rule_fwd_h",
-        summary: "chunked delta-rule state recurrence: h per chunk, v_new = u - w S, final state",
-        inputs: fwd_h_inputs![float("initial_state", false), index("cu_seqlens", false)],
-        params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
-        outputs: &FWD_H_OUTPUTS,
-        cpu: ops::delta::chunk_gated_delta_rule_fwd_h,
-        gpu: None,
-    },
-    OpSpec {
-        id: "fwd_h_pre_scan",
-        summary: "affine summary hm = [b | M] of each (sub-)sequence's chunk recurrence",
-        inputs: fwd_h_inputs![index("cu_seqlens", false)],
-        params: &[P_CHUNK64],
-        outputs: &[OutputSpec {
-            name: "hm",
-            optional: false,
-            class: |i, _| Ok(delta::f32_class(i, "k")),
-            rule: |i, _, c| delta::threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
-            parts: &[
-                PartSpec {
-                    name: "hm.b",
-                    take: delta::hm_b,
-                    rule: |i, _, c| delta::threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
-                },
-                PartSpec {
-                    name: "hm.M",
-                    take: delta::hm_m,
-                    rule: |i, _, c| delta::threshold(i, "k", c, 1e-2, 1e-2, 1e-5),
-                },
-            ],
-        }],
-        cpu: ops::delta::fwd_h_pre_scan,
-        gpu: None,
-    },
-    OpSpec {
-        id: "fwd_h_merge",
-        summary: "prefix chain X <- M X + b over each sequence's sub-sequence summaries",
-        inputs: &[
-            float("hm", true),
-            index("subseq_offsets", true),
-            float("initial_state", false),
-        ],
-        params: &[P_V_FIRST, P_FINAL],
-        outputs: &[
-            output(
-                "initial_states",
-                |i, _| Ok(delta::f32_class(i, "hm")),
-                |i, _, c| delta::threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
-            ),
-            output(
-                "final_state",
-                |i, _| Ok(delta::f32_class(i, "hm")),
-                |i, _, c| delta::threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
-            ),
-        ],
-        cpu: ops::delta::fwd_h_merge,
-        gpu: None,
-    },
-    OpSpec {
-        id: "chunk_gated_delta_rule_fwd_h_split",
-        summary: "fwd_h through chunk-aligned sub-sequences: pre-scan, merge, fwd_h (same result)",
-        inputs: fwd_h_inputs![
-            float("initial_state", false),
-            index("cu_seqlens", false),
-            index("subseq_cu_seqlens", false),
-        ],
-        params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
-        outputs: &SPLIT_OUTPUTS,
-        cpu: ops::delta::chunk_gated_delta_rule_fwd_h_split,
-        gpu: None,
-    },
-    OpSpec {
-        id: "kda_intra",
-        summary: "KDA intra-chunk stage: Aqk, Akk = (I + L)^-1, WY factors w, u, gated keys kg",
-        inputs: &[
-            float("q", true),
-            float("k", true),
-            float("v", true),
-            float("gk", true),
-            float("beta", true),
-            index("cu_seqlens", false),
-        ],
-        params: &[P_SCALE, P_CHUNK64, P_SAFE_GATE],
-        outputs: &[
-            intra_output!("w", "k"),
-            intra_output!("u", "v"),
-            intra_output!("kg", "k"),
-            intra_output!("Aqk", "k"),
-            intra_output!("Akk", "k"),
-        ],
-        cpu: ops::delta::kda_intra,
-        gpu: None,
-    },
-    OpSpec {
-        id: "kda_fwd",
-        summary: "Kimi Delta Attention forward (recurrent definition), in-kernel gate/beta/l2norm",
-        inputs: forward_inputs![
-            float("A_log", false),
-            float("dt_bias", false),
-            index("cu_seqlens", false),
-        ],
-        params: &[
-            P_SCALE,
-            P_FINAL,
-            P_L2NORM,
-            param("use_gate_in_kernel", ParamType::Bool, Some("false")),
-            P_LOWER,
-            param("use_beta_sigmoid_in_kernel", ParamType::Bool, Some("false")),
-            param("allow_neg_eigval", ParamType::Bool, Some("false")),
-            P_SAFE_GATE,
-            P_CHUNK64,
-            P_V_FIRST,
-        ],
-        outputs: &FORWARD_OUTPUTS,
-        cpu: ops::delta::kda_fwd,
-        gpu: None,
-    },
-    OpSpec {
-        id: "gdn_fwd",
-        summary: "Gated DeltaNet forward (recurrent definition), scalar gate per head",
-        inputs: forward_inputs![index("cu_seqlens", false)],
-        params: &[P_SCALE, P_FINAL, P_L2NORM, P_CHUNK64, P_V_FIRST],
-        outputs: &FORWARD_OUTPUTS,
-        cpu: ops::delta::gdn_fwd,
-        gpu: None,
-    },
-];
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,8 @@ use crate::case::{Case, Tensors};
 use crate::compare::{compare, Rule};
 use crate::error::Problem;
 use crate::params::Params;
-use crate::registry::{self, OpSpec, PartSpec};
+use crate::registry;
+use crate::spec::{OpSpec, PartSpec};
 use crate::tensor::Tensor;
 use serde::Serialize;
 use std::borrow::Cow;
@@ -80,8 +81,8 @@ pub fn devices_for(op: &OpSpec, selection: Selection) -> Result<Vec<Device>, Pro
 /// Runs the reference for `case` and compares the candidates of `selection` with it.
 /// `Err` means the case cannot be used (bad shapes, no GPU runner, ...).
 pub fn verify_case(case: &Case, selection: Selection) -> Result<Vec<Row>, Problem> {
-    let spec = case.spec()?;
-    let params = case.check()?;
+    let spec = registry::spec_of(case)?;
+    let params = registry::check(case)?;
     let devices = devices_for(spec, selection)?;
     let reference = (spec.cpu)(&case.inputs, &params)?;
     let mut rows = Vec::new();

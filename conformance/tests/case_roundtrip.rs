@@ -3,7 +3,7 @@
 
 mod common;
 
-use attn_conformance::{Case, Tensor};
+use attn_conformance::{registry, Case, Tensor};
 use attn_reference::Dtype;
 use proptest::prelude::*;
 use serde_json::json;
@@ -114,8 +114,9 @@ fn malformed_metadata_is_refused_with_its_key() {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let b = safetensors::serialize(st.tensors(), Some(meta)).unwrap();
-        Case::from_bytes(std::path::Path::new("m.safetensors"), &b)
-            .map(|_| ())
+        let path = std::path::Path::new("m.safetensors");
+        Case::from_bytes(path, &b)
+            .and_then(|c| registry::check(&c).map(|_| ()).map_err(|p| p.at(path)))
             .unwrap_err()
             .to_string()
     };

@@ -15,6 +15,7 @@
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
+use crate::knobs;
 use crate::params::{check_float, grid_for, scan_output_dtype, tag, vmax, GateArgs, RowArgs};
 use crate::strided::{launch_strided, Jobs};
 use crate::tensor::DeviceTensor;
@@ -24,18 +25,10 @@ use attn_reference::{Dtype, Error};
 /// Warps per look-back tile (rows.cuh `LB_WARPS`).
 const LB_WARPS: usize = 8;
 
-/// `$ATTN_LB_U`: chunks per warp of a look-back tile (a tuning knob, passed to NVRTC too).
-pub(crate) fn lookback_u_override() -> Option<usize> {
-    std::env::var("ATTN_LB_U")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&u| (1..=32).contains(&u))
-}
-
 /// Elements one warp of a look-back tile scans (`U * 32 * VEC`, rows.cuh `LbU`).
 fn lookback_warp_elems(vec: usize, acc_f64: bool) -> usize {
     let row_u = if vec >= 8 { 4 } else { 8 };
-    let u = lookback_u_override().unwrap_or(if acc_f64 { row_u } else { 2 * row_u });
+    let u = knobs::lookback_u().unwrap_or(if acc_f64 { row_u } else { 2 * row_u });
     u * 32 * vec
 }
 

@@ -5,6 +5,7 @@
 
 use crate::error::{GpuError, GpuResult};
 use crate::kernels::Module;
+use crate::knobs;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
     PushKernelArg,
@@ -155,16 +156,13 @@ impl Gpu {
         if let Some(inc) = cuda_include_dir() {
             opts.push(format!("--include-path={inc}"));
         }
-        if let Some(u) = crate::cumsum::lookback_u_override() {
+        if let Some(u) = knobs::lookback_u() {
             opts.push(format!("-DATTN_LB_U={u}"));
         }
-        if let Some(r) = crate::tile::tile_rows_override().filter(|&r| r > 0) {
+        if let Some(r) = knobs::tile_rows().filter(|&r| r > 0) {
             opts.push(format!("-DATTN_TILE_RP={r}"));
         }
-        // Extra NVRTC options for tuning experiments, e.g. `-DATTN_MIN_BLOCKS=2`.
-        if let Ok(extra) = std::env::var("ATTN_NVRTC_OPTS") {
-            opts.extend(extra.split_whitespace().map(str::to_string));
-        }
+        opts.extend(knobs::nvrtc_opts());
         opts
     }
 

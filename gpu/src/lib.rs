@@ -12,6 +12,7 @@ pub mod device;
 pub mod error;
 pub mod gate;
 pub mod kernels;
+mod knobs;
 mod params;
 pub mod seq_scan;
 mod strided;

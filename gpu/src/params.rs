@@ -1,6 +1,7 @@
 //! `#[repr(C)]` mirrors of the kernels' parameter structs (every field 8 bytes, so the C and
 //! Rust layouts agree without padding), and the dtype rules shared by the ops.
 
+use crate::knobs;
 use attn_reference::{Dtype, Error};
 use cudarc::driver::DeviceRepr;
 
@@ -171,19 +172,12 @@ pub(crate) fn strided_width(
     jobs: usize,
 ) -> usize {
     let allowed = widths(din, dout, unit);
-    if let Some(w) = std::env::var("ATTN_STRIDED_WIDTH")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|w| allowed.contains(w))
-    {
+    if let Some(w) = knobs::strided_width(&allowed) {
         return w;
     }
     // resident threads: 256-thread blocks, at least 3 per multiprocessor (ATTN_MIN_BLOCKS)
     let resident = sm_count * 3 * 256;
-    let waves = std::env::var("ATTN_STRIDED_WAVES")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(STRIDED_WAVES);
+    let waves = knobs::strided_waves().unwrap_or(STRIDED_WAVES);
     allowed
         .iter()
         .copied()

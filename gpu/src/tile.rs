@@ -5,6 +5,7 @@
 //! [`MAX_PARTS`] parts, or lanes of fewer than 32 groups, take the strided kernel (one thread
 //! walks a whole chunk).
 
+use crate::knobs;
 use crate::params::widths;
 use attn_reference::Dtype;
 
@@ -15,15 +16,7 @@ pub const MAX_PARTS: usize = 16;
 /// turns the tile kernel off), else 8. (16 would take more than the 48 KiB of shared memory a
 /// fused block may have without opting in.)
 pub fn tile_rows() -> usize {
-    tile_rows_override().unwrap_or(8)
-}
-
-/// `$ATTN_TILE_RP` when set to an allowed value.
-pub(crate) fn tile_rows_override() -> Option<usize> {
-    std::env::var("ATTN_TILE_RP")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|r| [0, 4, 8].contains(r))
+    knobs::tile_rows().unwrap_or(8)
 }
 
 /// Dynamic shared memory of a tile block (kernels/tile.cuh): the part totals, and with the gate

@@ -1,47 +1,53 @@
-//! Runners of `kv_cache_update` and `decode_attention` (spec `ops-decode.md`).
+//! Static-cache decoding, spec `ops-decode.md`: `kv_cache_update`, `decode_attention`. Each op's
+//! registry entry and its float64 CPU runner (`<op>_cpu`), side by side; the `lse` class and rule.
 
 use super::{float_dim, indices, input, opt_indices};
 use crate::case::Tensors;
 use crate::compare::Rule;
 use crate::error::Problem;
-use crate::params::Params;
+use crate::params::{ParamSpec, ParamType, Params};
+use crate::spec::{self as s, OpSpec, OutputSpec};
 use crate::tensor::Tensor;
 use attn_reference::decode::{self, CacheLayout};
 use attn_reference::{DtypeClass, Error};
 use ndarray::{ArrayD, Ix4};
 use std::str::FromStr;
 
-fn layout(p: &Params) -> Result<CacheLayout, Problem> {
-    Ok(CacheLayout::from_str(p.str("cache_layout")?)?)
-}
+pub const OPS: &[OpSpec] = &[KV_CACHE_UPDATE, DECODE_ATTENTION];
 
-fn rank4<'a, E>(a: &'a ArrayD<E>, name: &str) -> Result<ndarray::ArrayView4<'a, E>, Problem> {
-    a.view()
-        .into_dimensionality::<Ix4>()
-        .map_err(|_| Error::shape(name, "rank 4", a.shape()).into())
-}
+const LAYOUTS: &[&str] = &["bshd", "bhsd"];
+const P_LAYOUT: ParamSpec = s::param("cache_layout", ParamType::Str(LAYOUTS), Some("\"bshd\""));
 
-/// Runs the reference update on four arrays of one element type.
-fn update<E: Copy + Send + Sync>(
-    t: [&ArrayD<E>; 4],
-    seqlens: &[i64],
-    idx: Option<&[i64]>,
-    layout: CacheLayout,
-) -> Result<(ArrayD<E>, ArrayD<E>), Problem> {
-    let (kc, vc) = decode::kv_cache_update(
-        rank4(t[0], "k_cache")?,
-        rank4(t[1], "v_cache")?,
-        rank4(t[2], "k")?,
-        rank4(t[3], "v")?,
-        seqlens,
-        idx,
-        layout,
-    )?;
-    Ok((kc.into_dyn(), vc.into_dyn()))
-}
+const KV_CACHE_UPDATE: OpSpec = OpSpec {
+    id: "kv_cache_update",
+    summary: "write k, v into static caches at cache_seqlens (bit exact)",
+    inputs: &[
+        s::float("k_cache", true),
+        s::float("v_cache", true),
+        s::float("k", true),
+        s::float("v", true),
+        s::index("cache_seqlens", true),
+        s::index("cache_batch_idx", false),
+    ],
+    params: &[P_LAYOUT],
+    outputs: &[
+        s::output(
+            "k_cache",
+            |i, _| super::class_of(i, "k_cache"),
+            |_, _, _| Rule::Exact,
+        ),
+        s::output(
+            "v_cache",
+            |i, _| super::class_of(i, "v_cache"),
+            |_, _, _| Rule::Exact,
+        ),
+    ],
+    cpu: kv_cache_update_cpu,
+    gpu: None,
+};
 
 /// `(k_cache, v_cache) = kv_cache_update(...)`, in the caches' own dtype (bit exact).
-pub fn kv_cache_update(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+fn kv_cache_update_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     const NAMES: [&str; 4] = ["k_cache", "v_cache", "k", "v"];
     let (kc, vc) = (input(inputs, NAMES[0])?, input(inputs, NAMES[1])?);
     let (k, v) = (input(inputs, NAMES[2])?, input(inputs, NAMES[3])?);
@@ -81,8 +87,41 @@ pub fn kv_cache_update(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem>
     ]))
 }
 
+const DECODE_ATTENTION: OpSpec = OpSpec {
+    id: "decode_attention",
+    summary: "attention of q over the valid prefix of static KV caches",
+    inputs: &[
+        s::float("q", true),
+        s::float("k_cache", true),
+        s::float("v_cache", true),
+        s::index("cache_seqlens", true),
+        s::index("cache_batch_idx", false),
+    ],
+    params: &[
+        s::param("softmax_scale", ParamType::OptFloat, Some("null")),
+        s::param("causal", ParamType::Bool, Some("true")),
+        P_LAYOUT,
+    ],
+    outputs: &[
+        s::output(
+            "o",
+            |i, _| super::class_of(i, "q"),
+            |_, _, c| Rule::default_for(c),
+        ),
+        OutputSpec {
+            name: "lse",
+            optional: true,
+            class: lse_class,
+            rule: lse_rule,
+            parts: &[],
+        },
+    ],
+    cpu: decode_attention_cpu,
+    gpu: None,
+};
+
 /// `(o, lse) = decode_attention(...)` in float64.
-pub fn decode_attention(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+fn decode_attention_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let q = float_dim::<Ix4>(inputs, "q")?;
     let kc = float_dim::<Ix4>(inputs, "k_cache")?;
     let vc = float_dim::<Ix4>(inputs, "v_cache")?;
@@ -102,6 +141,35 @@ pub fn decode_attention(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem
         ("o".to_string(), Tensor::F64(r.o.into_dyn())),
         ("lse".to_string(), Tensor::F64(r.lse.into_dyn())),
     ]))
+}
+
+fn layout(p: &Params) -> Result<CacheLayout, Problem> {
+    Ok(CacheLayout::from_str(p.str("cache_layout")?)?)
+}
+
+fn rank4<'a, E>(a: &'a ArrayD<E>, name: &str) -> Result<ndarray::ArrayView4<'a, E>, Problem> {
+    a.view()
+        .into_dimensionality::<Ix4>()
+        .map_err(|_| Error::shape(name, "rank 4", a.shape()).into())
+}
+
+/// Runs the reference update on four arrays of one element type.
+fn update<E: Copy + Send + Sync>(
+    t: [&ArrayD<E>; 4],
+    seqlens: &[i64],
+    idx: Option<&[i64]>,
+    layout: CacheLayout,
+) -> Result<(ArrayD<E>, ArrayD<E>), Problem> {
+    let (kc, vc) = decode::kv_cache_update(
+        rank4(t[0], "k_cache")?,
+        rank4(t[1], "v_cache")?,
+        rank4(t[2], "k")?,
+        rank4(t[3], "v")?,
+        seqlens,
+        idx,
+        layout,
+    )?;
+    Ok((kc.into_dyn(), vc.into_dyn()))
 }
 
 /// `lse` is float32 whatever the dtype of `q`.

@@ -1,17 +1,387 @@
-//! Runners of the delta-rule ops (spec `ops-delta-rule.md`) and their output classes and
-//! thresholds: `chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`, `fwd_h_merge`,
-//! `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd` (its recurrent definition) and
-//! `gdn_fwd` (its recurrent definition).
+//! The delta-rule ops of spec `ops-delta-rule.md`: `chunk_gated_delta_rule_fwd_h`,
+//! `fwd_h_pre_scan`, `fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`
+//! (its recurrent definition) and `gdn_fwd` (its recurrent definition). Each op's registry entry
+//! and its float64 CPU runner (`<op>_cpu`), side by side, then the output classes and thresholds
+//! they share.
 
 use super::{float_dim, indices, input, opt_float_dim, opt_indices};
+use super::{P_LOWER, P_SCALE};
 use crate::case::Tensors;
 use crate::compare::Rule;
 use crate::error::Problem;
-use crate::params::Params;
+use crate::params::{ParamSpec, ParamType, Params};
+use crate::spec::{self as s, OpSpec, OutputSpec, PartSpec};
 use crate::tensor::Tensor;
 use attn_reference::delta::{self as d, DeltaDtypes};
 use attn_reference::DtypeClass;
 use ndarray::{ArrayD, Ix1, Ix3, Ix4};
+
+pub const OPS: &[OpSpec] = &[
+    CHUNK_GATED_DELTA_RULE_FWD_H,
+    FWD_H_PRE_SCAN,
+    FWD_H_MERGE,
+    CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT,
+    KDA_INTRA,
+    KDA_FWD,
+    GDN_FWD,
+];
+
+const P_CHUNK64: ParamSpec = s::param("chunk_size", ParamType::Int, Some("64"));
+const P_FINAL: ParamSpec = s::param("output_final_state", ParamType::Bool, Some("false"));
+const P_V_FIRST: ParamSpec = s::param("state_v_first", ParamType::Bool, Some("false"));
+const P_SAVE_V: ParamSpec = s::param("save_new_value", ParamType::Bool, Some("true"));
+const P_SAFE_GATE: ParamSpec = s::param("safe_gate", ParamType::Bool, Some("false"));
+const P_L2NORM: ParamSpec = s::param("use_qk_l2norm_in_kernel", ParamType::Bool, Some("false"));
+/// `k, w, u, g, gk` of the state-recurrence ops (spec 2.1), then the op's own inputs.
+macro_rules! fwd_h_inputs {
+    ($($extra:expr),* $(,)?) => {
+        &[
+            s::float("k", true),
+            s::float("w", true),
+            s::float("u", true),
+            s::float("g", false),
+            s::float("gk", false),
+            $($extra),*
+        ]
+    };
+}
+/// `h`, `v_new`, `final_state` of section 2 (and 5): the `half` / `half_long` / `f32`
+/// thresholds of `h` and `v_new`, then those of `final_state`.
+macro_rules! fwd_h_outputs {
+    ($h:literal, $h_long:literal, $h32:literal; $s:literal, $s_long:literal, $s32:literal) => {
+        [
+            s::output(
+                "h",
+                |i, _| super::class_of(i, "k"),
+                |i, _, c| threshold(i, "k", c, $h, $h_long, $h32),
+            ),
+            s::output(
+                "v_new",
+                |i, _| super::class_of(i, "u"),
+                |i, _, c| threshold(i, "k", c, $h, $h_long, $h32),
+            ),
+            s::output(
+                "final_state",
+                |i, _| Ok(f32_class(i, "k")),
+                |i, _, c| threshold(i, "k", c, $s, $s_long, $s32),
+            ),
+        ]
+    };
+}
+const FWD_H_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 1e-5; 5e-3, 1e-2, 1e-5);
+/// Section 5's outputs, with its looser float32 threshold.
+const SPLIT_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 5e-5; 1e-2, 1e-2, 5e-5);
+/// An output of `kda_intra` stored in the dtype of input `like` (README thresholds by `q`).
+macro_rules! intra_output {
+    ($name:literal, $like:literal) => {
+        s::output(
+            $name,
+            |i, _| super::class_of(i, $like),
+            |i, _, c| threshold(i, "q", c, 5e-3, 5e-3, 1e-5),
+        )
+    };
+}
+/// `q, k, v, g, beta, initial_state` of `kda_fwd` / `gdn_fwd` (spec 6.1, 8.1), then the op's
+/// own inputs.
+macro_rules! forward_inputs {
+    ($($extra:expr),* $(,)?) => {
+        &[
+            s::float("q", true),
+            s::float("k", true),
+            s::float("v", true),
+            s::float("g", true),
+            s::float("beta", true),
+            s::float("initial_state", false),
+            $($extra),*
+        ]
+    };
+}
+/// `o` and `final_state` of `kda_fwd` / `gdn_fwd` (spec 6.8, 8.8).
+const FORWARD_OUTPUTS: [OutputSpec; 2] = [
+    s::output(
+        "o",
+        |i, _| super::class_of(i, "q"),
+        |i, _, c| threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
+    ),
+    s::output(
+        "final_state",
+        |i, _| Ok(f32_class(i, "q")),
+        |i, _, c| threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
+    ),
+];
+
+const CHUNK_GATED_DELTA_RULE_FWD_H: OpSpec = OpSpec {
+    id: "chunk_gated_delta_rule_fwd_h",
+    summary: "chunked delta-rule state recurrence: h per chunk, v_new = u - w S, final state",
+    inputs: fwd_h_inputs![
+        s::float("initial_state", false),
+        s::index("cu_seqlens", false)
+    ],
+    params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
+    outputs: &FWD_H_OUTPUTS,
+    cpu: chunk_gated_delta_rule_fwd_h_cpu,
+    gpu: None,
+};
+
+/// `h`, `v_new`, `final_state` of spec section 2.
+fn chunk_gated_delta_rule_fwd_h_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let f = FwdH::read(inputs)?;
+    let o = d::chunk_gated_delta_rule_fwd_h(&f.inputs(), &fwd_h_params(p)?)?;
+    Ok(fwd_h_outputs(o))
+}
+
+const FWD_H_PRE_SCAN: OpSpec = OpSpec {
+    id: "fwd_h_pre_scan",
+    summary: "affine summary hm = [b | M] of each (sub-)sequence's chunk recurrence",
+    inputs: fwd_h_inputs![s::index("cu_seqlens", false)],
+    params: &[P_CHUNK64],
+    outputs: &[OutputSpec {
+        name: "hm",
+        optional: false,
+        class: |i, _| Ok(f32_class(i, "k")),
+        rule: |i, _, c| threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
+        parts: &[
+            PartSpec {
+                name: "hm.b",
+                take: hm_b,
+                rule: |i, _, c| threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
+            },
+            PartSpec {
+                name: "hm.M",
+                take: hm_m,
+                rule: |i, _, c| threshold(i, "k", c, 1e-2, 1e-2, 1e-5),
+            },
+        ],
+    }],
+    cpu: fwd_h_pre_scan_cpu,
+    gpu: None,
+};
+
+/// `hm = [b | M]` of spec section 3.
+fn fwd_h_pre_scan_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let f = FwdH::read(inputs)?;
+    let params = d::FwdHPreScanParams {
+        chunk_size: p.int("chunk_size")?,
+    };
+    let hm = d::fwd_h_pre_scan(&f.inputs(), &params)?.hm;
+    Ok(named(vec![("hm", Some(hm.into_dyn()))]))
+}
+
+const FWD_H_MERGE: OpSpec = OpSpec {
+    id: "fwd_h_merge",
+    summary: "prefix chain X <- M X + b over each sequence's sub-sequence summaries",
+    inputs: &[
+        s::float("hm", true),
+        s::index("subseq_offsets", true),
+        s::float("initial_state", false),
+    ],
+    params: &[P_V_FIRST, P_FINAL],
+    outputs: &[
+        s::output(
+            "initial_states",
+            |i, _| Ok(f32_class(i, "hm")),
+            |i, _, c| threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
+        ),
+        s::output(
+            "final_state",
+            |i, _| Ok(f32_class(i, "hm")),
+            |i, _, c| threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
+        ),
+    ],
+    cpu: fwd_h_merge_cpu,
+    gpu: None,
+};
+
+/// `initial_states`, `final_state` of spec section 4.
+fn fwd_h_merge_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    check_dtypes(inputs, &[], &["hm", "initial_state"])?;
+    let hm = float_dim::<Ix4>(inputs, "hm")?;
+    let offs = indices(inputs, "subseq_offsets")?;
+    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
+    let params = d::FwdHMergeParams {
+        state_v_first: p.bool("state_v_first")?,
+        output_final_state: p.bool("output_final_state")?,
+    };
+    let o = d::fwd_h_merge(
+        &d::FwdHMergeInputs {
+            hm: hm.view(),
+            subseq_offsets: &offs,
+            initial_state: h0.as_ref().map(|a| a.view()),
+        },
+        &params,
+    )?;
+    Ok(named(vec![
+        ("initial_states", Some(o.initial_states.into_dyn())),
+        ("final_state", o.final_state.map(|a| a.into_dyn())),
+    ]))
+}
+
+const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
+    id: "chunk_gated_delta_rule_fwd_h_split",
+    summary: "fwd_h through chunk-aligned sub-sequences: pre-scan, merge, fwd_h (same result)",
+    inputs: fwd_h_inputs![
+        s::float("initial_state", false),
+        s::index("cu_seqlens", false),
+        s::index("subseq_cu_seqlens", false),
+    ],
+    params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
+    outputs: &SPLIT_OUTPUTS,
+    cpu: chunk_gated_delta_rule_fwd_h_split_cpu,
+    gpu: None,
+};
+
+/// Section 2's outputs through the split of spec section 5.
+fn chunk_gated_delta_rule_fwd_h_split_cpu(
+    inputs: &Tensors,
+    p: &Params,
+) -> Result<Tensors, Problem> {
+    let f = FwdH::read(inputs)?;
+    let subseq = opt_indices(inputs, "subseq_cu_seqlens")?;
+    let o = d::chunk_gated_delta_rule_fwd_h_split(
+        &d::FwdHSplitInputs {
+            fwd_h: f.inputs(),
+            subseq_cu_seqlens: subseq.as_deref(),
+        },
+        &fwd_h_params(p)?,
+    )?;
+    Ok(fwd_h_outputs(o))
+}
+
+const KDA_INTRA: OpSpec = OpSpec {
+    id: "kda_intra",
+    summary: "KDA intra-chunk stage: Aqk, Akk = (I + L)^-1, WY factors w, u, gated keys kg",
+    inputs: &[
+        s::float("q", true),
+        s::float("k", true),
+        s::float("v", true),
+        s::float("gk", true),
+        s::float("beta", true),
+        s::index("cu_seqlens", false),
+    ],
+    params: &[P_SCALE, P_CHUNK64, P_SAFE_GATE],
+    outputs: &[
+        intra_output!("w", "k"),
+        intra_output!("u", "v"),
+        intra_output!("kg", "k"),
+        intra_output!("Aqk", "k"),
+        intra_output!("Akk", "k"),
+    ],
+    cpu: kda_intra_cpu,
+    gpu: None,
+};
+
+/// `w, u, kg, Aqk, Akk` of spec section 7.
+fn kda_intra_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let x = Qkv::read(inputs, &[])?;
+    let gk = float_dim::<Ix4>(inputs, "gk")?;
+    let params = d::KdaIntraParams {
+        scale: p.opt_f64("scale")?,
+        chunk_size: p.int("chunk_size")?,
+        safe_gate: p.bool("safe_gate")?,
+    };
+    let o = d::kda_intra(
+        &d::KdaIntraInputs {
+            q: x.q.view(),
+            k: x.k.view(),
+            v: x.v.view(),
+            gk: gk.view(),
+            beta: x.beta.view(),
+            cu_seqlens: x.cu.as_deref(),
+        },
+        &params,
+    )?;
+    Ok(named(vec![
+        ("w", Some(o.w.into_dyn())),
+        ("u", Some(o.u.into_dyn())),
+        ("kg", Some(o.kg.into_dyn())),
+        ("Aqk", Some(o.aqk.into_dyn())),
+        ("Akk", Some(o.akk.into_dyn())),
+    ]))
+}
+
+const KDA_FWD: OpSpec = OpSpec {
+    id: "kda_fwd",
+    summary: "Kimi Delta Attention forward (recurrent definition), in-kernel gate/beta/l2norm",
+    inputs: forward_inputs![
+        s::float("A_log", false),
+        s::float("dt_bias", false),
+        s::index("cu_seqlens", false),
+    ],
+    params: &[
+        P_SCALE,
+        P_FINAL,
+        P_L2NORM,
+        s::param("use_gate_in_kernel", ParamType::Bool, Some("false")),
+        P_LOWER,
+        s::param("use_beta_sigmoid_in_kernel", ParamType::Bool, Some("false")),
+        s::param("allow_neg_eigval", ParamType::Bool, Some("false")),
+        P_SAFE_GATE,
+        P_CHUNK64,
+        P_V_FIRST,
+    ],
+    outputs: &FORWARD_OUTPUTS,
+    cpu: kda_fwd_cpu,
+    gpu: None,
+};
+
+/// `o`, `final_state` of spec section 6 (the recurrent definition).
+fn kda_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let x = Qkv::read(inputs, &["initial_state"])?;
+    let g = float_dim::<Ix4>(inputs, "g")?;
+    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
+    let a_log = opt_float_dim::<Ix1>(inputs, "A_log")?;
+    let dt_bias = opt_float_dim::<Ix1>(inputs, "dt_bias")?;
+    let params = d::KdaFwdParams {
+        scale: p.opt_f64("scale")?,
+        output_final_state: p.bool("output_final_state")?,
+        use_qk_l2norm_in_kernel: p.bool("use_qk_l2norm_in_kernel")?,
+        use_gate_in_kernel: p.bool("use_gate_in_kernel")?,
+        lower_bound: p.opt_f64("lower_bound")?,
+        use_beta_sigmoid_in_kernel: p.bool("use_beta_sigmoid_in_kernel")?,
+        allow_neg_eigval: p.bool("allow_neg_eigval")?,
+        safe_gate: p.bool("safe_gate")?,
+        chunk_size: p.int("chunk_size")?,
+        state_v_first: p.bool("state_v_first")?,
+    };
+    let inp = d::KdaFwdInputs {
+        initial_state: h0.as_ref().map(|a| a.view()),
+        a_log: a_log.as_ref().map(|a| a.view()),
+        dt_bias: dt_bias.as_ref().map(|a| a.view()),
+        cu_seqlens: x.cu.as_deref(),
+        ..d::KdaFwdInputs::new(x.q.view(), x.k.view(), x.v.view(), g.view(), x.beta.view())
+    };
+    Ok(forward_outputs(d::kda_fwd(&inp, &params)?))
+}
+
+const GDN_FWD: OpSpec = OpSpec {
+    id: "gdn_fwd",
+    summary: "Gated DeltaNet forward (recurrent definition), scalar gate per head",
+    inputs: forward_inputs![s::index("cu_seqlens", false)],
+    params: &[P_SCALE, P_FINAL, P_L2NORM, P_CHUNK64, P_V_FIRST],
+    outputs: &FORWARD_OUTPUTS,
+    cpu: gdn_fwd_cpu,
+    gpu: None,
+};
+
+/// `o`, `final_state` of spec section 8 (the recurrent definition).
+fn gdn_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let x = Qkv::read(inputs, &["initial_state"])?;
+    let g = float_dim::<Ix3>(inputs, "g")?;
+    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
+    let params = d::GdnFwdParams {
+        scale: p.opt_f64("scale")?,
+        output_final_state: p.bool("output_final_state")?,
+        use_qk_l2norm_in_kernel: p.bool("use_qk_l2norm_in_kernel")?,
+        chunk_size: p.int("chunk_size")?,
+        state_v_first: p.bool("state_v_first")?,
+    };
+    let inp = d::GdnFwdInputs {
+        initial_state: h0.as_ref().map(|a| a.view()),
+        cu_seqlens: x.cu.as_deref(),
+        ..d::GdnFwdInputs::new(x.q.view(), x.k.view(), x.v.view(), g.view(), x.beta.view())
+    };
+    Ok(forward_outputs(d::gdn_fwd(&inp, &params)?))
+}
 
 /// Sequences longer than this make a case "long" (spec 1.6).
 const LONG: usize = 4096;
@@ -97,64 +467,6 @@ fn fwd_h_outputs(o: d::FwdHOutputs<f64>) -> Tensors {
     ])
 }
 
-/// `h`, `v_new`, `final_state` of spec section 2.
-pub fn chunk_gated_delta_rule_fwd_h(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let f = FwdH::read(inputs)?;
-    let o = d::chunk_gated_delta_rule_fwd_h(&f.inputs(), &fwd_h_params(p)?)?;
-    Ok(fwd_h_outputs(o))
-}
-
-/// `hm = [b | M]` of spec section 3.
-pub fn fwd_h_pre_scan(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let f = FwdH::read(inputs)?;
-    let params = d::FwdHPreScanParams {
-        chunk_size: p.int("chunk_size")?,
-    };
-    let hm = d::fwd_h_pre_scan(&f.inputs(), &params)?.hm;
-    Ok(named(vec![("hm", Some(hm.into_dyn()))]))
-}
-
-/// `initial_states`, `final_state` of spec section 4.
-pub fn fwd_h_merge(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    check_dtypes(inputs, &[], &["hm", "initial_state"])?;
-    let hm = float_dim::<Ix4>(inputs, "hm")?;
-    let offs = indices(inputs, "subseq_offsets")?;
-    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
-    let params = d::FwdHMergeParams {
-        state_v_first: p.bool("state_v_first")?,
-        output_final_state: p.bool("output_final_state")?,
-    };
-    let o = d::fwd_h_merge(
-        &d::FwdHMergeInputs {
-            hm: hm.view(),
-            subseq_offsets: &offs,
-            initial_state: h0.as_ref().map(|a| a.view()),
-        },
-        &params,
-    )?;
-    Ok(named(vec![
-        ("initial_states", Some(o.initial_states.into_dyn())),
-        ("final_state", o.final_state.map(|a| a.into_dyn())),
-    ]))
-}
-
-/// Section 2's outputs through the split of spec section 5.
-pub fn chunk_gated_delta_rule_fwd_h_split(
-    inputs: &Tensors,
-    p: &Params,
-) -> Result<Tensors, Problem> {
-    let f = FwdH::read(inputs)?;
-    let subseq = opt_indices(inputs, "subseq_cu_seqlens")?;
-    let o = d::chunk_gated_delta_rule_fwd_h_split(
-        &d::FwdHSplitInputs {
-            fwd_h: f.inputs(),
-            subseq_cu_seqlens: subseq.as_deref(),
-        },
-        &fwd_h_params(p)?,
-    )?;
-    Ok(fwd_h_outputs(o))
-}
-
 /// The tensors every `q, k, v` op reads (`q, k, v, beta, cu_seqlens`), after the dtype rules
 /// of spec 1.4 (`q, k, v` share one float dtype, `states` are f32/f64).
 struct Qkv {
@@ -178,89 +490,11 @@ impl Qkv {
     }
 }
 
-/// `w, u, kg, Aqk, Akk` of spec section 7.
-pub fn kda_intra(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let x = Qkv::read(inputs, &[])?;
-    let gk = float_dim::<Ix4>(inputs, "gk")?;
-    let params = d::KdaIntraParams {
-        scale: p.opt_f64("scale")?,
-        chunk_size: p.int("chunk_size")?,
-        safe_gate: p.bool("safe_gate")?,
-    };
-    let o = d::kda_intra(
-        &d::KdaIntraInputs {
-            q: x.q.view(),
-            k: x.k.view(),
-            v: x.v.view(),
-            gk: gk.view(),
-            beta: x.beta.view(),
-            cu_seqlens: x.cu.as_deref(),
-        },
-        &params,
-    )?;
-    Ok(named(vec![
-        ("w", Some(o.w.into_dyn())),
-        ("u", Some(o.u.into_dyn())),
-        ("kg", Some(o.kg.into_dyn())),
-        ("Aqk", Some(o.aqk.into_dyn())),
-        ("Akk", Some(o.akk.into_dyn())),
-    ]))
-}
-
 fn forward_outputs(o: d::DeltaFwdOutputs<f64>) -> Tensors {
     named(vec![
         ("o", Some(o.o.into_dyn())),
         ("final_state", o.final_state.map(|a| a.into_dyn())),
     ])
-}
-
-/// `o`, `final_state` of spec section 6 (the recurrent definition).
-pub fn kda_fwd(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let x = Qkv::read(inputs, &["initial_state"])?;
-    let g = float_dim::<Ix4>(inputs, "g")?;
-    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
-    let a_log = opt_float_dim::<Ix1>(inputs, "A_log")?;
-    let dt_bias = opt_float_dim::<Ix1>(inputs, "dt_bias")?;
-    let params = d::KdaFwdParams {
-        scale: p.opt_f64("scale")?,
-        output_final_state: p.bool("output_final_state")?,
-        use_qk_l2norm_in_kernel: p.bool("use_qk_l2norm_in_kernel")?,
-        use_gate_in_kernel: p.bool("use_gate_in_kernel")?,
-        lower_bound: p.opt_f64("lower_bound")?,
-        use_beta_sigmoid_in_kernel: p.bool("use_beta_sigmoid_in_kernel")?,
-        allow_neg_eigval: p.bool("allow_neg_eigval")?,
-        safe_gate: p.bool("safe_gate")?,
-        chunk_size: p.int("chunk_size")?,
-        state_v_first: p.bool("state_v_first")?,
-    };
-    let inp = d::KdaFwdInputs {
-        initial_state: h0.as_ref().map(|a| a.view()),
-        a_log: a_log.as_ref().map(|a| a.view()),
-        dt_bias: dt_bias.as_ref().map(|a| a.view()),
-        cu_seqlens: x.cu.as_deref(),
-        ..d::KdaFwdInputs::new(x.q.view(), x.k.view(), x.v.view(), g.view(), x.beta.view())
-    };
-    Ok(forward_outputs(d::kda_fwd(&inp, &params)?))
-}
-
-/// `o`, `final_state` of spec section 8 (the recurrent definition).
-pub fn gdn_fwd(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let x = Qkv::read(inputs, &["initial_state"])?;
-    let g = float_dim::<Ix3>(inputs, "g")?;
-    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
-    let params = d::GdnFwdParams {
-        scale: p.opt_f64("scale")?,
-        output_final_state: p.bool("output_final_state")?,
-        use_qk_l2norm_in_kernel: p.bool("use_qk_l2norm_in_kernel")?,
-        chunk_size: p.int("chunk_size")?,
-        state_v_first: p.bool("state_v_first")?,
-    };
-    let inp = d::GdnFwdInputs {
-        initial_state: h0.as_ref().map(|a| a.view()),
-        cu_seqlens: x.cu.as_deref(),
-        ..d::GdnFwdInputs::new(x.q.view(), x.k.view(), x.v.view(), g.view(), x.beta.view())
-    };
-    Ok(forward_outputs(d::gdn_fwd(&inp, &params)?))
 }
 
 /// The class of the op's main input (spec 1.6: `k`, `hm` or `q`), or float64 when absent.

@@ -1,21 +1,39 @@
-//! The registry's runners: the float64 CPU reference on a case's inputs (one module per spec
-//! file), the GPU runners of the scan and gate ops ([`gpu`]), and the helpers their registry
-//! entries share: reading inputs by name, expected output classes, thresholds.
+//! The ops, one module per family: each holds, for every op of its family, the registry entry
+//! ([`OpSpec`](crate::spec::OpSpec)), the float64 CPU runner and the GPU runner where there is
+//! one, side by side ([`scans`], [`gates`], [`decode`], [`delta`]). [`device`] is the GPU
+//! plumbing they share. This module holds what the families share: reading inputs by name,
+//! expected output classes, thresholds and common parameters.
+//!
+//! Below: `case`, `params`, `compare`, `spec`. Above: `registry`, which gathers the families'
+//! `OPS` tables. A family never imports another family.
 
 pub mod decode;
 pub mod delta;
+pub mod device;
 pub mod gates;
-pub mod gpu;
 pub mod scans;
 
 use crate::case::Tensors;
 use crate::compare::Rule;
 use crate::error::Problem;
-use crate::params::Params;
+use crate::params::{ParamSpec, ParamType, Params};
+use crate::spec::param;
 use crate::tensor::Tensor;
 use attn_reference::{Dtype, DtypeClass, Error};
 use ndarray::{ArrayD, Dimension};
 use std::str::FromStr;
+
+/// The `output_dtype` values of ops whose output is float32 or float64.
+pub const FLOAT_OUT: &[&str] = &["float32", "float64"];
+pub const P_REVERSE: ParamSpec = param("reverse", ParamType::Bool, Some("false"));
+pub const P_SCALE: ParamSpec = param("scale", ParamType::OptFloat, Some("null"));
+pub const P_CHUNK: ParamSpec = param("chunk_size", ParamType::Int, None);
+pub const P_OUT_F32: ParamSpec = param(
+    "output_dtype",
+    ParamType::OptStr(FLOAT_OUT),
+    Some("\"float32\""),
+);
+pub const P_LOWER: ParamSpec = param("lower_bound", ParamType::OptFloat, Some("null"));
 
 /// Required input `name`.
 pub fn input<'a>(inputs: &'a Tensors, name: &str) -> Result<&'a Tensor, Problem> {

@@ -1,0 +1,145 @@
+//! The vocabulary of the op registry: what an op is made of ([`OpSpec`]: inputs, parameters,
+//! outputs with their dtype class and comparison rule, runners), and the `const fn`s the family
+//! modules under [`crate::ops`] build their entries with. It knows no op; [`crate::registry`]
+//! gathers the families' entries.
+
+use crate::case::Tensors;
+use crate::compare::Rule;
+use crate::error::Problem;
+use crate::params::{ParamSpec, ParamType, Params};
+use crate::tensor::Tensor;
+use attn_reference::DtypeClass;
+
+/// Whether an input holds floats or indices (`cu_seqlens`, `cache_seqlens`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    Float,
+    Index,
+}
+
+/// One tensor argument of an op.
+#[derive(Debug, Clone, Copy)]
+pub struct InputSpec {
+    pub name: &'static str,
+    pub required: bool,
+    pub kind: InputKind,
+}
+
+/// The dtype class an output must have, given the call's inputs and parameters.
+pub type ClassFn = fn(&Tensors, &Params) -> Result<DtypeClass, Problem>;
+/// The comparison rule of an output, given the call and the class the candidate was computed in.
+pub type RuleFn = fn(&Tensors, &Params, DtypeClass) -> Rule;
+/// Runs an op on a case's inputs and validated parameters; returns its outputs by name.
+pub type Runner = fn(&Tensors, &Params) -> Result<Tensors, Problem>;
+
+/// One output of an op.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputSpec {
+    pub name: &'static str,
+    /// Whether a case may leave it out although the op produces it (e.g. `lse`, which
+    /// PyTorch's SDPA does not return). A required output that is absent is a failure.
+    pub optional: bool,
+    pub class: ClassFn,
+    pub rule: RuleFn,
+    /// When not empty, the output is compared as these parts (one row each, e.g. `hm.b` and
+    /// `hm.M` of `fwd_h_pre_scan`) instead of as a whole.
+    pub parts: &'static [PartSpec],
+}
+
+/// Selects one part of an output tensor (e.g. the columns `..V` of `hm`).
+pub type TakeFn = fn(&Tensor) -> Tensor;
+
+/// A part of an output compared on its own, with its own rule.
+#[derive(Debug, Clone, Copy)]
+pub struct PartSpec {
+    /// The row name, `<output>.<part>`.
+    pub name: &'static str,
+    pub take: TakeFn,
+    pub rule: RuleFn,
+}
+
+/// Everything the suite knows about one op.
+#[derive(Debug, Clone, Copy)]
+pub struct OpSpec {
+    /// The spec's op id.
+    pub id: &'static str,
+    /// One line for `list`.
+    pub summary: &'static str,
+    pub inputs: &'static [InputSpec],
+    pub params: &'static [ParamSpec],
+    pub outputs: &'static [OutputSpec],
+    /// The float64 CPU reference.
+    pub cpu: Runner,
+    /// The CUDA kernel, where one exists.
+    pub gpu: Option<Runner>,
+}
+
+impl OpSpec {
+    pub fn input(&self, name: &str) -> Option<&InputSpec> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+    pub fn output(&self, name: &str) -> Option<&OutputSpec> {
+        self.outputs.iter().find(|o| o.name == name)
+    }
+    /// Whether `name` is compared on its own: an output, or a part of one (`hm.b`); a case's
+    /// `tolerance` may name either.
+    pub fn compares(&self, name: &str) -> bool {
+        self.output(name).is_some()
+            || self
+                .outputs
+                .iter()
+                .any(|o| o.parts.iter().any(|p| p.name == name))
+    }
+    pub fn input_names(&self) -> String {
+        names(self.inputs.iter().map(|i| i.name))
+    }
+    pub fn output_names(&self) -> String {
+        names(self.outputs.iter().map(|o| o.name))
+    }
+    /// The devices that implement this op (`cpu` always).
+    pub fn devices(&self) -> Vec<&'static str> {
+        let mut d = vec!["cpu"];
+        if self.gpu.is_some() {
+            d.push("gpu");
+        }
+        d
+    }
+}
+
+fn names<'a>(it: impl Iterator<Item = &'a str>) -> String {
+    it.collect::<Vec<_>>().join(", ")
+}
+
+/// A float tensor input.
+pub const fn float(name: &'static str, required: bool) -> InputSpec {
+    InputSpec {
+        name,
+        required,
+        kind: InputKind::Float,
+    }
+}
+
+/// An index tensor input (`int32` or `int64`).
+pub const fn index(name: &'static str, required: bool) -> InputSpec {
+    InputSpec {
+        name,
+        required,
+        kind: InputKind::Index,
+    }
+}
+
+/// A parameter; `default` is JSON text (`None`: the parameter is required).
+pub const fn param(name: &'static str, ty: ParamType, default: Option<&'static str>) -> ParamSpec {
+    ParamSpec { name, ty, default }
+}
+
+/// An output compared as a whole (no parts), required in a case.
+pub const fn output(name: &'static str, class: ClassFn, rule: RuleFn) -> OutputSpec {
+    OutputSpec {
+        name,
+        optional: false,
+        class,
+        rule,
+        parts: &[],
+    }
+}

@@ -1,0 +1,40 @@
+//! Tuning knobs read from the environment at run time, for experiments only (`tools/GPU.md`,
+//! `NOTES.md`). They sit at the bottom of the crate: kernel modules and the NVRTC options in
+//! [`crate::device`] import them, and this module imports nothing of the crate. Unset or
+//! out-of-range values mean "the tuned default".
+
+/// A knob's value, parsed, when set and accepted by `ok`.
+fn knob(name: &str, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&v| ok(v))
+}
+
+/// `$ATTN_LB_U`: chunks per warp of a look-back tile, 1..=32 (passed to NVRTC too).
+pub(crate) fn lookback_u() -> Option<usize> {
+    knob("ATTN_LB_U", |u| (1..=32).contains(&u))
+}
+
+/// `$ATTN_TILE_RP`: rows per part of the chunk tiles, 4 or 8; 0 sends the chunk scans to the
+/// strided kernel.
+pub(crate) fn tile_rows() -> Option<usize> {
+    knob("ATTN_TILE_RP", |r| [0, 4, 8].contains(&r))
+}
+
+/// `$ATTN_STRIDED_WIDTH`: elements per thread of the strided scans, when `allowed` has it.
+pub(crate) fn strided_width(allowed: &[usize]) -> Option<usize> {
+    knob("ATTN_STRIDED_WIDTH", |w| allowed.contains(&w))
+}
+
+/// `$ATTN_STRIDED_WAVES`: waves of resident threads the strided width rule aims for.
+pub(crate) fn strided_waves() -> Option<usize> {
+    knob("ATTN_STRIDED_WAVES", |_| true)
+}
+
+/// `$ATTN_NVRTC_OPTS`: extra NVRTC options, e.g. `-DATTN_MIN_BLOCKS=2`.
+pub(crate) fn nvrtc_opts() -> Vec<String> {
+    std::env::var("ATTN_NVRTC_OPTS")
+        .map(|s| s.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
