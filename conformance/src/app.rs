@@ -163,6 +163,12 @@ fn rows_table(rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             let result = match (&r.reason, r.pass) {
+                (_, true) if r.near_ties.is_some_and(|n| n > 0) => {
+                    format!(
+                        "PASS ({} rows by the near-tie band)",
+                        r.near_ties.unwrap_or(0)
+                    )
+                }
                 (_, true) => "PASS".to_string(),
                 (Some(why), false) => format!("FAIL ({why})"),
                 (None, false) => "FAIL".to_string(),

@@ -29,6 +29,24 @@ pub enum Rule {
     Threshold(f64),
     /// Same dtype and the same bits everywhere (NaN payloads included).
     Exact,
+    /// Selected block indices, row by row (spec `ops-nsa.md` §9; [`crate::index_rule`]).
+    Index(IndexRule),
+}
+
+/// How the rows of a `block_indices` output are compared (spec `ops-nsa.md` §9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexMode {
+    /// `"fla"`: each row as a set of valid entries (`>= 0`) plus its count of `-1`.
+    Set,
+    /// `"mslk_tile_mean"`: sorted rows equal element by element, duplicates included.
+    Sorted,
+}
+
+/// The index rule: the row comparison and the near-tie band `delta` (by candidate precision).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IndexRule {
+    pub mode: IndexMode,
+    pub delta: f64,
 }
 
 impl Rule {
@@ -49,6 +67,7 @@ impl fmt::Display for Rule {
         match self {
             Rule::Threshold(t) => write!(f, "{t:.0e}"),
             Rule::Exact => f.write_str("exact"),
+            Rule::Index(r) => write!(f, "index band {:.0e}", r.delta),
         }
     }
 }
@@ -66,6 +85,8 @@ pub struct Comparison {
     pub pass: bool,
     /// Why it failed (`None` when it passed).
     pub reason: Option<String>,
+    /// Index rule only: the rows that differ from the reference but passed by the near-tie band.
+    pub near_ties: Option<usize>,
 }
 
 /// `max_abs`, `ratio`, and the first non-finite mismatch, of `x` against `r` (same shape).
@@ -146,6 +167,7 @@ pub fn compare(
         rule,
         pass: false,
         reason: Some(reason),
+        near_ties: None,
     };
     let (r, x) = match (reference, candidate) {
         (Some(r), Some(x)) => (r, x),
@@ -191,6 +213,7 @@ pub fn compare(
             None if m.max_abs <= ABS_FLOOR || m.ratio <= t => None,
             None => Some(format!("ratio {:.3e} > threshold {t:.0e}", m.ratio)),
         },
+        Rule::Index(_) => Some("the index rule needs the reference scores".into()),
     };
     Comparison {
         shape: x.shape().to_vec(),
@@ -200,5 +223,6 @@ pub fn compare(
         rule,
         pass: reason.is_none(),
         reason,
+        near_ties: None,
     }
 }

@@ -4,6 +4,7 @@
 use crate::case::{Case, Tensors};
 use crate::compare::{compare, Rule};
 use crate::error::Problem;
+use crate::index_rule::compare_indices;
 use crate::params::Params;
 use crate::registry;
 use crate::spec::{OpSpec, PartSpec};
@@ -58,6 +59,10 @@ pub struct Row {
     pub threshold: Option<f64>,
     pub pass: bool,
     pub reason: Option<String>,
+    /// Index rule only (spec `ops-nsa.md` §9): rows that differ from the reference's selection
+    /// but passed by the near-tie band.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub near_ties: Option<usize>,
 }
 
 /// The devices `selection` checks for `op`, or why the selection cannot be served (`gpu`
@@ -94,11 +99,47 @@ pub fn verify_case(case: &Case, selection: Selection) -> Result<Vec<Row>, Proble
                 None => return Err(Problem::NoGpu(format!("`{}` has no GPU runner", spec.id))),
             },
         };
+        let reference = reference_for(case, spec, &params, &reference, &candidate)?;
         rows.extend(compare_outputs(
             case, spec, &params, device, &reference, &candidate,
         )?);
     }
     Ok(rows)
+}
+
+/// The reference a candidate is held to: the plain one, or, for an op whose reference takes some
+/// outputs from the candidate ([`registry::taken_from_candidate`]; `nsa_fwd`'s
+/// `block_indices`, spec `ops-nsa.md` §7), the one computed with the candidate's values as
+/// inputs. The taken outputs themselves (and their `<name>.scores`) stay the plain reference's,
+/// so they are still checked against its own choice.
+fn reference_for<'a>(
+    case: &Case,
+    spec: &OpSpec,
+    params: &Params,
+    reference: &'a Tensors,
+    candidate: &Tensors,
+) -> Result<Cow<'a, Tensors>, Problem> {
+    let taken: Vec<&str> = registry::taken_from_candidate(spec.id)
+        .into_iter()
+        .filter(|n| candidate.contains_key(*n))
+        .collect();
+    if taken.is_empty() {
+        return Ok(Cow::Borrowed(reference));
+    }
+    let mut inputs = case.inputs.clone();
+    for n in &taken {
+        inputs.insert(n.to_string(), candidate[*n].clone());
+    }
+    let mut out = (spec.cpu)(&inputs, params)?;
+    for (name, t) in reference {
+        if taken
+            .iter()
+            .any(|n| name == n || name.starts_with(&format!("{n}.")))
+        {
+            out.insert(name.clone(), t.clone());
+        }
+    }
+    Ok(Cow::Owned(out))
 }
 
 fn compare_outputs(
@@ -140,11 +181,22 @@ fn compare_outputs(
                 .collect()
         };
         for (name, rule_fn, r, x) in compared {
-            let rule = match (device, tolerance(name)) {
-                (Device::Cpu, Some(t)) => Rule::Threshold(t),
-                _ => rule_fn(&case.inputs, params, class),
+            let rule = match (
+                device,
+                tolerance(name),
+                rule_fn(&case.inputs, params, class),
+            ) {
+                (_, _, Rule::Index(ir)) => Rule::Index(ir),
+                (Device::Cpu, Some(t), _) => Rule::Threshold(t),
+                (_, _, rule) => rule,
             };
-            let c = compare(r.as_deref(), x.as_deref(), expected, rule);
+            let c = match rule {
+                Rule::Index(ir) => {
+                    let scores = reference.get(&format!("{name}.scores"));
+                    compare_indices(r.as_deref(), x.as_deref(), scores, ir)
+                }
+                _ => compare(r.as_deref(), x.as_deref(), expected, rule),
+            };
             rows.push(Row {
                 file: case.path.display().to_string(),
                 op: case.op.clone(),
@@ -156,10 +208,12 @@ fn compare_outputs(
                 ratio: c.ratio,
                 threshold: match rule {
                     Rule::Threshold(t) => Some(t),
+                    Rule::Index(_) => None,
                     Rule::Exact => None,
                 },
                 pass: c.pass,
                 reason: c.reason,
+                near_ties: c.near_ties,
             });
         }
     }

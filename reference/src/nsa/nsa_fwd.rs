@@ -52,6 +52,8 @@ pub struct FwdOut<T> {
     pub o: Array4<T>,
     /// `[B, T, H, S]`, only when the selection was computed.
     pub block_indices: Option<Array4<i32>>,
+    /// The selection's block scores ([`super::SelectOut::scores`]), with `block_indices`.
+    pub scores: Option<Array4<T>>,
 }
 
 /// `o = nsa_fwd(q, k, v, g_cmp, g_slc, g_swa, block_indices, block_counts, ...)`.
@@ -152,11 +154,11 @@ pub fn nsa_fwd<T: Real>(
                 super::nsa_select_blocks::DEFAULT_Q_TILE_SIZE,
                 true,
             )?;
-            computed = Some(sel.block_indices);
+            computed = Some((sel.block_indices, sel.scores));
         }
     }
     let (idx, counts) = match (&computed, block_indices) {
-        (Some(c), _) => {
+        (Some((c, _)), _) => {
             // the integer count made exactly S slots: use them all
             let counts = match block_counts {
                 Some(BlockCounts::Tensor(x)) => Some(BlockCounts::Tensor(x)),
@@ -183,9 +185,11 @@ pub fn nsa_fwd<T: Real>(
         scale_rows(&mut x, g);
         o += &x;
     }
+    let (block_indices, scores) = computed.unzip();
     Ok(FwdOut {
         o,
-        block_indices: computed,
+        block_indices,
+        scores,
     })
 }
 
