@@ -283,7 +283,7 @@ fn fwd_equals_its_parts(
         o_slc
     };
     if window > 0 {
-        let o_swa = window_attention(x.q.view(), x.k.view(), x.v.view(), cu, window, Some(0.1))
+        let o_swa = window_attention(x.q.view(), x.k.view(), x.v.view(), cu, window, None) // FLA: K ** -0.5 whatever `scale` is
             .unwrap()
             .o;
         want += &(&o_swa * &x.g[2].view().insert_axis(Axis(3)));

@@ -63,7 +63,9 @@ pub struct FwdOut<T> {
 ///    the selection `nsa_select_blocks(mode "fla", block_counts)` (default 16), returned.
 /// 3. `o_slc = nsa_selection_attention(block_indices, block_counts)` (a tensor count that made
 ///    the selection sets the per-token quotas).
-/// 4. With `w = window_size > 0`: `o_swa` = [`window_attention`].
+/// 4. With `w = window_size > 0`: `o_swa` = [`window_attention`] with the default scale
+///    `K ** -0.5`, whatever `scale` is: FLA 0.6.0 calls `flash_attn_func` without
+///    `softmax_scale` (a disagreement with the spec, which writes `scale`; FLA is followed).
 /// 5. `o = g_slc*o_slc (or o_slc) + g_cmp*o_cmp + g_swa*o_swa` in `T`.
 ///
 /// Errors: every stage's; neither `g_cmp` nor `block_indices`; `window_size < 0`;
@@ -173,7 +175,7 @@ pub fn nsa_fwd<T: Real>(
     let o_swa = match gates.g_swa {
         Some(g) if window_size > 0 => Some((
             g,
-            window_attention(q, k, v, cu_seqlens, window_size, scale)?.o,
+            window_attention(q, k, v, cu_seqlens, window_size, None)?.o,
         )),
         _ => None,
     };
