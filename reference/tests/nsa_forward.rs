@@ -168,18 +168,20 @@ fn fwd_inputs(rng: &mut Rng, t: usize, hq: usize, h: usize, kd: usize, vd: usize
 /// indices with and without `g_cmp`, `g_slc` absent, `window_size` in {0, 1, 16, >= T}, `S` not a
 /// power of two, tensor counts, varlen, `G` in {1, 4, 16}.
 #[rstest]
-#[case(160, 4, 1, 16, true, true, 0, Some(5), None)]
-#[case(160, 4, 1, 16, true, true, 16, Some(4), Some(vec![0, 3, 41, 110, 160]))]
-#[case(160, 1, 1, 16, true, false, 1, None, Some(vec![0, 3, 41, 110, 160]))] // tensor counts
-#[case(128, 16, 1, 32, true, true, 200, Some(6), None)] // window >= T
-#[case(96, 4, 2, 16, false, true, 16, Some(3), None)] // given indices, no g_cmp
-#[case(96, 4, 2, 16, false, false, 0, Some(3), None)] // given, ungated o_slc
+#[case(160, 4, 1, 16, true, false, true, 0, Some(5), None)]
+#[case(160, 4, 1, 16, true, false, true, 16, Some(4), Some(vec![0, 3, 41, 110, 160]))]
+#[case(160, 1, 1, 16, true, false, false, 1, None, Some(vec![0, 3, 41, 110, 160]))] // tensor counts
+#[case(128, 16, 1, 32, true, false, true, 200, Some(6), None)] // window >= T
+#[case(96, 4, 2, 16, true, true, true, 16, None, None)] // given indices with g_cmp
+#[case(96, 4, 2, 16, false, true, true, 16, Some(3), None)] // given indices, no g_cmp
+#[case(96, 4, 2, 16, false, true, false, 0, Some(3), None)] // given, ungated o_slc
 fn fwd_equals_its_parts(
     #[case] t: usize,
     #[case] hq: usize,
     #[case] h: usize,
     #[case] bs: usize,
     #[case] with_cmp: bool,
+    #[case] given_indices: bool,
     #[case] with_slc: bool,
     #[case] window: i64,
     #[case] s_int: Option<i64>,
@@ -200,8 +202,8 @@ fn fwd_equals_its_parts(
         g_slc: with_slc.then(|| x.g[1].view()),
         g_swa: (window > 0).then(|| x.g[2].view()),
     };
-    let given_idx = (!with_cmp).then(|| given.view());
-    let bc_fwd = if with_cmp { Some(bc) } else { None };
+    let given_idx = given_indices.then(|| given.view());
+    let bc_fwd = (!given_indices).then_some(bc);
     let out = nsa_fwd(
         x.q.view(),
         x.k.view(),
@@ -243,26 +245,31 @@ fn fwd_equals_its_parts(
         .unwrap()
         .o;
         want += &(&o_cmp * &x.g[0].view().insert_axis(Axis(3)));
-        let sel = nsa_select_blocks(
-            x.q.view(),
-            cmp.k_cmp.view(),
-            Some(bc),
-            cu,
-            bs as i64,
-            Some(0.1),
-            SelectMode::Fla,
-            256,
-            true,
-        )
-        .unwrap();
-        assert_eq!(out.block_indices.as_ref(), Some(&sel.block_indices));
-        sel.block_indices.mapv(i64::from)
+        if given_indices {
+            assert!(out.block_indices.is_none(), "given indices are used as is");
+            given.clone()
+        } else {
+            let sel = nsa_select_blocks(
+                x.q.view(),
+                cmp.k_cmp.view(),
+                Some(bc),
+                cu,
+                bs as i64,
+                Some(0.1),
+                SelectMode::Fla,
+                256,
+                true,
+            )
+            .unwrap();
+            assert_eq!(out.block_indices.as_ref(), Some(&sel.block_indices));
+            sel.block_indices.mapv(i64::from)
+        }
     } else {
         assert!(out.block_indices.is_none());
         given.clone()
     };
-    let counts_slc = match (with_cmp, s_int) {
-        (true, None) => Some(BlockCounts::Tensor(counts.view())),
+    let counts_slc = match (given_indices, s_int) {
+        (false, None) => Some(BlockCounts::Tensor(counts.view())),
         _ => None,
     };
     let o_slc = nsa_selection_attention(
