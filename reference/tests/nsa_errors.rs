@@ -157,6 +157,8 @@ fn compression_attention_errors(#[case] what: &str, #[case] kind: ErrorKind, #[c
 #[case("counts_shape", Shape, "block_counts")]
 #[case("counts_neg", Index, "block_counts")]
 #[case("int0", Param, "block_counts")]
+#[case("int_huge", Param, "block_counts")]
+#[case("tensor_huge", Param, "block_counts")]
 #[case("tensor_mslk", Missing, "block_counts")]
 #[case("qt_len", Param, "q_tile_size")]
 #[case("qt0", Param, "q_tile_size")]
@@ -172,8 +174,10 @@ fn select_blocks_errors(#[case] what: &str, #[case] kind: ErrorKind, #[case] arg
     let h = if what == "h0" { 0 } else { 2 };
     let kc = t4([1, 4, h, 8]);
     let mut counts = Array4::<i64>::from_elem((1, t, 2, 1), 2).remove_axis(ndarray::Axis(3));
-    if what == "counts_neg" {
-        counts[[0, 5, 1]] = -1;
+    match what {
+        "counts_neg" => counts[[0, 5, 1]] = -1,
+        "tensor_huge" => counts[[0, 5, 1]] = i64::MAX,
+        _ => {}
     }
     let bad_shape = Array3::<i64>::from_elem((1, t, 3), 2);
     let bc = match what {
@@ -185,8 +189,9 @@ fn select_blocks_errors(#[case] what: &str, #[case] kind: ErrorKind, #[case] arg
     }
     let counts_arg = match what {
         "counts_shape" => Some(BlockCounts::Tensor(bad_shape.view())),
-        "counts_neg" | "tensor_mslk" => Some(BlockCounts::Tensor(counts.view())),
+        "counts_neg" | "tensor_mslk" | "tensor_huge" => Some(BlockCounts::Tensor(counts.view())),
         "int0" => Some(BlockCounts::Int(0)),
+        "int_huge" => Some(BlockCounts::Int(i64::MAX)),
         _ => None,
     };
     let mode = if mslk {

@@ -217,16 +217,6 @@ impl CmpLayout {
         })
     }
 
-    /// `cmp_offsets`: prefix sums of `TC_n`, length `N + 1`.
-    pub fn cmp_offsets(&self) -> Vec<usize> {
-        let mut out = vec![0];
-        out.extend(self.tc.iter().scan(0, |acc, &n| {
-            *acc += n;
-            Some(*acc)
-        }));
-        out
-    }
-
     /// Index of the sequence holding token `t` of batch row `b`.
     pub fn seq_of(&self, b: usize, t: usize) -> usize {
         if self.varlen {

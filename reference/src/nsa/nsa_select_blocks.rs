@@ -35,6 +35,9 @@ impl FromStr for SelectMode {
 pub const DEFAULT_BLOCK_COUNTS: i64 = 16;
 /// The default `q_tile_size` of `"mslk_tile_mean"`.
 pub const DEFAULT_Q_TILE_SIZE: i64 = 256;
+/// The most slots `S` a `"fla"` row may have: `block_counts` sets the output's last extent, so a
+/// huge count is refused (naming `block_counts`) instead of exhausting memory.
+pub const MAX_SLOTS: i64 = 1 << 16;
 
 /// Outputs of [`nsa_select_blocks`].
 #[derive(Debug, Clone)]
@@ -204,9 +207,17 @@ pub fn nsa_select_blocks<T: Real>(
             }
             counts.check_tensor([b, t, h], None)?;
             let s_out = match counts {
-                BlockCounts::Int(n) => n as usize,
-                BlockCounts::Tensor(c) => c.iter().copied().max().unwrap_or(0).max(0) as usize,
+                BlockCounts::Int(n) => n,
+                BlockCounts::Tensor(c) => c.iter().copied().max().unwrap_or(0).max(0),
             };
+            if s_out > MAX_SLOTS {
+                return Err(Error::param(
+                    "block_counts",
+                    format!("at most {MAX_SLOTS} selected blocks per row"),
+                    s_out,
+                ));
+            }
+            let s_out = s_out as usize;
             let results = (0..b * t * h)
                 .into_par_iter()
                 .map(|r| {
