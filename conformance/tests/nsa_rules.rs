@@ -150,3 +150,31 @@ fn near_tie_rows_are_counted() {
     let rows = verify_case(&c, Selection::Cpu).unwrap();
     assert!(!row(&rows, "block_indices").pass);
 }
+
+/// `nsa_compress_kv` in every input dtype (spec §2 "Suite must cover"): the reference's own
+/// outputs rounded to the dtype pass under that dtype's threshold; one element moved fails.
+#[test]
+fn compress_kv_every_dtype() {
+    for dtype in [Dtype::F64, Dtype::F32, Dtype::BF16, Dtype::F16] {
+        let mut r = Rng::new(7);
+        let mut c = Case::new("nsa_compress_kv", "test");
+        c.params = serde_json::json!({"block_size": 8})
+            .as_object()
+            .unwrap()
+            .clone();
+        c.inputs
+            .insert("k".into(), r.tensor(&[1, 30, 2, 5], dtype, 1.0));
+        c.inputs
+            .insert("v".into(), r.tensor(&[1, 30, 2, 3], dtype, 1.0));
+        fill_outputs(&mut c);
+        assert_eq!(c.outputs["k_cmp"].dtype(), dtype);
+        let rows = verify_case(&c, Selection::Cpu).unwrap();
+        assert!(rows.iter().all(|r| r.pass), "{dtype}: {rows:?}");
+        let mut bad = c.outputs["v_cmp"].widen_f64();
+        bad[[0, 3, 1, 2]] += 0.5;
+        c.outputs
+            .insert("v_cmp".into(), Tensor::from_f64(&bad, dtype));
+        let rows = verify_case(&c, Selection::Cpu).unwrap();
+        assert!(!row(&rows, "v_cmp").pass, "{dtype}");
+    }
+}
