@@ -178,3 +178,36 @@ fn compress_kv_every_dtype() {
         assert!(!row(&rows, "v_cmp").pass, "{dtype}");
     }
 }
+
+/// The runners refuse inputs of differing float dtypes (spec §1: one dtype per call), naming the
+/// tensor; weights and the given gates of `nsa_gate_combine` may differ (they are widened).
+#[test]
+fn runners_name_a_mismatched_dtype() {
+    for (op, tensor) in [
+        ("nsa_compress_kv", "v"),
+        ("nsa_compression_attention", "v_cmp"),
+        ("nsa_select_blocks", "k_cmp"),
+        ("nsa_selection_attention", "k"),
+        ("nsa_gate_combine", "o_swa"),
+        ("nsa_fwd", "g_slc"),
+    ] {
+        let mut c = case_of(op, 11);
+        let t = &c.inputs[tensor];
+        let other = if t.dtype() == Dtype::F64 {
+            Dtype::F32
+        } else {
+            Dtype::F64
+        };
+        let changed = Tensor::from_f64(&t.widen_f64(), other);
+        c.inputs.insert(tensor.into(), changed);
+        let err = verify_case(&c, Selection::Cpu).unwrap_err().to_string();
+        assert!(err.contains(&format!("`{tensor}`")), "{op}: {err}");
+    }
+    // a gate weight of another dtype is widened, not refused
+    let c = case_of("nsa_gate_combine", 11);
+    assert_eq!(c.inputs["gate_proj_weight"].dtype(), Dtype::BF16);
+    assert!(verify_case(&c, Selection::Cpu)
+        .unwrap()
+        .iter()
+        .all(|r| r.pass));
+}
