@@ -55,7 +55,7 @@ pub static OPS: &[OpSpec] = &ALL;
 /// other outputs (spec `ops-nsa.md` §7: `nsa_fwd`'s `o` uses the candidate's `block_indices`).
 const TAKEN: &[&[(&str, &str)]] = &[ops::nsa::TAKEN_FROM_CANDIDATE];
 
-/// The outputs of op `id` that the reference takes from the candidate (see [`TAKEN`]).
+/// The outputs of op `id` that the reference takes from the candidate (see `TAKEN`).
 pub fn taken_from_candidate(id: &str) -> Vec<&'static str> {
     TAKEN
         .iter()

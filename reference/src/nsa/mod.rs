@@ -10,7 +10,7 @@
 //!
 //! The shared pieces live here: the compressed layout ([`CmpLayout`]), the `partial_block`
 //! variants, the `block_counts` forms, parameter checks, and the softmax attention of a query
-//! group over a multiset of key ranges ([`attend`]).
+//! group over a multiset of key ranges (`attend`).
 
 mod attend;
 pub mod nsa_compress_kv;

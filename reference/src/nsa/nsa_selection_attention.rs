@@ -58,9 +58,9 @@ pub(crate) fn slot_ranges(
 /// `(o, lse) = nsa_selection_attention(q, k, v, block_indices, block_counts, ...)`.
 ///
 /// For a row `(b, t, h)` with `n_sel` = `block_counts[b, t, h]` (tensor) or all `S` slots
-/// (absent, or an integer `>= S`), the key multiset `J(t)` holds the tokens of every valid slot
-/// ([`slot_ranges`] semantics); for each query head `hq` of the group,
-/// `z_j = scale * q[t, hq] · k[j, h]`, `lse = logsumexp z`, `o = sum_j exp(z_j - lse) v[j, h]`.
+/// (absent, or an integer `>= S`), the key multiset `J(t)` holds, for every valid slot
+/// (`0 <= idx <= t / BS`), the tokens `idx*BS .. min(idx*BS + BS, t + 1)`; for each query head
+/// `hq` of the group, `z_j = scale * q[t, hq] · k[j, h]`, `lse = logsumexp z`, `o = sum_j exp(z_j - lse) v[j, h]`.
 /// Empty `J(t)`: `o = 0`, `lse = -inf`. Block indices are relative to their sequence. Rows run
 /// in parallel.
 ///
