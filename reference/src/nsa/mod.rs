@@ -103,7 +103,7 @@ impl<'a> BlockCounts<'a> {
 
     /// Checks a tensor form against `[B, T, H]` with entries in `0 ..= max` (`None`: no upper
     /// bound); an integer form passes unchecked.
-    fn check_tensor(&self, bth: [usize; 3], max: Option<i64>) -> Result<()> {
+    pub fn check_tensor(&self, bth: [usize; 3], max: Option<i64>) -> Result<()> {
         let BlockCounts::Tensor(t) = self else {
             return Ok(());
         };

@@ -71,7 +71,7 @@ impl FromStr for EmptyLse {
 
 /// Validates the shapes of `q` `[B, T, HQ, K]`, `k_cmp` `[B, TC, H, K]`, `v_cmp`
 /// `[B, TC, H, V]` against the compressed `layout` rule; returns `G`.
-pub(crate) fn check_cmp_shapes(
+pub fn check_cmp_shapes(
     q: &[usize],
     k_cmp: &[usize],
     v_cmp: Option<&[usize]>,
