@@ -108,12 +108,31 @@ template <typename Acc> __device__ __forceinline__ Acc log_acc(Acc x);
 template <> __device__ __forceinline__ float log_acc(float x) { return logf(x); }
 template <> __device__ __forceinline__ double log_acc(double x) { return log(x); }
 
-// acc[g] = q_s[g0 + g] . kc[0..K) for g < GB (rows past G give 0), q_s in shared memory.
+// acc[g] = q_s[g0 + g] . kc[0..K) for g < GB (rows past G give 0), q_s in shared memory. With
+// K a multiple of P (16 bytes of T), P features of the key row at a time, each query row's P
+// features one 16-byte shared-memory load (a broadcast: every lane reads the same address).
 template <typename T, typename Acc>
 __device__ __forceinline__ void group_dots(const T* __restrict__ q_s, const T* __restrict__ kc, i64 k, int g0,
                                            int gn, Acc (&acc)[SEL_GB]) {
+    constexpr int P = VMax<T>::N;
 #pragma unroll
     for (int g = 0; g < SEL_GB; ++g) acc[g] = (Acc)0;
+    if (k % P == 0) {
+        for (i64 d = 0; d < k; d += P) {
+            Acc kv[P];
+            widen_vec(*reinterpret_cast<const Vec<T, P>*>(kc + d), kv);
+#pragma unroll
+            for (int g = 0; g < SEL_GB; ++g) {
+                if (g < gn) {
+                    Acc qv[P];
+                    widen_vec(*reinterpret_cast<const Vec<T, P>*>(q_s + (g0 + g) * k + d), qv);
+#pragma unroll
+                    for (int j = 0; j < P; ++j) acc[g] += qv[j] * kv[j];
+                }
+            }
+        }
+        return;
+    }
     for (i64 d = 0; d < k; ++d) {
         const Acc kv = (Acc)widen(kc[d]);
 #pragma unroll
