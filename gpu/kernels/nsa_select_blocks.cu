@@ -270,6 +270,179 @@ __device__ __forceinline__ void select_tile_mean(const SelectArgs& a) {
     if (lane < a.s) out[lane] = asc.idx;
 }
 
+// ---- mode "fla" on tensor cores (bf16 / f16, G a multiple of 16, K a multiple of 16) ----
+//
+// select_fla_mma<T, KS, MG>: a warp per (token, KV head) as select_fla, the logits of MG m16
+// tiles of query heads against n8 tiles of 8 blocks by mma.sync m16n8k16 (fp32 accumulation:
+// the products of the input values are exact), KS = K / 16 steps. The query fragments stay in
+// registers for both passes; the key fragments are read from global memory (L1: the warps of a
+// block are consecutive tokens of one head). Lane (group = lane / 4, quad = lane % 4) holds the
+// logits of rows group, group + 8 of each m tile and columns 2 quad, 2 quad + 1 of the n tile.
+
+template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1);
+template <> __device__ __forceinline__ void mma16816<bf16>(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned ld32(const void* p) { return __ldg(reinterpret_cast<const unsigned*>(p)); }
+
+// z[m][0..4] = the scaled logits of n tile c0 (columns past nc: -inf).
+template <typename T, int KS, int MG>
+__device__ __forceinline__ void tile_logits(const unsigned (&qa)[MG][KS][4], const T* __restrict__ kbase, i64 kstride,
+                                            i64 c0, i64 nc, int group, int quad, float scale, float (&z)[MG][4]) {
+#pragma unroll
+    for (int m = 0; m < MG; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) z[m][j] = 0.f;
+    const i64 c = c0 + group;
+    const T* kr = kbase + min(c, nc - 1) * kstride + quad * 2;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+        const unsigned b0 = ld32(kr + s * 16), b1 = ld32(kr + s * 16 + 8);
+#pragma unroll
+        for (int m = 0; m < MG; ++m) mma16816<T>(z[m], qa[m][s], b0, b1);
+    }
+    const float ninf = neg_inf<float>();
+    const bool ok0 = c0 + quad * 2 < nc, ok1 = c0 + quad * 2 + 1 < nc;
+#pragma unroll
+    for (int m = 0; m < MG; ++m) {
+        z[m][0] = ok0 ? z[m][0] * scale : ninf;
+        z[m][1] = ok1 ? z[m][1] * scale : ninf;
+        z[m][2] = ok0 ? z[m][2] * scale : ninf;
+        z[m][3] = ok1 ? z[m][3] * scale : ninf;
+    }
+}
+
+__device__ __forceinline__ void online(float& m, float& s, float z) {
+    if (z > m) { s = s * __expf(m - z) + 1.f; m = z; }
+    else if (z != neg_inf<float>()) s += __expf(z - m);
+}
+
+template <typename T, int KS, int MG>
+__device__ __forceinline__ void select_fla_mma(const SelectArgs& a) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+    const int group = lane >> 2, quad = lane & 3;
+    const i64 t = (i64)blockIdx.x * wpb + w;
+    const i64 h = blockIdx.y;
+    if (t >= a.rows) return;
+    const i64* cu = reinterpret_cast<const i64*>(a.cu);
+    const i64* cmp = reinterpret_cast<const i64*>(a.cmp);
+    const i64 n = last_leq(cu, a.nseq, t);
+    const i64 p = t - cu[n];
+    const i64 ic = p / a.bs, nc = (p + 1) / a.bs;
+    const i64 K = KS * 16, G = MG * 16;
+    const T* q = reinterpret_cast<const T*>(a.q) + (t * a.hq + h * G) * K;
+    unsigned qa[MG][KS][4];
+#pragma unroll
+    for (int m = 0; m < MG; ++m)
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+            const T* r0 = q + (m * 16 + group) * K + s * 16 + quad * 2;
+            const T* r1 = r0 + 8 * K;
+            qa[m][s][0] = ld32(r0);
+            qa[m][s][1] = ld32(r1);
+            qa[m][s][2] = ld32(r0 + 8);
+            qa[m][s][3] = ld32(r1 + 8);
+        }
+    const T* kbase = reinterpret_cast<const T*>(a.k_cmp) + (cmp[n] * a.h + h) * K;
+    const i64 kstride = a.h * K;
+    const float scale = (float)a.scale;
+    const float ninf = neg_inf<float>();
+    // pass 1: lse of rows (group, group + 8) of each m tile
+    float mx[MG][2], sm[MG][2];
+#pragma unroll
+    for (int m = 0; m < MG; ++m) { mx[m][0] = mx[m][1] = ninf; sm[m][0] = sm[m][1] = 0.f; }
+    for (i64 c0 = 0; c0 < nc; c0 += 8) {
+        float z[MG][4];
+        tile_logits<T, KS, MG>(qa, kbase, kstride, c0, nc, group, quad, scale, z);
+#pragma unroll
+        for (int m = 0; m < MG; ++m) {
+            online(mx[m][0], sm[m][0], z[m][0]);
+            online(mx[m][0], sm[m][0], z[m][1]);
+            online(mx[m][1], sm[m][1], z[m][2]);
+            online(mx[m][1], sm[m][1], z[m][3]);
+        }
+    }
+    float lse[MG][2];
+#pragma unroll
+    for (int m = 0; m < MG; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float M = mx[m][r];
+            M = max(M, __shfl_xor_sync(0xffffffffu, M, 1));
+            M = max(M, __shfl_xor_sync(0xffffffffu, M, 2));
+            float S = mx[m][r] == ninf ? 0.f : sm[m][r] * __expf(mx[m][r] - M);
+            S += __shfl_xor_sync(0xffffffffu, S, 1);
+            S += __shfl_xor_sync(0xffffffffu, S, 2);
+            lse[m][r] = M + __logf(S);
+        }
+    // pass 2: column sums of exp(z - lse), 4 n tiles (32 candidates) per merge
+    const float inv_g = 1.f / (float)G;
+    Ranked<float> top{-1.f, 0x7fffffff};
+    for (i64 c0 = 0; c0 <= ic; c0 += 32) {
+        float sc[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            sc[i][0] = sc[i][1] = 0.f;
+            const i64 ct = c0 + i * 8;
+            if (ct < nc) {
+                float z[MG][4];
+                tile_logits<T, KS, MG>(qa, kbase, kstride, ct, nc, group, quad, scale, z);
+#pragma unroll
+                for (int m = 0; m < MG; ++m) {
+                    sc[i][0] += __expf(z[m][0] - lse[m][0]) + __expf(z[m][2] - lse[m][1]);
+                    sc[i][1] += __expf(z[m][1] - lse[m][0]) + __expf(z[m][3] - lse[m][1]);
+                }
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    sc[i][j] += __shfl_xor_sync(0xffffffffu, sc[i][j], 4);
+                    sc[i][j] += __shfl_xor_sync(0xffffffffu, sc[i][j], 8);
+                    sc[i][j] += __shfl_xor_sync(0xffffffffu, sc[i][j], 16);
+                }
+            }
+        }
+        // lane L takes column L of the 32: tile L / 8, column L % 8, held by lane (L % 8) / 2
+        float mine = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float v = __shfl_sync(0xffffffffu, sc[i][j], (lane & 7) >> 1);
+                if ((lane >> 3) == i && (lane & 1) == j) mine = v;
+            }
+        const i64 c = c0 + lane;
+        Ranked<float> e{-1.f, 0x7fffffff};
+        if (c <= ic) {
+            float score = c < nc ? mine * inv_g : 0.f;
+            if (c == 0 || c == ic || c == ic - 1) score = 1.f;
+            e = Ranked<float>{score, (int)c};
+        }
+        top = warp_merge_top(top, e, lane);
+    }
+    i64 n_sel = a.n_sel;
+    if (a.counts) n_sel = reinterpret_cast<const i64*>(a.counts)[t * a.h + h];
+    const i64 m_take = min(n_sel, ic + 1);
+    int* out = reinterpret_cast<int*>(a.out) + (t * a.h + h) * a.s;
+    if (lane < a.s) out[lane] = lane < m_take ? top.idx : -1;
+}
+
+#define SELECT_MMA_KERNEL(TIN, IN, KS, MG) \
+    extern "C" __global__ void __launch_bounds__(256) nsa_select_blocks_fla_mma_k##KS##_m##MG##_##IN(const SelectArgs a) { \
+        select_fla_mma<TIN, KS, MG>(a); \
+    }
+#define SELECT_MMA_KERNELS(TIN, IN)                                                   \
+    SELECT_MMA_KERNEL(TIN, IN, 4, 1) SELECT_MMA_KERNEL(TIN, IN, 8, 1) SELECT_MMA_KERNEL(TIN, IN, 16, 1) \
+    SELECT_MMA_KERNEL(TIN, IN, 4, 2) SELECT_MMA_KERNEL(TIN, IN, 8, 2) SELECT_MMA_KERNEL(TIN, IN, 4, 4)
+SELECT_MMA_KERNELS(bf16, bf16)
+SELECT_MMA_KERNELS(f16, f16)
+
 #define SELECT_KERNELS(TIN, ACC, IN)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) nsa_select_blocks_fla_##IN(const SelectArgs a) { \
         select_fla<TIN, ACC>(a);                                                                      \

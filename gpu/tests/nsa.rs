@@ -389,6 +389,87 @@ fn delta_for(dtype: Dtype) -> f64 {
     }
 }
 
+/// One `"fla"` case on the GPU against the reference; returns the rows passed by the band.
+#[allow(clippy::too_many_arguments)]
+fn fla_case(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    dtype: Dtype,
+    (h, g): (usize, usize),
+    kd: usize,
+    bs: i64,
+    varlen: bool,
+    per_token_counts: bool,
+) -> usize {
+    let (b, cu) = layout(rng, varlen, 150);
+    let t = cu
+        .as_ref()
+        .map_or(1 + rng.below(150), |c| *c.last().unwrap() as usize);
+    let q = upload(gpu, &rng.array(&[b, t, h * g, kd], -1.0, 1.0), dtype);
+    let kc_full = r::nsa_compress_kv(
+        d4(&rng.array(&[b, t, h, kd], -1.0, 1.0)),
+        None,
+        None,
+        None,
+        cu.as_deref(),
+        bs,
+        PartialBlock::MeanOfValid,
+    )
+    .unwrap()
+    .k_cmp
+    .into_dyn();
+    let kc = upload(gpu, &(kc_full * 3.0), dtype);
+    // S not a power of two; per-token tensors of counts >= 3
+    let n_sel = [3i64, 5, 7, 16][rng.below(4)];
+    let tensor = per_token_counts
+        .then(|| ndarray::Array3::from_shape_fn((b, t, h), |_| 3 + rng.below(6) as i64));
+    let counts = match &tensor {
+        Some(c) => BlockCounts::Tensor(c.view()),
+        None => BlockCounts::Int(n_sel),
+    };
+    let (cu, mode) = (cu.as_deref(), SelectMode::Fla);
+    let want = r::nsa_select_blocks(
+        d4(&q.1),
+        d4(&kc.1),
+        Some(counts),
+        cu,
+        bs,
+        None,
+        mode,
+        256,
+        true,
+    )
+    .unwrap();
+    let mut out = poisoned(gpu, want.block_indices.shape(), Dtype::I32);
+    let x = SelectInputs {
+        q: &q.0,
+        k_cmp: &kc.0,
+    };
+    nsa_select_blocks_into(
+        gpu,
+        &x,
+        Some(counts),
+        cu,
+        bs,
+        None,
+        mode,
+        256,
+        true,
+        &mut out,
+    )
+    .unwrap();
+    let got = out.to_array::<i32>(gpu).unwrap();
+    let what = format!("select fla {dtype} b{b} t{t} h{h} g{g} k{kd} bs{bs} cu {cu:?}");
+    assert_index_rule(
+        &what,
+        &got,
+        &want.block_indices,
+        &want.scores,
+        mode,
+        delta_for(dtype),
+    )
+}
+
 #[test]
 fn select_blocks_fla_matches_the_reference_by_the_index_rule() {
     let Some(gpu) = gpu_or_skip("select_blocks_fla_matches_the_reference_by_the_index_rule") else {
@@ -398,77 +479,38 @@ fn select_blocks_fla_matches_the_reference_by_the_index_rule() {
     let mut banded = 0;
     for i in 0..cases(16).cases as usize {
         let dtype = [Dtype::F32, Dtype::BF16, Dtype::F64, Dtype::F16][i % 4];
-        let (h, g) = [(1, 1), (2, 4), (1, 16), (1, 32), (2, 3)][rng.below(5)];
+        let hg = [(1, 1), (2, 4), (1, 16), (1, 32), (2, 3)][rng.below(5)];
         let kd = [16, 32, 40, 64][rng.below(4)];
         let bs = [4, 8, 16][rng.below(3)];
-        let (b, cu) = layout(&mut rng, i % 2 == 1, 150);
-        let t = cu
-            .as_ref()
-            .map_or(1 + rng.below(150), |c| *c.last().unwrap() as usize);
-        let q = upload(gpu, &rng.array(&[b, t, h * g, kd], -1.0, 1.0), dtype);
-        let kc_full = r::nsa_compress_kv(
-            d4(&rng.array(&[b, t, h, kd], -1.0, 1.0)),
-            None,
-            None,
-            None,
-            cu.as_deref(),
-            bs,
-            PartialBlock::MeanOfValid,
-        )
-        .unwrap()
-        .k_cmp
-        .into_dyn();
-        let kc = upload(gpu, &(kc_full * 3.0), dtype);
-        // S not a power of two; every other case a per-token tensor of counts >= 3
-        let n_sel = [3i64, 5, 7, 16][rng.below(4)];
-        let tensor = (i % 4 == 2)
-            .then(|| ndarray::Array3::from_shape_fn((b, t, h), |_| 3 + rng.below(6) as i64));
-        let counts = match &tensor {
-            Some(c) => BlockCounts::Tensor(c.view()),
-            None => BlockCounts::Int(n_sel),
-        };
-        let want = r::nsa_select_blocks(
-            d4(&q.1),
-            d4(&kc.1),
-            Some(counts),
-            cu.as_deref(),
-            bs,
-            None,
-            SelectMode::Fla,
-            256,
-            true,
-        )
-        .unwrap();
-        let mut out = poisoned(gpu, want.block_indices.shape(), Dtype::I32);
-        let x = SelectInputs {
-            q: &q.0,
-            k_cmp: &kc.0,
-        };
-        nsa_select_blocks_into(
-            gpu,
-            &x,
-            Some(counts),
-            cu.as_deref(),
-            bs,
-            None,
-            SelectMode::Fla,
-            256,
-            true,
-            &mut out,
-        )
-        .unwrap();
-        let got = out.to_array::<i32>(gpu).unwrap();
-        let what = format!("select fla {dtype} b{b} t{t} h{h} g{g} k{kd} bs{bs} cu {cu:?}");
-        banded += assert_index_rule(
-            &what,
-            &got,
-            &want.block_indices,
-            &want.scores.mapv(|v| v),
-            SelectMode::Fla,
-            delta_for(dtype),
-        );
+        banded += fla_case(gpu, &mut rng, dtype, hg, kd, bs, i % 2 == 1, i % 4 == 2);
     }
     eprintln!("select fla: {banded} rows passed by the near-tie band");
+}
+
+/// The tensor-core kernel (bf16 / f16, `G` and `K` multiples of 16) on each instantiated tile
+/// shape, fixed length and varlen, integer and per-token counts.
+#[test]
+fn select_blocks_fla_tensor_core_path_matches_the_reference() {
+    let Some(gpu) = gpu_or_skip("select_blocks_fla_tensor_core_path_matches_the_reference") else {
+        return;
+    };
+    let mut rng = Rng::new(0x3a3a);
+    let mut banded = 0;
+    let shapes = [
+        (16, 64),
+        (16, 128),
+        (16, 256),
+        (32, 64),
+        (32, 128),
+        (64, 64),
+    ];
+    for (i, &(g, kd)) in shapes.iter().enumerate() {
+        for (j, dtype) in [Dtype::BF16, Dtype::F16].into_iter().enumerate() {
+            let bs = [4, 8, 16][(i + j) % 3];
+            banded += fla_case(gpu, &mut rng, dtype, (1 + j, g), kd, bs, i % 2 == 0, j == 1);
+        }
+    }
+    eprintln!("select fla (tensor cores): {banded} rows passed by the near-tie band");
 }
 
 #[test]

@@ -6,6 +6,10 @@
 //! - `"mslk_tile_mean"`: per query tile and query head, `s[j] = scale qbar · k_cmp[j, hq/G]`
 //!   (`-inf` where not allowed), the top `S_m`, `-inf` entries and phantoms as block 0, sorted.
 //!
+//! `"fla"` on bf16/f16 with `G` and `K` multiples of 16 (`G * K <= 4096`) runs the logits on
+//! tensor cores (`mma.sync`, fp32 accumulation of exact products); other shapes and fp32/fp64 on
+//! CUDA cores.
+//!
 //! Kernel limits (typed errors): `S` (resp. `S_m`) `<= 32`, naming `block_counts`; the `G`
 //! query rows of one token in 48 KiB of shared memory (`G * K * sizeof <= 48 KiB`), naming `q`.
 //! The reference has none.
@@ -60,6 +64,15 @@ struct SelectArgs {
 }
 // SAFETY: plain `#[repr(C)]` data matching the kernel's struct.
 unsafe impl DeviceRepr for SelectArgs {}
+
+/// The tensor-core kernel of mode `"fla"` for `K` features and `G` query heads per KV head:
+/// `(K / 16, G / 16)` when instantiated (`nsa_select_blocks.cu`: the query fragments of one
+/// token stay in at most 64 registers), else `None` (the CUDA-core kernel serves).
+fn mma_tiles(k: usize, g: usize) -> Option<(usize, usize)> {
+    let (ks, mg) = (k / 16, g / 16);
+    let built = [(4, 1), (8, 1), (16, 1), (4, 2), (8, 2), (4, 4)];
+    (k % 16 == 0 && g % 16 == 0 && built.contains(&(ks, mg))).then_some((ks, mg))
+}
 
 /// A validated call.
 struct Plan {
@@ -297,21 +310,22 @@ pub fn nsa_select_blocks_into(
     let acc = acc_dtype(dtype).size_bytes();
     match mode {
         SelectMode::Fla => {
+            let rows = block_indices.shape()[0] * t;
+            args.rows = rows as i64;
+            let half = matches!(dtype, Dtype::BF16 | Dtype::F16);
+            if let Some((ks, mg)) = mma_tiles(kd, p.g).filter(|_| half) {
+                // tensor cores: 8 warps of consecutive tokens of one head per block
+                let name = format!("nsa_select_blocks_fla_mma_k{ks}_m{mg}_{}", tag(dtype));
+                let grid = (rows.div_ceil(8) as u32, h as u32);
+                return gpu.launch(module, &name, grid, 256, &args);
+            }
             // warps of consecutive tokens of one head per block, as many as shared memory holds
             let per_warp = p.g * kd * dtype.size_bytes() + p.g * acc;
             let wpb = (SMEM.saturating_sub(16) / per_warp).clamp(1, 8);
-            let rows = block_indices.shape()[0] * t;
-            args.rows = rows as i64;
             let smem = (wpb * p.g * acc).next_multiple_of(16) + wpb * p.g * kd * dtype.size_bytes();
             let name = format!("nsa_select_blocks_fla_{}", tag(dtype));
-            gpu.launch_with_smem(
-                module,
-                &name,
-                (rows.div_ceil(wpb) as u32, h as u32),
-                (wpb * 32) as u32,
-                smem as u32,
-                &args,
-            )
+            let grid = (rows.div_ceil(wpb) as u32, h as u32);
+            gpu.launch_with_smem(module, &name, grid, (wpb * 32) as u32, smem as u32, &args)
         }
         SelectMode::MslkTileMean => {
             let tiles = prefix_offsets(gpu, p.tiles.iter().copied())?;
