@@ -1,5 +1,5 @@
 // `nsa_gate_combine` (spec ops-nsa.md section 6): o = g0*o_cmp + g1*o_slc + g2*o_swa per row
-// (b, t, hq), in Acc, narrowed once; gates [rows, 3] in Acc, unrounded.
+// (b, t, hq), in Acc, narrowed once; gates [rows, 3] float32 (the spec's dtype), as applied.
 //
 // Gates by form: W (FORM 0): logit_c = sum_d q[d] * W[hq, c, d] (W widened to Acc beforehand),
 // g_c = sigmoid(logit_c) in an overflow-safe form; G (FORM 1): the given g_* widened (any float
@@ -13,7 +13,7 @@ struct CombineArgs {
     u64 w;                    // const Acc* [HQ, 3, K] (W form, widened)
     u64 g_cmp, g_slc, g_swa;  // const (g_dtype)* [rows] (G form)
     u64 o;                    // T* [rows, V]
-    u64 gates;                // Acc* [rows, 3]
+    u64 gates;                // float* [rows, 3]
     i64 rows;                 // B * T * HQ
     i64 hq;
     i64 k;
@@ -46,7 +46,7 @@ __device__ __forceinline__ void combine_rows(const CombineArgs& a) {
     const T* os = reinterpret_cast<const T*>(a.o_slc);
     const T* ow = reinterpret_cast<const T*>(a.o_swa);
     T* out = reinterpret_cast<T*>(a.o);
-    Acc* gates = reinterpret_cast<Acc*>(a.gates);
+    float* gates = reinterpret_cast<float*>(a.gates);
     for (i64 r = warp; r < a.rows; r += nwarps) {
         Acc g[3];
         if (FORM == 0) {
@@ -80,7 +80,7 @@ __device__ __forceinline__ void combine_rows(const CombineArgs& a) {
             for (int j = 0; j < VEC; ++j) y[j] = g[0] * x0[j] + g[1] * x1[j] + g[2] * x2[j];
             store_vec<T, Acc, VEC, true>(out + r * a.v + e, y);
         }
-        if (lane < 3) gates[r * 3 + lane] = g[lane];
+        if (lane < 3) gates[r * 3 + lane] = (float)g[lane];
     }
 }
 

@@ -1,6 +1,7 @@
 //! Native sparse attention, spec `ops-nsa.md`: `nsa_compress_kv`, `nsa_compression_attention`,
 //! `nsa_select_blocks`, `nsa_selection_attention`, `nsa_gate_combine`, `nsa_fwd`. Each op's
-//! registry entry and its float64 CPU runner (`<op>_cpu`), side by side; no GPU runner yet.
+//! registry entry, its float64 CPU runner (`<op>_cpu`) and, for `nsa_compress_kv`,
+//! `nsa_select_blocks` and `nsa_gate_combine`, its GPU runner (`<op>_gpu`), side by side.
 //!
 //! Comparison (§9): float outputs by the README rule (`lse`'s `-inf` positions must match both
 //! ways, which the rule's non-finite check already demands); `block_indices` by the index rule
@@ -8,6 +9,7 @@
 //! `nsa_fwd`'s `o` against the reference computed from the candidate's `block_indices` when the
 //! case has them (§7, [`TAKEN_FROM_CANDIDATE`]).
 
+use super::device::{download, gpu, opt_upload, upload};
 use super::{float_dim, input, opt_float_dim, opt_indices, P_SCALE};
 use crate::case::Tensors;
 use crate::compare::{IndexMode, IndexRule, Rule};
@@ -175,7 +177,7 @@ const NSA_COMPRESS_KV: OpSpec = OpSpec {
         },
     ],
     cpu: nsa_compress_kv_cpu,
-    gpu: None,
+    gpu: Some(nsa_compress_kv_gpu),
 };
 
 /// `(k_cmp, v_cmp) = nsa_compress_kv(...)` in float64 (weights of any float dtype, widened).
@@ -197,6 +199,32 @@ fn nsa_compress_kv_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem>
     let mut out = Tensors::from([f64_out("k_cmp", r.k_cmp.into_dyn())]);
     if let Some(v_cmp) = r.v_cmp {
         out.extend([f64_out("v_cmp", v_cmp.into_dyn())]);
+    }
+    Ok(out)
+}
+
+/// `nsa_compress_kv` on the GPU: one pass over `k` and `v`, outputs in `k`'s dtype.
+fn nsa_compress_kv_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let k = upload(gpu, input(inputs, "k")?)?;
+    let [v, w_k, w_v] = ["v", "w_k", "w_v"].map(|n| opt_upload(gpu, inputs, n));
+    let (v, w_k, w_v) = (v?, w_k?, w_v?);
+    let x = attn_gpu::CompressInputs {
+        k: &k,
+        v: v.as_ref(),
+        w_k: w_k.as_ref(),
+        w_v: w_v.as_ref(),
+    };
+    let (k_cmp, v_cmp) = attn_gpu::nsa_compress_kv(
+        gpu,
+        &x,
+        cu(inputs)?.as_deref(),
+        p.int("block_size")?,
+        PartialBlock::from_str(p.str("partial_block")?)?,
+    )?;
+    let mut out = Tensors::from([("k_cmp".to_string(), download(gpu, &k_cmp)?)]);
+    if let Some(v_cmp) = v_cmp {
+        out.insert("v_cmp".into(), download(gpu, &v_cmp)?);
     }
     Ok(out)
 }
@@ -280,7 +308,7 @@ const NSA_SELECT_BLOCKS: OpSpec = OpSpec {
     ],
     outputs: &[s::output("block_indices", int_class, select_rule)],
     cpu: nsa_select_blocks_cpu,
-    gpu: None,
+    gpu: Some(nsa_select_blocks_gpu),
 };
 
 /// `block_indices = nsa_select_blocks(...)` (int32), with `block_indices.scores` (float64).
@@ -308,6 +336,37 @@ fn nsa_select_blocks_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Proble
         i32_out("block_indices", r.block_indices.into_dyn()),
         f64_out("block_indices.scores", r.scores.into_dyn()),
     ]))
+}
+
+/// `nsa_select_blocks` on the GPU (int32 `block_indices`; the scores stay the reference's).
+fn nsa_select_blocks_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let q = upload(gpu, input(inputs, "q")?)?;
+    let k_cmp = upload(gpu, input(inputs, "k_cmp")?)?;
+    let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
+    let bc = BlockCounts::from_parts(
+        p.opt_int("block_counts")?,
+        counts.as_ref().map(|c| c.view()),
+    )?;
+    let x = attn_gpu::SelectInputs {
+        q: &q,
+        k_cmp: &k_cmp,
+    };
+    let idx = attn_gpu::nsa_select_blocks(
+        gpu,
+        &x,
+        bc,
+        cu(inputs)?.as_deref(),
+        p.int("block_size")?,
+        p.opt_f64("scale")?,
+        SelectMode::from_str(p.str("mode")?)?,
+        p.int("q_tile_size")?,
+        p.bool("causal")?,
+    )?;
+    Ok(Tensors::from([(
+        "block_indices".to_string(),
+        download(gpu, &idx)?,
+    )]))
 }
 
 // --------------------------------------------------------------- nsa_selection_attention
@@ -385,7 +444,7 @@ const NSA_GATE_COMBINE: OpSpec = OpSpec {
         },
     ],
     cpu: nsa_gate_combine_cpu,
-    gpu: None,
+    gpu: Some(nsa_gate_combine_gpu),
 };
 
 /// `(o, gates) = nsa_gate_combine(...)` in float64 (`q`, weights and given gates widened).
@@ -411,6 +470,63 @@ fn nsa_gate_combine_cpu(inputs: &Tensors, _: &Params) -> Result<Tensors, Problem
     Ok(Tensors::from([
         f64_out("o", r.o.into_dyn()),
         f64_out("gates", r.gates.into_dyn()),
+    ]))
+}
+
+/// `nsa_gate_combine` on the GPU; the form is validated as the reference does (the inputs'
+/// shapes only), then the tensors are uploaded in their own dtypes.
+fn nsa_gate_combine_gpu(inputs: &Tensors, _: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let names = ["q", "gate_proj_weight", "g_cmp", "g_slc", "g_swa"];
+    // the form from which inputs are present (the reference's rules; shapes are the kernel's
+    // to check): stand-in views of one element
+    let one = [0u8];
+    let bad = |e: ndarray::ShapeError| Problem::Device(e.to_string());
+    let v3 = ndarray::ArrayView3::from_shape((1, 1, 1), &one[..]).map_err(bad)?;
+    let v4 = ndarray::ArrayView4::from_shape((1, 1, 1, 1), &one[..]).map_err(bad)?;
+    let has = |n: &str| inputs.contains_key(n);
+    let g3 = ["g_cmp", "g_slc", "g_swa"].map(|n| has(n).then_some(v3));
+    let form = Gates::from_parts(
+        has("q").then_some(v4),
+        has("gate_proj_weight").then_some(v3),
+        g3,
+    )?;
+    let up: Vec<_> = names
+        .iter()
+        .map(|n| opt_upload(gpu, inputs, n))
+        .collect::<Result<_, _>>()?;
+    let gates = match form {
+        Gates::W { .. } => attn_gpu::GateForm::W {
+            q: up[0].as_ref().ok_or(Problem::MissingInput("q".into()))?,
+            weight: up[1]
+                .as_ref()
+                .ok_or(Problem::MissingInput("gate_proj_weight".into()))?,
+        },
+        Gates::G(_) => attn_gpu::GateForm::G {
+            g_cmp: up[2]
+                .as_ref()
+                .ok_or(Problem::MissingInput("g_cmp".into()))?,
+            g_slc: up[3]
+                .as_ref()
+                .ok_or(Problem::MissingInput("g_slc".into()))?,
+            g_swa: up[4]
+                .as_ref()
+                .ok_or(Problem::MissingInput("g_swa".into()))?,
+        },
+        Gates::U => attn_gpu::GateForm::U,
+    };
+    let [o_cmp, o_slc, o_swa] = ["o_cmp", "o_slc", "o_swa"].map(|n| upload(gpu, input(inputs, n)?));
+    let (o_cmp, o_slc, o_swa) = (o_cmp?, o_slc?, o_swa?);
+    let x = attn_gpu::CombineInputs {
+        o_cmp: &o_cmp,
+        o_slc: &o_slc,
+        o_swa: &o_swa,
+        gates,
+    };
+    let (o, g) = attn_gpu::nsa_gate_combine(gpu, &x)?;
+    Ok(Tensors::from([
+        ("o".to_string(), download(gpu, &o)?),
+        ("gates".to_string(), download(gpu, &g)?),
     ]))
 }
 

@@ -1,6 +1,6 @@
 //! `nsa_gate_combine` on the GPU (spec ops-nsa.md §6): per row `(b, t, hq)`,
 //! `o = g_0 o_cmp + g_1 o_slc + g_2 o_swa` in fp32 (fp64 for fp64), cast once, and the gates
-//! applied (`[B, T, HQ, 3]`, float32; float64 for float64 data), unrounded. Gates: W form
+//! applied (`[B, T, HQ, 3]`, float32 as the spec has them; unrounded below fp64 data). Gates: W form
 //! `g_c = sigmoid(sum_d q[d] W[hq, c, d])` (overflow-safe), G form the given `g_*` widened, U form
 //! `1/3`. A warp per row; `W` (any float dtype) widened once per call. No kernel limits.
 
@@ -10,7 +10,7 @@ use crate::error::GpuResult;
 use crate::kernels::Module;
 use crate::params::{check_float, dtype_code, tag, vmax};
 use crate::tensor::DeviceTensor;
-use attn_reference::Error;
+use attn_reference::{Dtype, Error};
 use cudarc::driver::DeviceRepr;
 
 /// Where the gates come from.
@@ -129,13 +129,13 @@ pub fn nsa_gate_combine(
 ) -> GpuResult<(DeviceTensor, DeviceTensor)> {
     let (os, gs) = check(x)?;
     let mut o = DeviceTensor::alloc(gpu, &os, x.o_cmp.dtype())?;
-    let mut g = DeviceTensor::alloc(gpu, &gs, acc_dtype(x.o_cmp.dtype()))?;
+    let mut g = DeviceTensor::alloc(gpu, &gs, Dtype::F32)?;
     nsa_gate_combine_into(gpu, x, &mut o, &mut g)?;
     Ok((o, g))
 }
 
 /// [`nsa_gate_combine`] written into `o` (`o_cmp`'s shape and dtype) and `gates`
-/// (`[B, T, HQ, 3]`, float32; float64 for float64 data).
+/// (`[B, T, HQ, 3]`, float32).
 pub fn nsa_gate_combine_into(
     gpu: &Gpu,
     x: &CombineInputs<'_>,
@@ -145,7 +145,7 @@ pub fn nsa_gate_combine_into(
     let (os, gs) = check(x)?;
     let dtype = x.o_cmp.dtype();
     let acc = acc_dtype(dtype);
-    for (arg, t, shape, d) in [("o", &*o, &os, dtype), ("gates", &*gates, &gs, acc)] {
+    for (arg, t, shape, d) in [("o", &*o, &os, dtype), ("gates", &*gates, &gs, Dtype::F32)] {
         if t.shape() != shape.as_slice() {
             return Err(Error::shape(arg, format!("{shape:?}"), t.shape()).into());
         }
