@@ -21,8 +21,8 @@ pub struct Gpu {
     name: String,
     arch: (i32, i32),
     sm_count: usize,
-    modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    modules: Arc<Mutex<HashMap<Module, Arc<CudaModule>>>>,
+    functions: Arc<Mutex<HashMap<String, CudaFunction>>>,
     scratch: Mutex<Scratch>,
     checked: std::sync::atomic::AtomicBool,
 }
@@ -92,8 +92,8 @@ impl Gpu {
             name,
             arch,
             sm_count,
-            modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
+            modules: Arc::new(Mutex::new(HashMap::new())),
+            functions: Arc::new(Mutex::new(HashMap::new())),
             scratch: Mutex::new(Scratch {
                 buf: None,
                 epoch: 0,
@@ -114,6 +114,36 @@ impl Gpu {
             Ok(g) => Ok(g),
             Err(e) => Err(GpuError::Unavailable(e.clone())),
         }
+    }
+
+    /// A handle on the same context and compiled modules with its own non-blocking stream
+    /// (checked, fresh scratch): what CUDA graph capture needs (the legacy default stream of
+    /// [`Gpu::open`] cannot be captured), and work that must not interleave with other
+    /// threads' launches.
+    pub fn fork(&self) -> GpuResult<Gpu> {
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(GpuError::driver("stream creation"))?;
+        Ok(Gpu {
+            ctx: self.ctx.clone(),
+            stream,
+            name: self.name.clone(),
+            arch: self.arch,
+            sm_count: self.sm_count,
+            modules: self.modules.clone(),
+            functions: self.functions.clone(),
+            scratch: Mutex::new(Scratch {
+                buf: None,
+                epoch: 0,
+            }),
+            checked: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+
+    /// Whether ops wait for their kernels (see [`Gpu::set_checked`]).
+    pub fn is_checked(&self) -> bool {
+        self.checked.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn name(&self) -> &str {
@@ -226,9 +256,22 @@ impl Gpu {
         smem: u32,
         params: &P,
     ) -> GpuResult<()> {
+        self.launch_3d(module, kernel, (grid.0, grid.1, 1), block, smem, params)
+    }
+
+    /// [`Gpu::launch_with_smem`] on a 3-D grid.
+    pub(crate) fn launch_3d<P: DeviceRepr>(
+        &self,
+        module: Module,
+        kernel: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        params: &P,
+    ) -> GpuResult<()> {
         let f = self.function(module, kernel)?;
         let cfg = LaunchConfig {
-            grid_dim: (grid.0, grid.1, 1),
+            grid_dim: grid,
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };

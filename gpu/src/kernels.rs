@@ -7,6 +7,7 @@ const STRIDED: &str = include_str!("../kernels/strided.cuh");
 const ROWS: &str = include_str!("../kernels/rows.cuh");
 const TILE: &str = include_str!("../kernels/tile.cuh");
 const NSA: &str = include_str!("../kernels/nsa.cuh");
+const DECODE: &str = include_str!("../kernels/decode.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,6 +20,8 @@ pub enum Module {
     NsaCompressKv,
     NsaGateCombine,
     NsaSelectBlocks,
+    KvCacheUpdate,
+    DecodeAttention,
 }
 
 impl Module {
@@ -32,6 +35,8 @@ impl Module {
             Module::NsaCompressKv => "nsa_compress_kv",
             Module::NsaGateCombine => "nsa_gate_combine",
             Module::NsaSelectBlocks => "nsa_select_blocks",
+            Module::KvCacheUpdate => "kv_cache_update",
+            Module::DecodeAttention => "decode_attention",
         }
     }
 
@@ -45,14 +50,21 @@ impl Module {
             Module::NsaCompressKv => include_str!("../kernels/nsa_compress_kv.cu"),
             Module::NsaGateCombine => include_str!("../kernels/nsa_gate_combine.cu"),
             Module::NsaSelectBlocks => include_str!("../kernels/nsa_select_blocks.cu"),
+            Module::KvCacheUpdate => include_str!("../kernels/kv_cache_update.cu"),
+            Module::DecodeAttention => include_str!("../kernels/decode_attention.cu"),
         }
     }
 
     /// The complete translation unit handed to NVRTC.
     pub fn source(self) -> String {
         let mut s = String::from(COMMON);
-        s.push_str(GATE);
-        s.push_str(STRIDED);
+        match self {
+            Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
+            _ => {
+                s.push_str(GATE);
+                s.push_str(STRIDED);
+            }
+        }
         match self {
             Module::Cumsum => s.push_str(ROWS),
             Module::ChunkLocalCumsum | Module::KdaGateChunkCumsum => s.push_str(TILE),
@@ -65,7 +77,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 8] = [
+    pub const ALL: [Module; 10] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -74,5 +86,7 @@ impl Module {
         Module::NsaCompressKv,
         Module::NsaGateCombine,
         Module::NsaSelectBlocks,
+        Module::KvCacheUpdate,
+        Module::DecodeAttention,
     ];
 }

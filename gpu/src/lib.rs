@@ -8,9 +8,11 @@
 //! Indexing is 64-bit throughout.
 
 pub mod cumsum;
+pub mod decode;
 pub mod device;
 pub mod error;
 pub mod gate;
+pub mod graph;
 pub mod kernels;
 mod knobs;
 pub mod nsa;
@@ -21,11 +23,16 @@ pub mod tensor;
 pub mod tile;
 
 pub use cumsum::{cumsum, cumsum_into};
+pub use decode::{
+    decode_attention, decode_attention_into, decode_step, kv_cache_update, CacheLayout, CacheRows,
+    DecodeFlag, DecodeOutputs, DecodeParams, DecodeWorkspace, KvCache, NewTokens,
+};
 pub use device::Gpu;
 pub use error::{GpuError, GpuResult};
 pub use gate::{
     kda_gate, kda_gate_chunk_cumsum, kda_gate_chunk_cumsum_into, kda_gate_into, GateInputs,
 };
+pub use graph::{capture, CapturedGraph};
 pub use nsa::{
     nsa_compress_kv, nsa_compress_kv_into, nsa_gate_combine, nsa_gate_combine_into,
     nsa_select_blocks, nsa_select_blocks_into, CombineInputs, CompressInputs, GateForm,

@@ -104,6 +104,34 @@ impl DeviceTensor {
         )
     }
 
+    /// Overwrites the tensor with `data` (same dtype, `numel` elements), in stream order: how a
+    /// captured graph's inputs (new tokens, lengths) are refreshed between replays.
+    pub fn copy_from_host<T: HostElem>(&mut self, gpu: &Gpu, data: &[T]) -> GpuResult<()> {
+        if T::DTYPE != self.dtype {
+            return Err(GpuError::HostDtype {
+                arg: "data".into(),
+                expected: self.dtype.name(),
+                got: T::DTYPE.name(),
+            });
+        }
+        if data.len() != self.numel() {
+            return Err(attn_reference::Error::shape(
+                "data",
+                format!("{} elements", self.numel()),
+                [data.len()],
+            )
+            .into());
+        }
+        if !data.is_empty() {
+            let bytes = as_bytes(data);
+            let mut dst = self.buf.slice_mut(0..bytes.len());
+            gpu.stream()
+                .memcpy_htod(bytes, &mut dst)
+                .map_err(GpuError::driver("host-to-device copy"))?;
+        }
+        Ok(())
+    }
+
     /// Copies the tensor back to the host; `T` must match its dtype.
     pub fn to_array<T: HostElem>(&self, gpu: &Gpu) -> GpuResult<ArrayD<T>> {
         if T::DTYPE != self.dtype {

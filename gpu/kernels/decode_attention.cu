@@ -1,0 +1,397 @@
+// `decode_attention` (spec ops-decode.md section 2), split-KV ("flash-decoding"), and the fused
+// step (`kv_cache_update` then `decode_attention` in one launch).
+//
+// For batch row b (cache row r, n valid keys), query i of L_q and head h (KV head hk = h / G,
+// G = H / H_kv): the visible keys are j < n, and with `causal` j <= n - L_q + i; with
+// s_j = scale * q[b,i,h,:] . k[r,j,hk,:]: o = sum_j softmax(s)_j v[r,j,hk,:],
+// lse = log sum_j exp(s_j); no visible key gives o = 0, lse = -inf.
+//
+// Grid (nsplit, H_kv, B), sized from S, B, H_kv and the device only. Block (split, hk, b)
+// handles keys [split * chunk, min((split + 1) * chunk, n)) for all R = G * L_q query rows of
+// KV head hk (the G heads of one KV head share every K/V load). A split at or past n exits at
+// once, so the work follows the valid lengths; keys at or past n are never read. Scores are
+// kept in log2 units (q is scaled by scale * log2(e) once), fp32 accumulation.
+//
+// Inside a block: DECODE_WARPS warps; a warp covers KPW keys per load instruction, LK lanes per
+// key, each lane NV vectors of W elements (16 bytes) of a key row, so a key row is read as whole
+// 16-byte pieces. Each warp walks its keys U at a time with its own online softmax per lane
+// group (running max m, sum l, accumulator acc); the groups are merged by shuffles, the warps
+// through shared memory. Rows are taken RB at a time (several passes when R > RB).
+//
+// Combine: a row with one valid split (n <= chunk) is written directly by split 0. Otherwise
+// every split writes its normalised partial (o_s, lse_s) to the scratch `part_o`, `part_lse`;
+// the last split of (b, hk) to finish (a counter per (b, hk), reset by that block for the next
+// launch) merges them in split order: lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s
+// (deterministic: the order never depends on timing).
+//
+// Fused step (k_new != 0): n = cache_seqlens[b] + L_new; keys j >= cache_seqlens[b] are read from
+// k_new/v_new [B, L_new, H_kv, D] and written into the caches by the block that owns them.
+//
+// Bad rows (see decode.cuh) get o = NaN, lse = NaN, a flag bit, and no cache write.
+
+#ifndef DECODE_U
+#define DECODE_U 4
+#endif
+#define DECODE_WARPS 4
+#define DECODE_THREADS (DECODE_WARPS * 32)
+// The most splits per row (the host keeps nsplit at or below it; the combine keeps one weight
+// per split in shared memory).
+#define DECODE_MAX_SPLITS 1024
+
+struct DecodeArgs {
+    u64 q;         // [B, L_q, H, D]
+    u64 k_cache;   // cache layout, strides below
+    u64 v_cache;
+    u64 k_new;     // [B, L_new, H_kv, D] or 0 (plain attention)
+    u64 v_new;
+    u64 seqlens;   // const int* [B]
+    u64 batch_idx; // const int* [B] or 0
+    u64 o;         // [B, L_q, H, D], dtype of q
+    u64 lse;       // float [B, H, L_q]
+    u64 part_o;    // float [B * H_kv, nsplit, R, D]
+    u64 part_lse;  // float [B * H_kv, nsplit, R] (log2 units)
+    u64 counters;  // unsigned [B * H_kv], zero between launches
+    u64 flag;      // unsigned
+    i64 lq, h, h_kv, d, s, b_cache, l_new;
+    i64 stride_b, stride_h, stride_s;
+    i64 chunk, nsplit, causal;
+    double scale_log2; // softmax_scale * log2(e)
+};
+
+// Writes o = val, lse = lse_val for every row of (b, hk).
+template <typename T>
+__device__ void decode_fill(const DecodeArgs& a, i64 b, i64 hk, float val, float lse_val) {
+    const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
+    for (i64 e = threadIdx.x; e < rows * a.d; e += blockDim.x) {
+        const i64 r = e / a.d, dd = e - r * a.d, g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+        reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(val);
+        if (dd == 0) reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] = lse_val;
+    }
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < DECODE_WARPS; ++w) v = fmaxf(v, red[w]);
+    return v;
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < DECODE_WARPS; ++w) v += red[w];
+    return v;
+}
+
+// Merges the partials of the nsv valid splits of (b, hk) into o and lse (the last block).
+template <typename T>
+__device__ void decode_combine(const DecodeArgs& a, i64 b, i64 hk, i64 nsv, float* w, float* red) {
+    const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq, bh = b * a.h_kv + hk;
+    const float* pl = reinterpret_cast<const float*>(a.part_lse) + bh * a.nsplit * rows;
+    const float* po = reinterpret_cast<const float*>(a.part_o) + bh * a.nsplit * rows * a.d;
+    for (i64 r = 0; r < rows; ++r) {
+        float mx = DECODE_NEG_INF;
+        for (i64 s = threadIdx.x; s < nsv; s += blockDim.x) mx = fmaxf(mx, load_cg(pl + s * rows + r));
+        mx = block_max(mx, red);
+        float sum = 0.f;
+        for (i64 s = threadIdx.x; s < nsv; s += blockDim.x) {
+            const float x = mx == DECODE_NEG_INF ? 0.f : fast_exp2(load_cg(pl + s * rows + r) - mx);
+            w[s] = x;
+            sum += x;
+        }
+        sum = block_sum(sum, red); // its barriers publish w
+        const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (i64 dd = threadIdx.x; dd < a.d; dd += blockDim.x) {
+            float acc = 0.f;
+#pragma unroll 8
+            for (i64 s = 0; s < nsv; ++s) acc += w[s] * load_cg(po + (s * rows + r) * a.d + dd);
+            reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(acc * inv);
+        }
+        if (threadIdx.x == 0) {
+            reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] =
+                sum > 0.f ? (mx + fast_log2(sum)) * DECODE_LN2 : DECODE_NEG_INF;
+        }
+        __syncthreads(); // w is rewritten for the next row
+    }
+}
+
+template <typename T, int DP, int W, int RB>
+__device__ __forceinline__ void decode_block(const DecodeArgs& a) {
+    constexpr int CH = DP / W;                 // W-element pieces of a padded key row
+    constexpr int LK = CH < 32 ? CH : 32;      // lanes per key
+    constexpr int NV = CH / LK;                // pieces per lane
+    constexpr int KPW = 32 / LK;               // keys per warp instruction
+    constexpr int NE = NV * W;                 // features per lane
+    constexpr int U = RB >= 8 ? 2 : DECODE_U;  // keys per lane group per step
+    __shared__ float sm_acc[DECODE_WARPS][RB][DP];
+    __shared__ float sm_m[DECODE_WARPS][RB], sm_l[DECODE_WARPS][RB];
+    __shared__ float sm_w[DECODE_MAX_SPLITS];
+    __shared__ float sm_red[DECODE_WARPS];
+    __shared__ int sm_last;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int grp = lane / LK, sub = lane % LK;
+    const i64 split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
+    i64 n_old, crow;
+    const unsigned bad = decode_row(reinterpret_cast<const int*>(a.seqlens), reinterpret_cast<const int*>(a.batch_idx),
+                                    b, a.l_new, a.s, a.b_cache, n_old, crow);
+    if (bad) {
+        if (split == 0) {
+            if (threadIdx.x == 0) atomicOr(reinterpret_cast<unsigned*>(a.flag), bad);
+            decode_fill<T>(a, b, hk, DECODE_NAN, DECODE_NAN);
+        }
+        return;
+    }
+    const i64 n = n_old + a.l_new;
+    const i64 begin = split * a.chunk;
+    if (begin >= n) {
+        if (split == 0) decode_fill<T>(a, b, hk, 0.f, DECODE_NEG_INF);
+        return;
+    }
+    const i64 end = min(begin + a.chunk, n);
+    const i64 nsv = (n + a.chunk - 1) / a.chunk;
+    const bool single = nsv == 1;
+    const i64 bh = b * a.h_kv + hk;
+    const i64 cache_off = crow * a.stride_b + hk * a.stride_h;
+    const T* __restrict__ kc = reinterpret_cast<const T*>(a.k_cache) + cache_off;
+    const T* __restrict__ vc = reinterpret_cast<const T*>(a.v_cache) + cache_off;
+    const i64 new_off = b * a.l_new * a.h_kv * a.d + hk * a.d, new_stride = a.h_kv * a.d;
+    const T* __restrict__ q = reinterpret_cast<const T*>(a.q);
+    const float qscale = (float)a.scale_log2;
+
+    for (i64 r0 = 0; r0 < rows; r0 += RB) {
+        float qf[RB][NE], acc[RB][NE], m[RB], l[RB];
+        i64 lim[RB];
+#pragma unroll
+        for (int rr = 0; rr < RB; ++rr) {
+            const i64 r = r0 + rr;
+            m[rr] = DECODE_NEG_INF;
+            l[rr] = 0.f;
+            lim[rr] = begin;
+#pragma unroll
+            for (int e = 0; e < NE; ++e) qf[rr][e] = acc[rr][e] = 0.f;
+            if (r < rows) {
+                const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+                const i64 vis = a.causal ? max((i64)0, min(n, n - a.lq + i + 1)) : n;
+                lim[rr] = min(end, vis);
+                const T* qr = q + ((b * a.lq + i) * a.h + h) * a.d;
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    const int p = v * LK + sub;
+                    if (p * W < a.d) {
+                        float x[W];
+                        widen_vec(*reinterpret_cast<const Vec<T, W>*>(qr + p * W), x);
+#pragma unroll
+                        for (int e = 0; e < W; ++e) qf[rr][v * W + e] = x[e] * qscale;
+                    }
+                }
+            }
+        }
+        for (i64 j0 = begin + warp * (KPW * U); j0 < end; j0 += DECODE_WARPS * KPW * U) {
+            Vec<T, W> kr[U][NV], vr[U][NV];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const i64 j = j0 + u * KPW + grp;
+                const bool fresh = j >= n_old; // fused step: a token of this step
+                const T* ks = fresh ? reinterpret_cast<const T*>(a.k_new) + new_off + (j - n_old) * new_stride
+                                    : kc + j * a.stride_s;
+                const T* vs = fresh ? reinterpret_cast<const T*>(a.v_new) + new_off + (j - n_old) * new_stride
+                                    : vc + j * a.stride_s;
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    const int p = v * LK + sub;
+#pragma unroll
+                    for (int e = 0; e < W; ++e) kr[u][v].v[e] = vr[u][v].v[e] = Narrow<T>::from(0.f);
+                    if (j < end && p * W < a.d) {
+                        kr[u][v] = load_stream<T, W>(ks + p * W);
+                        vr[u][v] = load_stream<T, W>(vs + p * W);
+                        if (fresh) {
+                            T* kw = reinterpret_cast<T*>(a.k_cache) + cache_off + j * a.stride_s + p * W;
+                            T* vw = reinterpret_cast<T*>(a.v_cache) + cache_off + j * a.stride_s + p * W;
+                            *reinterpret_cast<Vec<T, W>*>(kw) = kr[u][v];
+                            *reinterpret_cast<Vec<T, W>*>(vw) = vr[u][v];
+                        }
+                    }
+                }
+            }
+            float sc[U][RB];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float kf[NE];
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    float x[W];
+                    widen_vec(kr[u][v], x);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) kf[v * W + e] = x[e];
+                }
+#pragma unroll
+                for (int rr = 0; rr < RB; ++rr) {
+                    float s = 0.f;
+#pragma unroll
+                    for (int e = 0; e < NE; ++e) s = fmaf(qf[rr][e], kf[e], s);
+                    sc[u][rr] = s;
+                }
+            }
+#pragma unroll
+            for (int off = LK / 2; off > 0; off >>= 1) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+#pragma unroll
+                    for (int rr = 0; rr < RB; ++rr) sc[u][rr] += __shfl_xor_sync(0xffffffffu, sc[u][rr], off);
+                }
+            }
+            float vf[U][NE];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    float x[W];
+                    widen_vec(vr[u][v], x);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) vf[u][v * W + e] = x[e];
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+                float mx = m[rr];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64 j = j0 + u * KPW + grp;
+                    if (j >= lim[rr]) sc[u][rr] = DECODE_NEG_INF;
+                    mx = fmaxf(mx, sc[u][rr]);
+                }
+                if (mx == DECODE_NEG_INF) continue; // nothing visible yet
+                const float alpha = fast_exp2(m[rr] - mx);
+                float p[U];
+                float ps = 0.f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    p[u] = fast_exp2(sc[u][rr] - mx);
+                    ps += p[u];
+                }
+                l[rr] = l[rr] * alpha + ps;
+                m[rr] = mx;
+#pragma unroll
+                for (int e = 0; e < NE; ++e) {
+                    float x = acc[rr][e] * alpha;
+#pragma unroll
+                    for (int u = 0; u < U; ++u) x = fmaf(p[u], vf[u][e], x);
+                    acc[rr][e] = x;
+                }
+            }
+        }
+        // merge the lane groups of the warp (keys interleaved by group)
+#pragma unroll
+        for (int off = LK; off < 32; off <<= 1) {
+#pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+                const float m2 = __shfl_xor_sync(0xffffffffu, m[rr], off);
+                const float l2 = __shfl_xor_sync(0xffffffffu, l[rr], off);
+                const float mx = fmaxf(m[rr], m2);
+                const float a1 = mx == DECODE_NEG_INF ? 0.f : fast_exp2(m[rr] - mx);
+                const float a2 = mx == DECODE_NEG_INF ? 0.f : fast_exp2(m2 - mx);
+#pragma unroll
+                for (int e = 0; e < NE; ++e) {
+                    const float o2 = __shfl_xor_sync(0xffffffffu, acc[rr][e], off);
+                    acc[rr][e] = acc[rr][e] * a1 + o2 * a2;
+                }
+                l[rr] = l[rr] * a1 + l2 * a2;
+                m[rr] = mx;
+            }
+        }
+        if (grp == 0) {
+#pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+#pragma unroll
+                    for (int e = 0; e < W; ++e) sm_acc[warp][rr][(v * LK + sub) * W + e] = acc[rr][v * W + e];
+                }
+                if (sub == 0) {
+                    sm_m[warp][rr] = m[rr];
+                    sm_l[warp][rr] = l[rr];
+                }
+            }
+        }
+        __syncthreads();
+        // merge the warps; write the row (one split) or the split's partial
+        const i64 nrows = min((i64)RB, rows - r0);
+        for (i64 e = threadIdx.x; e < nrows * a.d; e += blockDim.x) {
+            const int rr = (int)(e / a.d);
+            const i64 dd = e - (i64)rr * a.d, r = r0 + rr;
+            float mx = sm_m[0][rr];
+#pragma unroll
+            for (int w = 1; w < DECODE_WARPS; ++w) mx = fmaxf(mx, sm_m[w][rr]);
+            float sum = 0.f, out = 0.f;
+            if (mx != DECODE_NEG_INF) {
+#pragma unroll
+                for (int w = 0; w < DECODE_WARPS; ++w) {
+                    const float f = fast_exp2(sm_m[w][rr] - mx);
+                    sum += sm_l[w][rr] * f;
+                    out += sm_acc[w][rr][dd] * f;
+                }
+                out /= sum;
+            }
+            const float lse2 = mx == DECODE_NEG_INF ? DECODE_NEG_INF : mx + fast_log2(sum);
+            if (single) {
+                const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+                reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(out);
+                if (dd == 0) {
+                    reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] =
+                        lse2 == DECODE_NEG_INF ? DECODE_NEG_INF : lse2 * DECODE_LN2;
+                }
+            } else {
+                const i64 pr = (bh * a.nsplit + split) * rows + r;
+                reinterpret_cast<float*>(a.part_o)[pr * a.d + dd] = out;
+                if (dd == 0) reinterpret_cast<float*>(a.part_lse)[pr] = lse2;
+            }
+        }
+        __syncthreads(); // shared memory is reused by the next rows
+    }
+    if (single) return;
+    // the last split of (b, hk) to finish merges the partials
+    __threadfence();
+    __syncthreads();
+    unsigned* counter = reinterpret_cast<unsigned*>(a.counters) + bh;
+    if (threadIdx.x == 0) sm_last = atomicAdd(counter, 1u) == (unsigned)(nsv - 1);
+    __syncthreads();
+    if (!sm_last) return;
+    __threadfence();
+    decode_combine<T>(a, b, hk, nsv, sm_w, sm_red);
+    if (threadIdx.x == 0) *counter = 0u;
+}
+
+// decode_attention_{dtype}_d{DP}_w{W}_r{RB}: DP the padded head dim (64, 128, 256), W the
+// elements per load (16 bytes, or 1 for a head dim that is not a multiple of 16 bytes), RB the
+// query rows held per pass.
+#define DECODE_KERNEL(T, TAG, DP, W, RB)                                                      \
+    extern "C" __global__ void __launch_bounds__(DECODE_THREADS)                             \
+        decode_attention_##TAG##_d##DP##_w##W##_r##RB(const DecodeArgs a) {                  \
+        decode_block<T, DP, W, RB>(a);                                                        \
+    }
+#define DECODE_ROWS(T, TAG, DP, W)   \
+    DECODE_KERNEL(T, TAG, DP, W, 1) \
+    DECODE_KERNEL(T, TAG, DP, W, 2) \
+    DECODE_KERNEL(T, TAG, DP, W, 4) \
+    DECODE_KERNEL(T, TAG, DP, W, 8)
+#define DECODE_DTYPE(T, TAG, W)       \
+    DECODE_ROWS(T, TAG, 64, W)        \
+    DECODE_ROWS(T, TAG, 128, W)       \
+    DECODE_ROWS(T, TAG, 256, W)       \
+    DECODE_ROWS(T, TAG, 256, 1)
+
+DECODE_DTYPE(bf16, bf16, 8)
+DECODE_DTYPE(f16, f16, 8)
+DECODE_DTYPE(float, f32, 4)
