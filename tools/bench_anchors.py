@@ -83,6 +83,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--ours")
     ap.add_argument("--filter", default="")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode anchors (needs --ours)")
     args = ap.parse_args()
 
     src = torch.rand(1 << 28, device="cuda")
@@ -96,7 +97,7 @@ def main():
     cases = dict(CASES)
     cases["kda_gate_then_chunk_local_cumsum_1x32768x32x128"] = ([1, 32768, 32, 128], "bfloat16", "float32", ("fla_two_kernels",), None, None)
     for name, (shape, din, dout, anchor, _, _) in cases.items():
-        if args.filter not in name:
+        if args.filter not in name or args.decode_only:
             continue
         try:
             fn = anchor_fn(anchor, shape, din)
@@ -117,6 +118,15 @@ def main():
     if args.ours:
         with open(args.ours) as f:
             ours = json.load(f)
+        import decode_anchors  # beside this script
+
+        decode_rows = [c for c in ours["cases"] if c["name"].startswith("decode_") and args.filter in c["name"]]
+        if decode_rows:
+            doc["decode"] = decode_anchors.run(decode_rows, ceiling)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(doc, f, indent=2)
+        ours["cases"] = [c for c in ours["cases"] if not c["name"].startswith("decode_")]
         print()
         print(f"ours on {ours['device']} (copy ceiling {ours['ceiling_gbps']:.0f} GB/s), anchors on {dev} (copy ceiling {ceiling:.0f} GB/s)")
         hdr = f"{'case':<40} {'ours ms':>9} {'anchor ms':>10} {'speedup':>8} {'ours %ceil':>10} {'anchor %ceil':>12}  target"

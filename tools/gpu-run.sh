@@ -9,6 +9,11 @@
 # (`;`-separated; each a list of shell words VAR=VALUE, e.g.
 # "ATTN_TILE_RP=16;ATTN_NVRTC_OPTS='-DATTN_TILE_CS=0 -DATTN_MIN_BLOCKS=4'";
 # "-" is the default build), each run $ATTN_TUNE_PASSES times (default 1), a process per run.
+# Narrowing (environment): ATTN_TESTS (test binaries, a glob over the names after test_; all),
+# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates"), ATTN_SANITIZE_SKIP (a test
+# name substring to skip there; long_lane), ATTN_BENCH_FILTER (bench_gpu --filter and the
+# anchors' --filter; all), ATTN_ANCHORS_DECODE_ONLY=1 (only the decode anchors).
+# `ptx` (not in `all`): ptxas -v register and spill report of the decode kernels.
 set -u -o pipefail
 S=${1:?usage: run.sh STAGE_DIR [parts]}
 shift
@@ -26,7 +31,7 @@ say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks
 say "== parts: $PARTS"
 
 if want tests; then
-  for t in "$S"/bin/test_*; do
+  for t in "$S"/bin/test_${ATTN_TESTS:-*}; do
     start=$(date +%s)
     timeout 420 "$t" --test-threads 2 >>"$OUT/tests.log" 2>&1
     rc=$?
@@ -50,9 +55,9 @@ if want sanitizer; then
   # a reduced set of cases: the sanitizer slows kernels down by orders of magnitude
   export ATTN_TEST_CASES=4
   for tool in memcheck racecheck; do
-    for t in scans gates; do
+    for t in ${ATTN_SANITIZE:-scans gates}; do
       timeout 400 compute-sanitizer --tool $tool --error-exitcode 3 "$S/bin/test_$t" --test-threads 1 \
-        --skip long_lane >>"$OUT/sanitizer.log" 2>&1
+        --skip "${ATTN_SANITIZE_SKIP:-long_lane}" >>"$OUT/sanitizer.log" 2>&1
       rc=$?
       say "compute-sanitizer $tool test_$t: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
     done
@@ -73,13 +78,25 @@ if [[ " $PARTS " == *" tune "* ]]; then
   done
 fi
 
+if [[ " $PARTS " == *" ptx "* ]]; then
+  mkdir -p /tmp/ptx
+  ATTN_PTX_DIR=/tmp/ptx "$S/bin/test_compile" >/dev/null 2>&1
+  for m in decode_attention kv_cache_update; do
+    /usr/local/cuda/bin/ptxas -arch=sm_90 -v /tmp/ptx/$m.ptx -o /tmp/ptx/$m.cubin 2>&1 |
+      grep -E "Compiling entry|registers|spill" | paste - - - | sed -E 's/ptxas info *: //g' >"$OUT/ptx_$m.txt"
+    say "ptxas $m: $(grep -c . "$OUT/ptx_$m.txt") kernels, $(grep -vc ' 0 bytes spill stores' "$OUT/ptx_$m.txt") with spills"
+  done
+fi
+
 if want bench; then
-  timeout 300 "$S/bin/bench_gpu" --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench.txt"
+  BF=${ATTN_BENCH_FILTER:-}
+  timeout 300 "$S/bin/bench_gpu" --json "$OUT/bench_gpu.json" ${BF:+--filter "$BF"} 2>&1 | tee "$OUT/bench.txt"
   whl=$(ls "$S"/whl/fla_core-0.6.0-*.whl 2>/dev/null | head -1)
   if [ -n "$whl" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site
   fi
-  PYTHONUNBUFFERED=1 timeout 400 python3 "$S/bench_anchors.py" --json "$OUT/bench_anchors.json" --ours "$OUT/bench_gpu.json" 2>&1 | tee -a "$OUT/bench.txt"
-  sed -n '/^ours on/,$p' "$OUT/bench.txt" >>"$SUM"
+  PYTHONUNBUFFERED=1 timeout 400 python3 "$S/bench_anchors.py" --json "$OUT/bench_anchors.json" --ours "$OUT/bench_gpu.json" \
+    ${BF:+--filter "$BF"} ${ATTN_ANCHORS_DECODE_ONLY:+--decode-only} 2>&1 | tee -a "$OUT/bench.txt"
+  sed -n '/^decode (bytes/,/^$/p;/^ours on/,$p' "$OUT/bench.txt" >>"$SUM"
 fi
 echo "== summary"; cat "$SUM"
