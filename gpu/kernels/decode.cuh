@@ -26,11 +26,11 @@ __device__ __forceinline__ unsigned decode_row(const int* __restrict__ seqlens, 
     unsigned bad = 0;
     if (n_old < 0 || n_old + l_new > s) bad |= DECODE_BAD_SEQLENS;
     if (row < 0 || row >= b_cache) bad |= DECODE_BAD_INDEX;
-    int dup = 0;
-    if (batch_idx) {
+    if (batch_idx) { // uniform: the barrier is reached by every thread or none
+        int dup = 0;
         for (i64 e = threadIdx.x; e < b; e += blockDim.x) dup |= (i64)batch_idx[e] == row;
+        if (__syncthreads_or(dup)) bad |= DECODE_REPEATED_INDEX;
     }
-    if (__syncthreads_or(dup)) bad |= DECODE_REPEATED_INDEX;
     return bad;
 }
 

@@ -29,8 +29,9 @@
 //
 // Bad rows (see decode.cuh) get o = NaN, lse = NaN, a flag bit, and no cache write.
 
+// Keys per lane group per step for 1 or 2 query rows (4 rows: 4, 8 rows: 2).
 #ifndef DECODE_U
-#define DECODE_U 4
+#define DECODE_U 8
 #endif
 #define DECODE_WARPS 4
 #define DECODE_THREADS (DECODE_WARPS * 32)
@@ -125,6 +126,69 @@ __device__ void decode_combine(const DecodeArgs& a, i64 b, i64 hk, i64 nsv, floa
     }
 }
 
+// Loads the K and V pieces of keys j0 + u * KPW + grp (u < U) of this lane into kr, vr (zeros
+// past `end`). Keys of this step (j >= n_old, fused step only) come from k_new / v_new and are
+// written into the caches here, by the one lane group that owns them.
+template <typename T, int W, int U, int NV, int LK, int KPW>
+__device__ __forceinline__ void decode_load(const DecodeArgs& a, i64 j0, i64 end, i64 n_old, i64 cache_off,
+                                            i64 new_off, int grp, int sub, Vec<T, W> (&kr)[U][NV],
+                                            Vec<T, W> (&vr)[U][NV]) {
+    const i64 new_stride = a.h_kv * a.d;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const i64 j = j0 + u * KPW + grp;
+        const bool fresh = j >= n_old;
+        const T* ks = fresh ? reinterpret_cast<const T*>(a.k_new) + new_off + (j - n_old) * new_stride
+                            : reinterpret_cast<const T*>(a.k_cache) + cache_off + j * a.stride_s;
+        const T* vs = fresh ? reinterpret_cast<const T*>(a.v_new) + new_off + (j - n_old) * new_stride
+                            : reinterpret_cast<const T*>(a.v_cache) + cache_off + j * a.stride_s;
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+            const int p = v * LK + sub;
+#pragma unroll
+            for (int e = 0; e < W; ++e) kr[u][v].v[e] = vr[u][v].v[e] = Narrow<T>::from(0.f);
+            if (j < end && p * W < a.d) {
+                kr[u][v] = load_stream<T, W>(ks + p * W);
+                vr[u][v] = load_stream<T, W>(vs + p * W);
+                if (fresh) {
+                    T* kw = reinterpret_cast<T*>(a.k_cache) + cache_off + j * a.stride_s + p * W;
+                    T* vw = reinterpret_cast<T*>(a.v_cache) + cache_off + j * a.stride_s + p * W;
+                    *reinterpret_cast<Vec<T, W>*>(kw) = kr[u][v];
+                    *reinterpret_cast<Vec<T, W>*>(vw) = vr[u][v];
+                }
+            }
+        }
+    }
+}
+
+// Loads this lane's features of query rows r0 .. r0 + RB (scaled to log2 units; zeros past the
+// last row). Needs no length: issued before the lengths arrive.
+template <typename T, int W, int RB, int NV, int LK, int NE>
+__device__ __forceinline__ void decode_load_q(const DecodeArgs& a, i64 b, i64 hk, i64 r0, int sub, float qscale,
+                                              float (&qf)[RB][NE]) {
+    const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
+#pragma unroll
+    for (int rr = 0; rr < RB; ++rr) {
+        const i64 r = r0 + rr;
+#pragma unroll
+        for (int e = 0; e < NE; ++e) qf[rr][e] = 0.f;
+        if (r < rows) {
+            const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+            const T* qr = reinterpret_cast<const T*>(a.q) + ((b * a.lq + i) * a.h + h) * a.d;
+#pragma unroll
+            for (int v = 0; v < NV; ++v) {
+                const int p = v * LK + sub;
+                if (p * W < a.d) {
+                    float x[W];
+                    widen_vec(*reinterpret_cast<const Vec<T, W>*>(qr + p * W), x);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) qf[rr][v * W + e] = x[e] * qscale;
+                }
+            }
+        }
+    }
+}
+
 template <typename T, int DP, int W, int RB>
 __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     constexpr int CH = DP / W;                 // W-element pieces of a padded key row
@@ -132,7 +196,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     constexpr int NV = CH / LK;                // pieces per lane
     constexpr int KPW = 32 / LK;               // keys per warp instruction
     constexpr int NE = NV * W;                 // features per lane
-    constexpr int U = RB >= 8 ? 2 : DECODE_U;  // keys per lane group per step
+    constexpr int U = RB >= 8 ? 2 : (RB >= 4 ? 4 : DECODE_U); // keys per lane group per step
     __shared__ float sm_acc[DECODE_WARPS][RB][DP];
     __shared__ float sm_m[DECODE_WARPS][RB], sm_l[DECODE_WARPS][RB];
     __shared__ float sm_w[DECODE_MAX_SPLITS];
@@ -143,6 +207,9 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     const int grp = lane / LK, sub = lane % LK;
     const i64 split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
+    const float qscale = (float)a.scale_log2;
+    float qf[RB][NE];
+    decode_load_q<T, W, RB, NV, LK, NE>(a, b, hk, 0, sub, qscale, qf);
     i64 n_old, crow;
     const unsigned bad = decode_row(reinterpret_cast<const int*>(a.seqlens), reinterpret_cast<const int*>(a.batch_idx),
                                     b, a.l_new, a.s, a.b_cache, n_old, crow);
@@ -164,14 +231,11 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     const bool single = nsv == 1;
     const i64 bh = b * a.h_kv + hk;
     const i64 cache_off = crow * a.stride_b + hk * a.stride_h;
-    const T* __restrict__ kc = reinterpret_cast<const T*>(a.k_cache) + cache_off;
-    const T* __restrict__ vc = reinterpret_cast<const T*>(a.v_cache) + cache_off;
-    const i64 new_off = b * a.l_new * a.h_kv * a.d + hk * a.d, new_stride = a.h_kv * a.d;
-    const T* __restrict__ q = reinterpret_cast<const T*>(a.q);
-    const float qscale = (float)a.scale_log2;
+    const i64 new_off = b * a.l_new * a.h_kv * a.d + hk * a.d;
 
     for (i64 r0 = 0; r0 < rows; r0 += RB) {
-        float qf[RB][NE], acc[RB][NE], m[RB], l[RB];
+        if (r0 > 0) decode_load_q<T, W, RB, NV, LK, NE>(a, b, hk, r0, sub, qscale, qf);
+        float acc[RB][NE], m[RB], l[RB];
         i64 lim[RB];
 #pragma unroll
         for (int rr = 0; rr < RB; ++rr) {
@@ -180,51 +244,20 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
             l[rr] = 0.f;
             lim[rr] = begin;
 #pragma unroll
-            for (int e = 0; e < NE; ++e) qf[rr][e] = acc[rr][e] = 0.f;
+            for (int e = 0; e < NE; ++e) acc[rr][e] = 0.f;
             if (r < rows) {
-                const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+                const i64 i = r % a.lq;
                 const i64 vis = a.causal ? max((i64)0, min(n, n - a.lq + i + 1)) : n;
                 lim[rr] = min(end, vis);
-                const T* qr = q + ((b * a.lq + i) * a.h + h) * a.d;
-#pragma unroll
-                for (int v = 0; v < NV; ++v) {
-                    const int p = v * LK + sub;
-                    if (p * W < a.d) {
-                        float x[W];
-                        widen_vec(*reinterpret_cast<const Vec<T, W>*>(qr + p * W), x);
-#pragma unroll
-                        for (int e = 0; e < W; ++e) qf[rr][v * W + e] = x[e] * qscale;
-                    }
-                }
             }
         }
-        for (i64 j0 = begin + warp * (KPW * U); j0 < end; j0 += DECODE_WARPS * KPW * U) {
-            Vec<T, W> kr[U][NV], vr[U][NV];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const i64 j = j0 + u * KPW + grp;
-                const bool fresh = j >= n_old; // fused step: a token of this step
-                const T* ks = fresh ? reinterpret_cast<const T*>(a.k_new) + new_off + (j - n_old) * new_stride
-                                    : kc + j * a.stride_s;
-                const T* vs = fresh ? reinterpret_cast<const T*>(a.v_new) + new_off + (j - n_old) * new_stride
-                                    : vc + j * a.stride_s;
-#pragma unroll
-                for (int v = 0; v < NV; ++v) {
-                    const int p = v * LK + sub;
-#pragma unroll
-                    for (int e = 0; e < W; ++e) kr[u][v].v[e] = vr[u][v].v[e] = Narrow<T>::from(0.f);
-                    if (j < end && p * W < a.d) {
-                        kr[u][v] = load_stream<T, W>(ks + p * W);
-                        vr[u][v] = load_stream<T, W>(vs + p * W);
-                        if (fresh) {
-                            T* kw = reinterpret_cast<T*>(a.k_cache) + cache_off + j * a.stride_s + p * W;
-                            T* vw = reinterpret_cast<T*>(a.v_cache) + cache_off + j * a.stride_s + p * W;
-                            *reinterpret_cast<Vec<T, W>*>(kw) = kr[u][v];
-                            *reinterpret_cast<Vec<T, W>*>(vw) = vr[u][v];
-                        }
-                    }
-                }
-            }
+        // K/V of the next step are loaded while this one is computed
+        const i64 step = DECODE_WARPS * KPW * U;
+        Vec<T, W> kr[U][NV], vr[U][NV], kn[U][NV], vn[U][NV];
+        i64 j0 = begin + warp * (KPW * U);
+        decode_load<T, W, U, NV, LK, KPW>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
+        for (; j0 < end; j0 += step) {
+            decode_load<T, W, U, NV, LK, KPW>(a, j0 + step, end, n_old, cache_off, new_off, grp, sub, kn, vn);
             float sc[U][RB];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -289,6 +322,14 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
 #pragma unroll
                     for (int u = 0; u < U; ++u) x = fmaf(p[u], vf[u][e], x);
                     acc[rr][e] = x;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    kr[u][v] = kn[u][v];
+                    vr[u][v] = vn[u][v];
                 }
             }
         }

@@ -8,8 +8,8 @@ use crate::error::{GpuError, GpuResult};
 use attn_reference::Error;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-/// Keys per split are a multiple of this.
-const CHUNK_UNIT: usize = 64;
+/// Keys per split are a multiple of this (short rows then need no combine).
+const CHUNK_UNIT: usize = 128;
 /// The most splits of one row (`DECODE_MAX_SPLITS` of decode_attention.cu).
 pub const MAX_SPLITS: usize = 1024;
 /// Blocks per multiprocessor a full-length launch aims for (about two waves of resident
@@ -84,7 +84,8 @@ pub fn flag_error(word: u32) -> Option<Error> {
 /// Splits of the key range: `(nsplit, chunk)` with `nsplit * chunk >= S`, from `S`, the
 /// number of (row, KV head) pairs and the device only (never from the lengths): about
 /// `BLOCKS_PER_SM` blocks per multiprocessor when every row is full, chunks of a multiple of
-/// 64 keys, at most [`MAX_SPLITS`]. `$ATTN_DECODE_CHUNK` sets the chunk (a tuning knob).
+/// 128 keys, at most [`MAX_SPLITS`]. Tuning knobs: `$ATTN_DECODE_CHUNK` sets the chunk,
+/// `$ATTN_DECODE_BLOCKS_PER_SM` the blocks per multiprocessor aimed for.
 pub fn split_plan(sm_count: usize, pairs: usize, s: usize) -> (usize, usize) {
     let floor = s.div_ceil(MAX_SPLITS).max(1);
     let chunk = match std::env::var("ATTN_DECODE_CHUNK")
@@ -93,7 +94,12 @@ pub fn split_plan(sm_count: usize, pairs: usize, s: usize) -> (usize, usize) {
     {
         Some(c) if c > 0 => c.max(floor),
         _ => {
-            let want = (BLOCKS_PER_SM * sm_count)
+            let per_sm = std::env::var("ATTN_DECODE_BLOCKS_PER_SM")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|&v| v > 0)
+                .unwrap_or(BLOCKS_PER_SM);
+            let want = (per_sm * sm_count)
                 .div_ceil(pairs.max(1))
                 .clamp(1, MAX_SPLITS);
             s.div_ceil(want)
