@@ -361,6 +361,11 @@ fn list_shows_every_op_with_defaults() {
         .as_array()
         .unwrap()
         .contains(&json!("cpu")));
+    // both decode ops have a GPU runner
+    for op in ["decode_attention", "kv_cache_update"] {
+        let entry = ops.iter().find(|o| o["op"] == op).unwrap();
+        assert_eq!(entry["devices"], json!(["cpu", "gpu"]), "{op}");
+    }
 }
 
 #[test]

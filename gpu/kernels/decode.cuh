@@ -65,6 +65,21 @@ __device__ __forceinline__ float fast_log2(float x) {
     return y;
 }
 
+// The accumulator of an element type: fp32, fp64 for fp64.
+template <typename T> struct AccOf { typedef float type; };
+template <> struct AccOf<double> { typedef double type; };
+__device__ __forceinline__ float acc_exp2(float x) { return fast_exp2(x); }
+__device__ __forceinline__ double acc_exp2(double x) { return exp2(x); }
+__device__ __forceinline__ float acc_log2(float x) { return fast_log2(x); }
+__device__ __forceinline__ double acc_log2(double x) { return log2(x); }
+__device__ __forceinline__ float acc_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double acc_max(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ double load_cg(const double* p) {
+    double v;
+    asm volatile("ld.global.cg.f64 %0, [%1];" : "=d"(v) : "l"(p));
+    return v;
+}
+
 #define DECODE_NAN __int_as_float(0x7fffffff)
 #define DECODE_NEG_INF __int_as_float(0xff800000)
-#define DECODE_LN2 0.6931471805599453f
+#define DECODE_LN2 0.6931471805599453

@@ -10,7 +10,7 @@
 // handles keys [split * chunk, min((split + 1) * chunk, n)) for all R = G * L_q query rows of
 // KV head hk (the G heads of one KV head share every K/V load). A split at or past n exits at
 // once, so the work follows the valid lengths; keys at or past n are never read. Scores are
-// kept in log2 units (q is scaled by scale * log2(e) once), fp32 accumulation.
+// kept in log2 units (q is scaled by scale * log2(e) once); fp32 accumulation (fp64 for fp64).
 //
 // Inside a block: DECODE_WARPS warps; a warp covers KPW keys per load instruction, LK lanes per
 // key, each lane NV vectors of W elements (16 bytes) of a key row, so a key row is read as whole
@@ -70,19 +70,19 @@ __device__ void decode_fill(const DecodeArgs& a, i64 b, i64 hk, float val, float
     }
 }
 
-__device__ __forceinline__ float block_max(float v, float* red) {
+template <typename Acc> __device__ __forceinline__ Acc block_max(Acc v, Acc* red) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    for (int off = 16; off > 0; off >>= 1) v = acc_max(v, __shfl_xor_sync(0xffffffffu, v, off));
     __syncthreads();
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     v = red[0];
 #pragma unroll
-    for (int w = 1; w < DECODE_WARPS; ++w) v = fmaxf(v, red[w]);
+    for (int w = 1; w < DECODE_WARPS; ++w) v = acc_max(v, red[w]);
     return v;
 }
 
-__device__ __forceinline__ float block_sum(float v, float* red) {
+template <typename Acc> __device__ __forceinline__ Acc block_sum(Acc v, Acc* red) {
     v = warp_sum(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
@@ -95,32 +95,34 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 // Merges the partials of the nsv valid splits of (b, hk) into o and lse (the last block).
 template <typename T>
-__device__ void decode_combine(const DecodeArgs& a, i64 b, i64 hk, i64 nsv, float* w, float* red) {
+__device__ void decode_combine(const DecodeArgs& a, i64 b, i64 hk, i64 nsv, typename AccOf<T>::type* w,
+                               typename AccOf<T>::type* red) {
+    typedef typename AccOf<T>::type Acc;
     const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq, bh = b * a.h_kv + hk;
-    const float* pl = reinterpret_cast<const float*>(a.part_lse) + bh * a.nsplit * rows;
-    const float* po = reinterpret_cast<const float*>(a.part_o) + bh * a.nsplit * rows * a.d;
+    const Acc* pl = reinterpret_cast<const Acc*>(a.part_lse) + bh * a.nsplit * rows;
+    const Acc* po = reinterpret_cast<const Acc*>(a.part_o) + bh * a.nsplit * rows * a.d;
     for (i64 r = 0; r < rows; ++r) {
-        float mx = DECODE_NEG_INF;
-        for (i64 s = threadIdx.x; s < nsv; s += blockDim.x) mx = fmaxf(mx, load_cg(pl + s * rows + r));
+        Acc mx = DECODE_NEG_INF;
+        for (i64 s = threadIdx.x; s < nsv; s += blockDim.x) mx = acc_max(mx, load_cg(pl + s * rows + r));
         mx = block_max(mx, red);
-        float sum = 0.f;
+        Acc sum = 0.f;
         for (i64 s = threadIdx.x; s < nsv; s += blockDim.x) {
-            const float x = mx == DECODE_NEG_INF ? 0.f : fast_exp2(load_cg(pl + s * rows + r) - mx);
+            const Acc x = mx == DECODE_NEG_INF ? 0.f : acc_exp2(load_cg(pl + s * rows + r) - mx);
             w[s] = x;
             sum += x;
         }
         sum = block_sum(sum, red); // its barriers publish w
         const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const Acc inv = sum > 0.f ? 1.f / sum : 0.f;
         for (i64 dd = threadIdx.x; dd < a.d; dd += blockDim.x) {
-            float acc = 0.f;
+            Acc acc = 0.f;
 #pragma unroll 8
             for (i64 s = 0; s < nsv; ++s) acc += w[s] * load_cg(po + (s * rows + r) * a.d + dd);
             reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(acc * inv);
         }
         if (threadIdx.x == 0) {
             reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] =
-                sum > 0.f ? (mx + fast_log2(sum)) * DECODE_LN2 : DECODE_NEG_INF;
+                sum > 0.f ? (mx + acc_log2(sum)) * (Acc)DECODE_LN2 : DECODE_NEG_INF;
         }
         __syncthreads(); // w is rewritten for the next row
     }
@@ -164,8 +166,10 @@ __device__ __forceinline__ void decode_load(const DecodeArgs& a, i64 j0, i64 end
 // Loads this lane's features of query rows r0 .. r0 + RB (scaled to log2 units; zeros past the
 // last row). Needs no length: issued before the lengths arrive.
 template <typename T, int W, int RB, int NV, int LK, int NE>
-__device__ __forceinline__ void decode_load_q(const DecodeArgs& a, i64 b, i64 hk, i64 r0, int sub, float qscale,
-                                              float (&qf)[RB][NE]) {
+__device__ __forceinline__ void decode_load_q(const DecodeArgs& a, i64 b, i64 hk, i64 r0, int sub,
+                                              typename AccOf<T>::type qscale,
+                                              typename AccOf<T>::type (&qf)[RB][NE]) {
+    typedef typename AccOf<T>::type Acc;
     const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
 #pragma unroll
     for (int rr = 0; rr < RB; ++rr) {
@@ -179,7 +183,7 @@ __device__ __forceinline__ void decode_load_q(const DecodeArgs& a, i64 b, i64 hk
             for (int v = 0; v < NV; ++v) {
                 const int p = v * LK + sub;
                 if (p * W < a.d) {
-                    float x[W];
+                    Acc x[W];
                     widen_vec(*reinterpret_cast<const Vec<T, W>*>(qr + p * W), x);
 #pragma unroll
                     for (int e = 0; e < W; ++e) qf[rr][v * W + e] = x[e] * qscale;
@@ -191,24 +195,25 @@ __device__ __forceinline__ void decode_load_q(const DecodeArgs& a, i64 b, i64 hk
 
 template <typename T, int DP, int W, int RB>
 __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
+    typedef typename AccOf<T>::type Acc;
     constexpr int CH = DP / W;                 // W-element pieces of a padded key row
     constexpr int LK = CH < 32 ? CH : 32;      // lanes per key
     constexpr int NV = CH / LK;                // pieces per lane
     constexpr int KPW = 32 / LK;               // keys per warp instruction
     constexpr int NE = NV * W;                 // features per lane
     constexpr int U = RB >= 8 ? 2 : (RB >= 4 ? 4 : DECODE_U); // keys per lane group per step
-    __shared__ float sm_acc[DECODE_WARPS][RB][DP];
-    __shared__ float sm_m[DECODE_WARPS][RB], sm_l[DECODE_WARPS][RB];
-    __shared__ float sm_w[DECODE_MAX_SPLITS];
-    __shared__ float sm_red[DECODE_WARPS];
+    __shared__ Acc sm_acc[DECODE_WARPS][RB][DP];
+    __shared__ Acc sm_m[DECODE_WARPS][RB], sm_l[DECODE_WARPS][RB];
+    __shared__ Acc sm_w[DECODE_MAX_SPLITS];
+    __shared__ Acc sm_red[DECODE_WARPS];
     __shared__ int sm_last;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int grp = lane / LK, sub = lane % LK;
     const i64 split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
-    const float qscale = (float)a.scale_log2;
-    float qf[RB][NE];
+    const Acc qscale = (Acc)a.scale_log2;
+    Acc qf[RB][NE];
     decode_load_q<T, W, RB, NV, LK, NE>(a, b, hk, 0, sub, qscale, qf);
     i64 n_old, crow;
     const unsigned bad = decode_row(reinterpret_cast<const int*>(a.seqlens), reinterpret_cast<const int*>(a.batch_idx),
@@ -235,7 +240,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
 
     for (i64 r0 = 0; r0 < rows; r0 += RB) {
         if (r0 > 0) decode_load_q<T, W, RB, NV, LK, NE>(a, b, hk, r0, sub, qscale, qf);
-        float acc[RB][NE], m[RB], l[RB];
+        Acc acc[RB][NE], m[RB], l[RB];
         i64 lim[RB];
 #pragma unroll
         for (int rr = 0; rr < RB; ++rr) {
@@ -258,20 +263,20 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
         decode_load<T, W, U, NV, LK, KPW>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
         for (; j0 < end; j0 += step) {
             decode_load<T, W, U, NV, LK, KPW>(a, j0 + step, end, n_old, cache_off, new_off, grp, sub, kn, vn);
-            float sc[U][RB];
+            Acc sc[U][RB];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                float kf[NE];
+                Acc kf[NE];
 #pragma unroll
                 for (int v = 0; v < NV; ++v) {
-                    float x[W];
+                    Acc x[W];
                     widen_vec(kr[u][v], x);
 #pragma unroll
                     for (int e = 0; e < W; ++e) kf[v * W + e] = x[e];
                 }
 #pragma unroll
                 for (int rr = 0; rr < RB; ++rr) {
-                    float s = 0.f;
+                    Acc s = 0.f;
 #pragma unroll
                     for (int e = 0; e < NE; ++e) s = fmaf(qf[rr][e], kf[e], s);
                     sc[u][rr] = s;
@@ -285,12 +290,12 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
                     for (int rr = 0; rr < RB; ++rr) sc[u][rr] += __shfl_xor_sync(0xffffffffu, sc[u][rr], off);
                 }
             }
-            float vf[U][NE];
+            Acc vf[U][NE];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
 #pragma unroll
                 for (int v = 0; v < NV; ++v) {
-                    float x[W];
+                    Acc x[W];
                     widen_vec(vr[u][v], x);
 #pragma unroll
                     for (int e = 0; e < W; ++e) vf[u][v * W + e] = x[e];
@@ -298,27 +303,27 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
             }
 #pragma unroll
             for (int rr = 0; rr < RB; ++rr) {
-                float mx = m[rr];
+                Acc mx = m[rr];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64 j = j0 + u * KPW + grp;
                     if (j >= lim[rr]) sc[u][rr] = DECODE_NEG_INF;
-                    mx = fmaxf(mx, sc[u][rr]);
+                    mx = acc_max(mx, sc[u][rr]);
                 }
                 if (mx == DECODE_NEG_INF) continue; // nothing visible yet
-                const float alpha = fast_exp2(m[rr] - mx);
-                float p[U];
-                float ps = 0.f;
+                const Acc alpha = acc_exp2(m[rr] - mx);
+                Acc p[U];
+                Acc ps = 0.f;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    p[u] = fast_exp2(sc[u][rr] - mx);
+                    p[u] = acc_exp2(sc[u][rr] - mx);
                     ps += p[u];
                 }
                 l[rr] = l[rr] * alpha + ps;
                 m[rr] = mx;
 #pragma unroll
                 for (int e = 0; e < NE; ++e) {
-                    float x = acc[rr][e] * alpha;
+                    Acc x = acc[rr][e] * alpha;
 #pragma unroll
                     for (int u = 0; u < U; ++u) x = fmaf(p[u], vf[u][e], x);
                     acc[rr][e] = x;
@@ -338,14 +343,14 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
         for (int off = LK; off < 32; off <<= 1) {
 #pragma unroll
             for (int rr = 0; rr < RB; ++rr) {
-                const float m2 = __shfl_xor_sync(0xffffffffu, m[rr], off);
-                const float l2 = __shfl_xor_sync(0xffffffffu, l[rr], off);
-                const float mx = fmaxf(m[rr], m2);
-                const float a1 = mx == DECODE_NEG_INF ? 0.f : fast_exp2(m[rr] - mx);
-                const float a2 = mx == DECODE_NEG_INF ? 0.f : fast_exp2(m2 - mx);
+                const Acc m2 = __shfl_xor_sync(0xffffffffu, m[rr], off);
+                const Acc l2 = __shfl_xor_sync(0xffffffffu, l[rr], off);
+                const Acc mx = acc_max(m[rr], m2);
+                const Acc a1 = mx == DECODE_NEG_INF ? 0.f : acc_exp2(m[rr] - mx);
+                const Acc a2 = mx == DECODE_NEG_INF ? 0.f : acc_exp2(m2 - mx);
 #pragma unroll
                 for (int e = 0; e < NE; ++e) {
-                    const float o2 = __shfl_xor_sync(0xffffffffu, acc[rr][e], off);
+                    const Acc o2 = __shfl_xor_sync(0xffffffffu, acc[rr][e], off);
                     acc[rr][e] = acc[rr][e] * a1 + o2 * a2;
                 }
                 l[rr] = l[rr] * a1 + l2 * a2;
@@ -372,31 +377,31 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
         for (i64 e = threadIdx.x; e < nrows * a.d; e += blockDim.x) {
             const int rr = (int)(e / a.d);
             const i64 dd = e - (i64)rr * a.d, r = r0 + rr;
-            float mx = sm_m[0][rr];
+            Acc mx = sm_m[0][rr];
 #pragma unroll
-            for (int w = 1; w < DECODE_WARPS; ++w) mx = fmaxf(mx, sm_m[w][rr]);
-            float sum = 0.f, out = 0.f;
+            for (int w = 1; w < DECODE_WARPS; ++w) mx = acc_max(mx, sm_m[w][rr]);
+            Acc sum = 0.f, out = 0.f;
             if (mx != DECODE_NEG_INF) {
 #pragma unroll
                 for (int w = 0; w < DECODE_WARPS; ++w) {
-                    const float f = fast_exp2(sm_m[w][rr] - mx);
+                    const Acc f = acc_exp2(sm_m[w][rr] - mx);
                     sum += sm_l[w][rr] * f;
                     out += sm_acc[w][rr][dd] * f;
                 }
                 out /= sum;
             }
-            const float lse2 = mx == DECODE_NEG_INF ? DECODE_NEG_INF : mx + fast_log2(sum);
+            const Acc lse2 = mx == DECODE_NEG_INF ? DECODE_NEG_INF : mx + acc_log2(sum);
             if (single) {
                 const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
                 reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(out);
                 if (dd == 0) {
                     reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] =
-                        lse2 == DECODE_NEG_INF ? DECODE_NEG_INF : lse2 * DECODE_LN2;
+                        lse2 == DECODE_NEG_INF ? DECODE_NEG_INF : lse2 * (Acc)DECODE_LN2;
                 }
             } else {
                 const i64 pr = (bh * a.nsplit + split) * rows + r;
-                reinterpret_cast<float*>(a.part_o)[pr * a.d + dd] = out;
-                if (dd == 0) reinterpret_cast<float*>(a.part_lse)[pr] = lse2;
+                reinterpret_cast<Acc*>(a.part_o)[pr * a.d + dd] = out;
+                if (dd == 0) reinterpret_cast<Acc*>(a.part_lse)[pr] = lse2;
             }
         }
         __syncthreads(); // shared memory is reused by the next rows
@@ -433,6 +438,16 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     DECODE_ROWS(T, TAG, 256, W)       \
     DECODE_ROWS(T, TAG, 256, 1)
 
+// fp64 (fp64 accumulation): at most 4 rows per pass (shared memory)
+#define DECODE_ROWS_F64(DP, W)             \
+    DECODE_KERNEL(double, f64, DP, W, 1) \
+    DECODE_KERNEL(double, f64, DP, W, 2) \
+    DECODE_KERNEL(double, f64, DP, W, 4)
+
+DECODE_ROWS_F64(64, 2)
+DECODE_ROWS_F64(128, 2)
+DECODE_ROWS_F64(256, 2)
+DECODE_ROWS_F64(256, 1)
 DECODE_DTYPE(bf16, bf16, 8)
 DECODE_DTYPE(f16, f16, 8)
 DECODE_DTYPE(float, f32, 4)

@@ -38,3 +38,13 @@ pub(crate) fn nvrtc_opts() -> Vec<String> {
         .map(|s| s.split_whitespace().map(str::to_string).collect())
         .unwrap_or_default()
 }
+
+/// `$ATTN_DECODE_CHUNK`: keys per split of `decode_attention` (at least 1).
+pub(crate) fn decode_chunk() -> Option<usize> {
+    knob("ATTN_DECODE_CHUNK", |c| c > 0)
+}
+
+/// `$ATTN_DECODE_BLOCKS_PER_SM`: blocks per multiprocessor the decode split rule aims for.
+pub(crate) fn decode_blocks_per_sm() -> Option<usize> {
+    knob("ATTN_DECODE_BLOCKS_PER_SM", |c| c > 0)
+}

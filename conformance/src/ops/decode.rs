@@ -1,6 +1,10 @@
 //! Static-cache decoding, spec `ops-decode.md`: `kv_cache_update`, `decode_attention`. Each op's
-//! registry entry and its float64 CPU runner (`<op>_cpu`), side by side; the `lse` class and rule.
+//! registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`: the
+//! `attn-gpu` kernel on the case's tensors in their own dtypes, the lengths validated on the host
+//! first and uploaded as int32, the device flag read after the launch), side by side; the `lse`
+//! class and rule.
 
+use super::device::{download, gpu, upload};
 use super::{float_dim, indices, input, opt_indices};
 use crate::case::Tensors;
 use crate::compare::Rule;
@@ -8,6 +12,7 @@ use crate::error::Problem;
 use crate::params::{ParamSpec, ParamType, Params};
 use crate::spec::{self as s, OpSpec, OutputSpec};
 use crate::tensor::Tensor;
+use attn_gpu::{CacheRows, DecodeFlag, DecodeParams, DeviceTensor, Gpu, KvCache, NewTokens};
 use attn_reference::decode::{self, CacheLayout};
 use attn_reference::{DtypeClass, Error};
 use ndarray::{ArrayD, Ix4};
@@ -43,7 +48,7 @@ const KV_CACHE_UPDATE: OpSpec = OpSpec {
         ),
     ],
     cpu: kv_cache_update_cpu,
-    gpu: None,
+    gpu: Some(kv_cache_update_gpu),
 };
 
 /// `(k_cache, v_cache) = kv_cache_update(...)`, in the caches' own dtype (bit exact).
@@ -87,6 +92,70 @@ fn kv_cache_update_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem>
     ]))
 }
 
+/// The row tensors as int32 on the device (values already validated on the host).
+struct Rows {
+    seqlens: DeviceTensor,
+    idx: Option<DeviceTensor>,
+}
+
+impl Rows {
+    fn upload(gpu: &Gpu, seqlens: &[i64], idx: Option<&[i64]>) -> Result<Rows, Problem> {
+        let i32s = |name: &str, v: &[i64]| -> Result<DeviceTensor, Problem> {
+            let v = v
+                .iter()
+                .map(|&x| i32::try_from(x))
+                .collect::<Result<Vec<i32>, _>>()
+                .map_err(|_| Error::index(name, "values that fit int32", format!("{v:?}")))?;
+            Ok(DeviceTensor::from_slice(gpu, &v)?)
+        };
+        Ok(Rows {
+            seqlens: i32s("cache_seqlens", seqlens)?,
+            idx: idx.map(|i| i32s("cache_batch_idx", i)).transpose()?,
+        })
+    }
+    fn view(&self) -> CacheRows<'_> {
+        CacheRows {
+            cache_seqlens: &self.seqlens,
+            cache_batch_idx: self.idx.as_ref(),
+        }
+    }
+}
+
+/// `kv_cache_update` on the GPU (bit exact, in the caches' dtype).
+fn kv_cache_update_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let names = ["k_cache", "v_cache", "k", "v"];
+    let [kc, vc, k, v] = names.map(|n| input(inputs, n));
+    let (kc, vc, k, v) = (kc?, vc?, k?, v?);
+    let seqlens = indices(inputs, "cache_seqlens")?;
+    let idx = opt_indices(inputs, "cache_batch_idx")?;
+    let layout = layout(p)?;
+    decode::validate_kv_cache_update(
+        kc.shape(),
+        vc.shape(),
+        k.shape(),
+        v.shape(),
+        &seqlens,
+        idx.as_deref(),
+        layout,
+    )?;
+    let rows = Rows::upload(gpu, &seqlens, idx.as_deref())?;
+    let mut cache = KvCache {
+        k: upload(gpu, kc)?,
+        v: upload(gpu, vc)?,
+        layout,
+    };
+    let (k, v) = (upload(gpu, k)?, upload(gpu, v)?);
+    let mut flag = DecodeFlag::new(gpu)?;
+    let new = NewTokens { k: &k, v: &v };
+    attn_gpu::kv_cache_update(gpu, &mut cache, new, rows.view(), &mut flag)?;
+    flag.check(gpu)?;
+    Ok(Tensors::from([
+        ("k_cache".to_string(), download(gpu, &cache.k)?),
+        ("v_cache".to_string(), download(gpu, &cache.v)?),
+    ]))
+}
+
 const DECODE_ATTENTION: OpSpec = OpSpec {
     id: "decode_attention",
     summary: "attention of q over the valid prefix of static KV caches",
@@ -117,7 +186,7 @@ const DECODE_ATTENTION: OpSpec = OpSpec {
         },
     ],
     cpu: decode_attention_cpu,
-    gpu: None,
+    gpu: Some(decode_attention_gpu),
 };
 
 /// `(o, lse) = decode_attention(...)` in float64.
@@ -140,6 +209,42 @@ fn decode_attention_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem
     Ok(Tensors::from([
         ("o".to_string(), Tensor::F64(r.o.into_dyn())),
         ("lse".to_string(), Tensor::F64(r.lse.into_dyn())),
+    ]))
+}
+
+/// `decode_attention` on the GPU: `o` in `q`'s dtype, `lse` float32.
+fn decode_attention_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let (q, kc, vc) = (
+        input(inputs, "q")?,
+        input(inputs, "k_cache")?,
+        input(inputs, "v_cache")?,
+    );
+    let seqlens = indices(inputs, "cache_seqlens")?;
+    let idx = opt_indices(inputs, "cache_batch_idx")?;
+    let layout = layout(p)?;
+    decode::validate_decode_attention(
+        q.shape(),
+        kc.shape(),
+        vc.shape(),
+        &seqlens,
+        idx.as_deref(),
+        layout,
+    )?;
+    let rows = Rows::upload(gpu, &seqlens, idx.as_deref())?;
+    let cache = KvCache {
+        k: upload(gpu, kc)?,
+        v: upload(gpu, vc)?,
+        layout,
+    };
+    let params = DecodeParams {
+        softmax_scale: p.opt_f64("softmax_scale")?,
+        causal: p.bool("causal")?,
+    };
+    let out = attn_gpu::decode_attention(gpu, &upload(gpu, q)?, &cache, rows.view(), &params)?;
+    Ok(Tensors::from([
+        ("o".to_string(), download(gpu, &out.o)?),
+        ("lse".to_string(), download(gpu, &out.lse)?),
     ]))
 }
 

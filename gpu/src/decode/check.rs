@@ -123,8 +123,9 @@ pub fn check_kv_cache_update(
     })
 }
 
-/// Validates `decode_attention`'s tensors (without the row tensors): `q` float32, bfloat16 or
-/// float16 `[B, L_q, H, D]`, caches of `q`'s dtype in `layout`, the reference's shape rules
+/// Validates `decode_attention`'s tensors (without the row tensors): `q` float `[B, L_q, H, D]`
+/// (fp64 accumulates in fp64, the others in fp32), caches of `q`'s dtype in `layout`, the
+/// reference's shape rules
 /// (`H % H_kv == 0`, `D <= 256`, `B <= B_cache`), and the grid limits.
 pub fn check_attention_shapes(
     q: Meta<'_>,
@@ -132,12 +133,8 @@ pub fn check_attention_shapes(
     v_cache: Meta<'_>,
     layout: CacheLayout,
 ) -> Result<DecodeShape> {
-    if !matches!(q.1, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-        return Err(Error::dtype(
-            "q",
-            "float32, bfloat16 or float16",
-            q.1.name(),
-        ));
+    if !q.1.is_float() {
+        return Err(Error::dtype("q", "a float dtype", q.1.name()));
     }
     same_dtype("k_cache", k_cache.1, q.1, "q")?;
     same_dtype("v_cache", v_cache.1, q.1, "q")?;

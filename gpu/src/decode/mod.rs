@@ -173,7 +173,12 @@ fn attention_kernel(shape: &DecodeShape) -> String {
         _ => (256, width),
     };
     let rows = shape.h / shape.h_kv * shape.l;
-    let rb = [1, 2, 4, 8].into_iter().find(|&r| r >= rows).unwrap_or(8);
+    // fp64 kernels hold at most 4 rows per pass (their shared memory)
+    let most = if shape.dtype == Dtype::F64 { 4 } else { 8 };
+    let rb = [1, 2, 4, 8]
+        .into_iter()
+        .find(|&r| r >= rows.min(most))
+        .unwrap_or(most);
     format!("decode_attention_{}_d{dp}_w{w}_r{rb}", tag(shape.dtype))
 }
 

@@ -5,7 +5,8 @@
 use super::check::DecodeShape;
 use crate::device::Gpu;
 use crate::error::{GpuError, GpuResult};
-use attn_reference::Error;
+use crate::knobs;
+use attn_reference::{Dtype, Error};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 /// Keys per split are a multiple of this (short rows then need no combine).
@@ -88,17 +89,10 @@ pub fn flag_error(word: u32) -> Option<Error> {
 /// `$ATTN_DECODE_BLOCKS_PER_SM` the blocks per multiprocessor aimed for.
 pub fn split_plan(sm_count: usize, pairs: usize, s: usize) -> (usize, usize) {
     let floor = s.div_ceil(MAX_SPLITS).max(1);
-    let chunk = match std::env::var("ATTN_DECODE_CHUNK")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        Some(c) if c > 0 => c.max(floor),
-        _ => {
-            let per_sm = std::env::var("ATTN_DECODE_BLOCKS_PER_SM")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .filter(|&v| v > 0)
-                .unwrap_or(BLOCKS_PER_SM);
+    let chunk = match knobs::decode_chunk() {
+        Some(c) => c.max(floor),
+        None => {
+            let per_sm = knobs::decode_blocks_per_sm().unwrap_or(BLOCKS_PER_SM);
             let want = (per_sm * sm_count)
                 .div_ceil(pairs.max(1))
                 .clamp(1, MAX_SPLITS);
@@ -111,15 +105,15 @@ pub fn split_plan(sm_count: usize, pairs: usize, s: usize) -> (usize, usize) {
 }
 
 /// Scratch of `decode_attention` for one geometry: the split plan, the partial outputs
-/// `[B * H_kv, nsplit, G * L_q, D]` and their `lse`, the counters of the combine (zero between
+/// `[B * H_kv, nsplit, G * L_q, D]` and their `lse` (in the accumulator type), the counters of the combine (zero between
 /// launches: the last block of each (row, KV head) resets its own), and the error flag.
 /// One workspace serves one stream at a time.
 pub struct DecodeWorkspace {
     pub(crate) shape: DecodeShape,
     pub(crate) nsplit: usize,
     pub(crate) chunk: usize,
-    part_o: CudaSlice<f32>,
-    part_lse: CudaSlice<f32>,
+    part_o: CudaSlice<u8>,
+    part_lse: CudaSlice<u8>,
     counters: CudaSlice<u32>,
     flag: DecodeFlag,
 }
@@ -136,9 +130,11 @@ impl DecodeWorkspace {
             .and_then(|x| x.checked_mul(rows))
             .ok_or_else(|| Error::shape("q", "a workspace that fits in memory", [pairs, rows]))?;
         let stream = gpu.stream();
+        // partials in the accumulator type: fp64 for fp64, else fp32
+        let acc_bytes = if shape.dtype == Dtype::F64 { 8 } else { 4 };
         let alloc = |n: usize| {
             stream
-                .alloc_zeros::<f32>(n.max(1))
+                .alloc_zeros::<u8>(n.max(1).saturating_mul(acc_bytes))
                 .map_err(GpuError::driver("decode workspace allocation"))
         };
         Ok(DecodeWorkspace {
