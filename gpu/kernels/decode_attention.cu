@@ -29,9 +29,9 @@
 //
 // Bad rows (see decode.cuh) get o = NaN, lse = NaN, a flag bit, and no cache write.
 
-// Keys per lane group per step for 1 or 2 query rows (4 rows: 4, 8 rows: 2).
+// Keys per lane group per step for up to 4 query rows (8 rows: 2).
 #ifndef DECODE_U
-#define DECODE_U 8
+#define DECODE_U 4
 #endif
 #define DECODE_WARPS 4
 #define DECODE_THREADS (DECODE_WARPS * 32)
@@ -201,7 +201,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     constexpr int NV = CH / LK;                // pieces per lane
     constexpr int KPW = 32 / LK;               // keys per warp instruction
     constexpr int NE = NV * W;                 // features per lane
-    constexpr int U = RB >= 8 ? 2 : (RB >= 4 ? 4 : DECODE_U); // keys per lane group per step
+    constexpr int U = RB >= 8 ? 2 : DECODE_U; // keys per lane group per step
     __shared__ Acc sm_acc[DECODE_WARPS][RB][DP];
     __shared__ Acc sm_m[DECODE_WARPS][RB], sm_l[DECODE_WARPS][RB];
     __shared__ Acc sm_w[DECODE_MAX_SPLITS];
@@ -256,13 +256,9 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
                 lim[rr] = min(end, vis);
             }
         }
-        // K/V of the next step are loaded while this one is computed
-        const i64 step = DECODE_WARPS * KPW * U;
-        Vec<T, W> kr[U][NV], vr[U][NV], kn[U][NV], vn[U][NV];
-        i64 j0 = begin + warp * (KPW * U);
-        decode_load<T, W, U, NV, LK, KPW>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
-        for (; j0 < end; j0 += step) {
-            decode_load<T, W, U, NV, LK, KPW>(a, j0 + step, end, n_old, cache_off, new_off, grp, sub, kn, vn);
+        for (i64 j0 = begin + warp * (KPW * U); j0 < end; j0 += DECODE_WARPS * KPW * U) {
+            Vec<T, W> kr[U][NV], vr[U][NV];
+            decode_load<T, W, U, NV, LK, KPW>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
             Acc sc[U][RB];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -327,14 +323,6 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
 #pragma unroll
                     for (int u = 0; u < U; ++u) x = fmaf(p[u], vf[u][e], x);
                     acc[rr][e] = x;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-#pragma unroll
-                for (int v = 0; v < NV; ++v) {
-                    kr[u][v] = kn[u][v];
-                    vr[u][v] = vn[u][v];
                 }
             }
         }
