@@ -13,9 +13,9 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 const CHUNK_UNIT: usize = 128;
 /// The most splits of one row (`DECODE_MAX_SPLITS` of decode_attention.cu).
 pub const MAX_SPLITS: usize = 1024;
-/// Blocks per multiprocessor a full-length launch aims for (about two waves of resident
-/// 128-thread blocks): enough splits that long rows spread over the whole GPU.
-const BLOCKS_PER_SM: usize = 16;
+/// Blocks per multiprocessor a full-length launch aims for: enough splits that long rows
+/// spread over the whole GPU (8 measured best of 4, 8, 16, 32 on the H100: NOTES.md, run D3).
+const BLOCKS_PER_SM: usize = 8;
 
 /// The device-side error word of the decode kernels: bit 1 a `cache_seqlens` value out of
 /// range (negative, or past `S` with the new tokens), bit 2 a `cache_batch_idx` value outside
