@@ -33,11 +33,6 @@
 #ifndef DECODE_U
 #define DECODE_U 4
 #endif
-// Resident blocks per multiprocessor asked of the register allocator for 1 or 2 query rows
-// (a tuning knob: -DDECODE_MIN_BLOCKS=N).
-#ifndef DECODE_MIN_BLOCKS
-#define DECODE_MIN_BLOCKS 1
-#endif
 #define DECODE_WARPS 4
 #define DECODE_THREADS (DECODE_WARPS * 32)
 // The most splits per row (the host keeps nsplit at or below it; the combine keeps one weight
@@ -416,7 +411,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
 // elements per load (16 bytes, or 1 for a head dim that is not a multiple of 16 bytes), RB the
 // query rows held per pass.
 #define DECODE_KERNEL(T, TAG, DP, W, RB)                                                      \
-    extern "C" __global__ void __launch_bounds__(DECODE_THREADS, (RB <= 2 ? DECODE_MIN_BLOCKS : 1)) \
+    extern "C" __global__ void __launch_bounds__(DECODE_THREADS)                             \
         decode_attention_##TAG##_d##DP##_w##W##_r##RB(const DecodeArgs a) {                  \
         decode_block<T, DP, W, RB>(a);                                                        \
     }
