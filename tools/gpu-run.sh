@@ -10,7 +10,7 @@
 # "ATTN_TILE_RP=16;ATTN_NVRTC_OPTS='-DATTN_TILE_CS=0 -DATTN_MIN_BLOCKS=4'";
 # "-" is the default build), each run $ATTN_TUNE_PASSES times (default 1), a process per run.
 # Narrowing (environment): ATTN_TESTS (test binaries, a glob over the names after test_; all),
-# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates"), ATTN_SANITIZE_SKIP (a test
+# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates decode"), ATTN_SANITIZE_SKIP (a test
 # name substring to skip there; long_lane), ATTN_BENCH_FILTER (bench_gpu --filter and the
 # anchors' --filter; all), ATTN_ANCHORS_DECODE_ONLY=1 (only the decode anchors).
 # `ptx` (not in `all`): ptxas -v register and spill report of the decode kernels.
@@ -55,7 +55,7 @@ if want sanitizer; then
   # a reduced set of cases: the sanitizer slows kernels down by orders of magnitude
   export ATTN_TEST_CASES=4
   for tool in memcheck racecheck; do
-    for t in ${ATTN_SANITIZE:-scans gates}; do
+    for t in ${ATTN_SANITIZE:-scans gates decode}; do
       timeout 400 compute-sanitizer --tool $tool --error-exitcode 3 "$S/bin/test_$t" --test-threads 1 \
         --skip "${ATTN_SANITIZE_SKIP:-long_lane}" >>"$OUT/sanitizer.log" 2>&1
       rc=$?

@@ -97,3 +97,196 @@ fn kda_gate_refuses_bad_side_inputs() {
         check_kda_gate(&[1, 5, 12], Dtype::F32, Some((&a, Dtype::F32)), None, None).unwrap_err();
     assert_eq!(e.arg, "g");
 }
+
+mod decode {
+    use attn_gpu::decode::check::{check_decode_attention, check_kv_cache_update, MAX_GRID_YZ};
+    use attn_gpu::decode::{flag_error, split_plan, CacheLayout, MAX_SPLITS};
+    use attn_reference::{Dtype, ErrorKind};
+
+    const BF: Dtype = Dtype::BF16;
+    const I32: Dtype = Dtype::I32;
+
+    /// `decode_attention` with q `[2, 1, 8, 64]` over bshd caches `[3, 100, 2, 64]`, with one
+    /// argument replaced: `(arg, shape, dtype)`.
+    fn attention(arg: &str, shape: &[usize], dtype: Dtype) -> attn_reference::Result<()> {
+        let mut t: Vec<(&str, Vec<usize>, Dtype)> = vec![
+            ("q", vec![2, 1, 8, 64], BF),
+            ("k_cache", vec![3, 100, 2, 64], BF),
+            ("v_cache", vec![3, 100, 2, 64], BF),
+            ("cache_seqlens", vec![2], I32),
+            ("cache_batch_idx", vec![2], I32),
+        ];
+        for x in t.iter_mut().filter(|x| x.0 == arg) {
+            (x.1, x.2) = (shape.to_vec(), dtype);
+        }
+        let m = |i: usize| (t[i].1.as_slice(), t[i].2);
+        check_decode_attention(m(0), m(1), m(2), m(3), Some(m(4)), CacheLayout::Bshd).map(|_| ())
+    }
+
+    #[test]
+    fn decode_attention_refuses_bad_shapes_and_dtypes() {
+        assert!(attention("q", &[2, 1, 8, 64], BF).is_ok());
+        let cases: [(&str, &[usize], Dtype, ErrorKind, &str); 11] = [
+            ("q", &[2, 1, 8, 32], BF, ErrorKind::Shape, "q"), // D differs from the caches
+            ("q", &[2, 1, 7, 64], BF, ErrorKind::Shape, "q"), // H % H_kv != 0
+            ("q", &[2, 8, 64], BF, ErrorKind::Shape, "q"),
+            ("q", &[2, 1, 8, 64], Dtype::I32, ErrorKind::Dtype, "q"),
+            (
+                "k_cache",
+                &[3, 100, 2, 64],
+                Dtype::F16,
+                ErrorKind::Dtype,
+                "k_cache",
+            ),
+            ("v_cache", &[3, 99, 2, 64], BF, ErrorKind::Shape, "v_cache"),
+            (
+                "v_cache",
+                &[3, 100, 2, 64],
+                Dtype::F32,
+                ErrorKind::Dtype,
+                "v_cache",
+            ),
+            (
+                "cache_seqlens",
+                &[3],
+                I32,
+                ErrorKind::Shape,
+                "cache_seqlens",
+            ),
+            (
+                "cache_seqlens",
+                &[2],
+                Dtype::I64,
+                ErrorKind::Dtype,
+                "cache_seqlens",
+            ),
+            (
+                "cache_batch_idx",
+                &[1],
+                I32,
+                ErrorKind::Shape,
+                "cache_batch_idx",
+            ),
+            (
+                "cache_batch_idx",
+                &[2],
+                Dtype::F32,
+                ErrorKind::Dtype,
+                "cache_batch_idx",
+            ),
+        ];
+        for (arg, shape, dtype, kind, named) in cases {
+            let e = attention(arg, shape, dtype).unwrap_err();
+            assert_eq!(
+                (e.kind, e.arg.as_str()),
+                (kind, named),
+                "{arg} {shape:?} {dtype}"
+            );
+        }
+        // D > 256 with matching caches
+        let q = [1usize, 1, 2, 320];
+        let c = [1usize, 10, 2, 320];
+        let e = check_decode_attention(
+            (&q, BF),
+            (&c, BF),
+            (&c, BF),
+            (&[1], I32),
+            None,
+            CacheLayout::Bshd,
+        )
+        .unwrap_err();
+        assert_eq!((e.kind, e.arg.as_str()), (ErrorKind::Shape, "q"));
+        // more batch rows than the grid takes
+        let b = MAX_GRID_YZ + 1;
+        let (q, c) = ([b, 1, 1, 8], [b, 4, 1, 8]);
+        let e = check_decode_attention(
+            (&q, BF),
+            (&c, BF),
+            (&c, BF),
+            (&[b], I32),
+            None,
+            CacheLayout::Bhsd,
+        )
+        .unwrap_err();
+        assert_eq!(e.arg, "q");
+    }
+
+    #[test]
+    fn kv_cache_update_refuses_bad_shapes_and_dtypes() {
+        let (kc, k) = ([3usize, 2, 16, 8], [2usize, 4, 2, 8]); // bhsd: H_kv 2, S 16
+        let ok = |k_shape: &[usize], v_dtype: Dtype, sl: (&[usize], Dtype), layout| {
+            check_kv_cache_update(
+                (&kc, BF),
+                (&kc, BF),
+                (k_shape, BF),
+                (k_shape, v_dtype),
+                sl,
+                None,
+                layout,
+            )
+        };
+        let p = ok(&k, BF, (&[2], I32), CacheLayout::Bhsd).unwrap();
+        assert_eq!((p.b, p.s, p.h_kv, p.l), (2, 16, 2, 4));
+        type Case<'a> = (
+            &'a [usize],
+            Dtype,
+            (&'a [usize], Dtype),
+            CacheLayout,
+            &'a str,
+        );
+        let cases: [Case; 5] = [
+            (&[2, 17, 2, 8], BF, (&[2], I32), CacheLayout::Bhsd, "k"), // L_new > S
+            (&[2, 4, 3, 8], BF, (&[2], I32), CacheLayout::Bhsd, "k"),  // H_kv differs
+            (&k, Dtype::F16, (&[2], I32), CacheLayout::Bhsd, "v"),
+            (
+                &k,
+                BF,
+                (&[2], Dtype::I64),
+                CacheLayout::Bhsd,
+                "cache_seqlens",
+            ),
+            (&k, BF, (&[2], I32), CacheLayout::Bshd, "k"), // bshd reads S = 2 < L_new
+        ];
+        for (k_shape, v_dtype, sl, layout, named) in cases {
+            let e = ok(k_shape, v_dtype, sl, layout).unwrap_err();
+            assert_eq!(e.arg, named, "{k_shape:?} {v_dtype} {sl:?} {layout:?}");
+        }
+    }
+
+    #[test]
+    fn split_plan_covers_the_cache_from_shapes_alone() {
+        for sm in [1usize, 78, 132] {
+            for pairs in [1usize, 8, 128, 512, 4096] {
+                for s in [0usize, 1, 127, 128, 129, 4096, 8192, 32768, 1 << 20] {
+                    let (n, chunk) = split_plan(sm, pairs, s);
+                    assert!(
+                        n * chunk >= s && (1..=MAX_SPLITS).contains(&n),
+                        "{sm} {pairs} {s}"
+                    );
+                    assert!(
+                        n == 1 || (n - 1) * chunk < s,
+                        "no empty split: {sm} {pairs} {s}"
+                    );
+                    assert_eq!(chunk % 128, 0, "chunk {chunk}");
+                }
+            }
+        }
+        // one full row of 4096 keys over 8 KV heads spreads over the GPU; short rows stay whole
+        let (n, chunk) = split_plan(132, 8, 4096);
+        assert!(n >= 8 && chunk == 128, "({n}, {chunk})");
+    }
+
+    #[test]
+    fn device_flag_words_name_the_argument() {
+        assert!(flag_error(0).is_none());
+        for (word, arg) in [
+            (1, "cache_seqlens"),
+            (2, "cache_batch_idx"),
+            (4, "cache_batch_idx"),
+            (7, "cache_seqlens"),
+        ] {
+            let e = flag_error(word).unwrap();
+            assert_eq!((e.kind, e.arg.as_str()), (ErrorKind::Index, arg), "{word}");
+        }
+    }
+}
