@@ -1,6 +1,5 @@
-//! `bench_gpu`: times the attn-gpu scan, gate and decode kernels on the spec's benchmark shapes
-//! against the device-to-device copy ceiling measured in the same run (decode cases: see
-//! `attn_tools::decode_bench`; their bytes are the valid K and V only).
+//! `bench_gpu`: times the attn-gpu scan and gate kernels on the spec's benchmark shapes against
+//! the device-to-device copy ceiling measured in the same run.
 //!
 //! Method: CUDA events around each launch, launches queued back to back (no host sync in the
 //! timed region), warm-up first, median of `--iters` (default 30, at least 20) repeats. Inputs
@@ -8,12 +7,15 @@
 //! Bytes moved = every input element read once + every output element written once. The copy
 //! ceiling is a `cuMemcpyDtoDAsync` of 1 GiB (2 GiB moved).
 //!
-//! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`].
+//! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`]; the
+//! decode cases (`decode_attention` plain and as CUDA-graph replays, bytes = the valid K and V)
+//! in [`decode`].
 //!
 //! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
 //! contains any of the substrings). Prints a table; `--json`
 //! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
 
+mod decode;
 mod nsa;
 
 use attn_gpu::{
@@ -22,7 +24,10 @@ use attn_gpu::{
 };
 use attn_reference::gate::KdaGateChunkCumsumParams;
 use attn_reference::{Dtype, RCP_LN2};
-use attn_tools::{decode_bench, random_tensor, time_ms};
+use cudarc::driver::sys::CUevent_flags;
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 /// One benchmark shape: its name (shared with `bench_anchors.py`), the input shape and dtype,
@@ -141,6 +146,77 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// A device tensor of `shape` in `dtype` filled with a tiled block of 2^20 random values in
+/// `[lo, hi)` (real data, never zeros): the block is uploaded once and copied on the device.
+fn random_tensor(
+    gpu: &Gpu,
+    shape: &[usize],
+    dtype: Dtype,
+    lo: f32,
+    hi: f32,
+    seed: u64,
+) -> GpuResult<DeviceTensor> {
+    let n: usize = shape.iter().product();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let block: Vec<f32> = (0..(1usize << 20).min(n).max(1))
+        .map(|_| rng.random_range(lo..hi))
+        .collect();
+    let blk = match dtype {
+        Dtype::F32 => DeviceTensor::from_slice(gpu, &block)?,
+        Dtype::BF16 => {
+            let b: Vec<bf16> = block.iter().map(|&v| bf16::from_f32(v)).collect();
+            DeviceTensor::from_slice(gpu, &b)?
+        }
+        d => panic!("bench inputs are f32 or bf16, not {d}"),
+    };
+    let mut t = DeviceTensor::alloc(gpu, shape, dtype)?;
+    let (bb, total) = (blk.num_bytes(), t.num_bytes());
+    let mut off = 0;
+    while off < total {
+        let len = bb.min(total - off);
+        let src = blk.buffer().slice(0..len);
+        let mut dst = t.buffer_mut().slice_mut(off..off + len);
+        gpu.stream()
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(attn_gpu::GpuError::driver_ctx("tiling the input"))?;
+        off += len;
+    }
+    Ok(t)
+}
+
+/// Median of per-launch event times (ms) of `iters` launches queued back to back.
+fn time_ms(
+    gpu: &Gpu,
+    iters: usize,
+    mut launch: impl FnMut(usize) -> GpuResult<()>,
+) -> GpuResult<f64> {
+    let ctx = gpu.context();
+    let ev = |_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    for i in 0..5 {
+        launch(i)?;
+    }
+    let events = (0..=iters)
+        .map(ev)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(attn_gpu::GpuError::driver_ctx("event creation"))?;
+    events[0]
+        .record(gpu.stream())
+        .map_err(attn_gpu::GpuError::driver_ctx("event record"))?;
+    for (i, e) in events[1..].iter().enumerate() {
+        launch(i)?;
+        e.record(gpu.stream())
+            .map_err(attn_gpu::GpuError::driver_ctx("event record"))?;
+    }
+    gpu.synchronize()?;
+    let mut t: Vec<f64> = events
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).map(f64::from))
+        .collect::<Result<_, _>>()
+        .map_err(attn_gpu::GpuError::driver_ctx("event timing"))?;
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(t[t.len() / 2])
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut json_path = None;
     let mut filter = String::new();
@@ -253,11 +329,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // decode: on a forked handle (graph capture needs a stream of its own)
     let dgpu = gpu.fork()?;
     dgpu.set_checked(false);
-    for case in decode_bench::cases()
-        .into_iter()
-        .filter(|c| wanted(&c.name))
-    {
-        let (ms, sets) = decode_bench::run(&dgpu, &case, iters)?;
+    for case in decode::cases().into_iter().filter(|c| wanted(&c.name)) {
+        let (ms, sets) = decode::run(&dgpu, &case, iters)?;
         let bytes = case.bytes();
         let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
         println!(

@@ -8,7 +8,7 @@
 //! over enough copies of the caches to exceed 3x the L2 (memory allowing); graph replays read
 //! one cache (a captured graph has fixed addresses), so small caches may stay in L2 there.
 
-use crate::{random_tensor, time_ms};
+use super::{random_tensor, time_ms};
 use attn_gpu::decode::check::check_attention_shapes;
 use attn_gpu::{
     capture, decode_attention_into, decode_step, CacheLayout, CacheRows, DecodeOutputs,
