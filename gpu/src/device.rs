@@ -246,7 +246,8 @@ impl Gpu {
         self.launch_with_smem(module, kernel, grid, block, 0, params)
     }
 
-    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory per block (at most 48 KiB).
+    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory per block (above 48 KiB the
+    /// kernel is opted in first).
     pub(crate) fn launch_with_smem<P: DeviceRepr>(
         &self,
         module: Module,
@@ -270,6 +271,16 @@ impl Gpu {
         params: &P,
     ) -> GpuResult<()> {
         let f = self.function(module, kernel)?;
+        if smem > 48 * 1024 {
+            // beyond the default 48 KiB a kernel must opt in (up to the device's limit)
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(GpuError::driver(format!(
+                "{smem} bytes of shared memory for `{kernel}`"
+            )))?;
+        }
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),

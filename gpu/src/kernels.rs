@@ -8,6 +8,7 @@ const ROWS: &str = include_str!("../kernels/rows.cuh");
 const TILE: &str = include_str!("../kernels/tile.cuh");
 const NSA: &str = include_str!("../kernels/nsa.cuh");
 const DECODE: &str = include_str!("../kernels/decode.cuh");
+const FWD_H: &str = include_str!("../kernels/fwd_h.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,6 +23,9 @@ pub enum Module {
     NsaSelectBlocks,
     KvCacheUpdate,
     DecodeAttention,
+    ChunkGatedDeltaRuleFwdH,
+    FwdHPreScan,
+    FwdHMerge,
 }
 
 impl Module {
@@ -37,6 +41,9 @@ impl Module {
             Module::NsaSelectBlocks => "nsa_select_blocks",
             Module::KvCacheUpdate => "kv_cache_update",
             Module::DecodeAttention => "decode_attention",
+            Module::ChunkGatedDeltaRuleFwdH => "chunk_gated_delta_rule_fwd_h",
+            Module::FwdHPreScan => "fwd_h_pre_scan",
+            Module::FwdHMerge => "fwd_h_merge",
         }
     }
 
@@ -52,6 +59,11 @@ impl Module {
             Module::NsaSelectBlocks => include_str!("../kernels/nsa_select_blocks.cu"),
             Module::KvCacheUpdate => include_str!("../kernels/kv_cache_update.cu"),
             Module::DecodeAttention => include_str!("../kernels/decode_attention.cu"),
+            Module::ChunkGatedDeltaRuleFwdH => {
+                include_str!("../kernels/chunk_gated_delta_rule_fwd_h.cu")
+            }
+            Module::FwdHPreScan => include_str!("../kernels/fwd_h_pre_scan.cu"),
+            Module::FwdHMerge => include_str!("../kernels/fwd_h_merge.cu"),
         }
     }
 
@@ -59,6 +71,11 @@ impl Module {
     pub fn source(self) -> String {
         let mut s = String::from(COMMON);
         match self {
+            Module::ChunkGatedDeltaRuleFwdH | Module::FwdHPreScan | Module::FwdHMerge => {
+                s.push_str(FWD_H);
+                s.push_str(self.op_source());
+                return s;
+            }
             Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
             _ => {
                 s.push_str(GATE);
@@ -77,7 +94,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 10] = [
+    pub const ALL: [Module; 13] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -88,5 +105,8 @@ impl Module {
         Module::NsaSelectBlocks,
         Module::KvCacheUpdate,
         Module::DecodeAttention,
+        Module::ChunkGatedDeltaRuleFwdH,
+        Module::FwdHPreScan,
+        Module::FwdHMerge,
     ];
 }

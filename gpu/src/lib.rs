@@ -9,6 +9,7 @@
 
 pub mod cumsum;
 pub mod decode;
+pub mod delta;
 pub mod device;
 pub mod error;
 pub mod gate;
@@ -26,6 +27,9 @@ pub use cumsum::{cumsum, cumsum_into};
 pub use decode::{
     decode_attention, decode_attention_into, decode_step, kv_cache_update, CacheLayout, CacheRows,
     DecodeFlag, DecodeOutputs, DecodeParams, DecodeWorkspace, KvCache, NewTokens,
+};
+pub use delta::{
+    chunk_gated_delta_rule_fwd_h, fwd_h_merge, fwd_h_pre_scan, FwdHDeviceOutputs, FwdHTensors,
 };
 pub use device::Gpu;
 pub use error::{GpuError, GpuResult};

@@ -290,3 +290,366 @@ mod decode {
         }
     }
 }
+
+mod delta_rule {
+    use attn_gpu::delta::{check_fwd_h, check_fwd_h_merge, check_fwd_h_pre_scan, FwdHMeta};
+    use attn_reference::delta::{FwdHMergeParams, FwdHParams, FwdHPreScanParams};
+    use attn_reference::{Dtype, ErrorKind};
+
+    const B16: Dtype = Dtype::BF16;
+
+    /// A valid bf16 call: B = 1, T = 10, H = 2, HV = 4, K = 8, V = 6, with both gates and a state.
+    fn ok_meta<'a>(
+        k: &'a [usize],
+        w: &'a [usize],
+        u: &'a [usize],
+        g: &'a [usize],
+        gk: &'a [usize],
+        h0: &'a [usize],
+    ) -> FwdHMeta<'a> {
+        FwdHMeta {
+            k: (k, B16),
+            w: (w, B16),
+            u: (u, B16),
+            g: Some((g, Dtype::F32)),
+            gk: Some((gk, Dtype::F32)),
+            initial_state: Some((h0, Dtype::F32)),
+        }
+    }
+
+    fn err(meta: &FwdHMeta<'_>, cu: Option<&[i64]>, p: &FwdHParams) -> (ErrorKind, String) {
+        let e = check_fwd_h(meta, cu, p).unwrap_err();
+        (e.kind, e.arg)
+    }
+
+    #[test]
+    fn fwd_h_refuses_every_spec_bad_input_by_name() {
+        let (k, w, u) = ([1usize, 10, 2, 8], [1usize, 10, 4, 8], [1usize, 10, 4, 6]);
+        let (g, gk, h0) = ([1usize, 10, 4], [1usize, 10, 4, 8], [2usize, 4, 8, 6]);
+        let p = FwdHParams::default();
+        let cu: &[i64] = &[0, 4, 10];
+        let base = ok_meta(&k, &w, &u, &g, &gk, &h0);
+        let geo = check_fwd_h(&base, Some(cu), &p).unwrap();
+        assert_eq!((geo.n(), geo.hv, geo.k, geo.v), (2, 4, 8, 6));
+        let shape = |arg: &str| (ErrorKind::Shape, arg.to_string());
+        // ranks and dimensions
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    k: (&[1, 10, 8], B16),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("k")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    w: (&[1, 10, 4, 7], B16),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("w")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    u: (&[1, 9, 4, 6], B16),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("u")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    u: (&[1, 10, 3, 6], B16),
+                    w: (&[1, 10, 3, 8], B16),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("u")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    u: (&[1, 10, 4, 0], B16),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("u")
+        );
+        let big = [1usize, 10, 2, 257];
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    k: (&big, B16),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("k")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    k: (&[0, 10, 2, 8], B16),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("k")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    g: Some((&[1, 10, 2], Dtype::F32)),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("g")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    gk: Some((&[1, 10, 4, 7], Dtype::F32)),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("gk")
+        );
+        assert_eq!(
+            err(
+                &FwdHMeta {
+                    initial_state: Some((&[1, 4, 8, 6], Dtype::F32)),
+                    ..base
+                },
+                Some(cu),
+                &p
+            ),
+            shape("initial_state")
+        );
+        // the state layout follows state_v_first
+        let vf = FwdHParams {
+            state_v_first: true,
+            ..p
+        };
+        assert_eq!(err(&base, Some(cu), &vf), shape("initial_state"));
+        assert!(check_fwd_h(
+            &FwdHMeta {
+                initial_state: Some((&[2, 4, 6, 8], Dtype::F32)),
+                ..base
+            },
+            Some(cu),
+            &vf
+        )
+        .is_ok());
+        // chunk_size and cu_seqlens
+        for cs in [0i64, 8, 48, 128] {
+            let e = check_fwd_h(
+                &base,
+                Some(cu),
+                &FwdHParams {
+                    chunk_size: cs,
+                    ..p
+                },
+            )
+            .unwrap_err();
+            assert_eq!(e.arg, "chunk_size", "{cs}");
+        }
+        for bad in [&[1i64, 10][..], &[0, 5, 3, 10], &[0, 9], &[0]] {
+            let e = check_fwd_h(&base, Some(bad), &p).unwrap_err();
+            assert_eq!(
+                (e.kind, e.arg.as_str()),
+                (ErrorKind::CuSeqlens, "cu_seqlens"),
+                "{bad:?}"
+            );
+        }
+        let b2 = ([2usize, 10, 2, 8], [2usize, 10, 4, 8], [2usize, 10, 4, 6]);
+        let m2 = FwdHMeta {
+            k: (&b2.0, B16),
+            w: (&b2.1, B16),
+            u: (&b2.2, B16),
+            g: None,
+            gk: None,
+            initial_state: None,
+        };
+        assert_eq!(
+            check_fwd_h(&m2, Some(&[0, 10]), &p).unwrap_err().arg,
+            "cu_seqlens"
+        );
+        assert!(check_fwd_h(&m2, None, &p).is_ok());
+        // dtypes: main data one dtype, no float64 kernel, float gates and states
+        let dt = |m: FwdHMeta<'_>| {
+            let e = check_fwd_h(&m, Some(cu), &p).unwrap_err();
+            (e.kind, e.arg)
+        };
+        let dtype = |arg: &str| (ErrorKind::Dtype, arg.to_string());
+        assert_eq!(
+            dt(FwdHMeta {
+                w: (&w, Dtype::F16),
+                ..base
+            }),
+            dtype("w")
+        );
+        assert_eq!(
+            dt(FwdHMeta {
+                k: (&k, Dtype::F64),
+                w: (&w, Dtype::F64),
+                u: (&u, Dtype::F64),
+                ..base
+            }),
+            dtype("k")
+        );
+        assert_eq!(
+            dt(FwdHMeta {
+                k: (&k, Dtype::I32),
+                ..base
+            }),
+            dtype("k")
+        );
+        assert_eq!(
+            dt(FwdHMeta {
+                g: Some((&g, Dtype::I64)),
+                ..base
+            }),
+            dtype("g")
+        );
+        assert_eq!(
+            dt(FwdHMeta {
+                gk: Some((&gk, Dtype::I32)),
+                ..base
+            }),
+            dtype("gk")
+        );
+        assert_eq!(
+            dt(FwdHMeta {
+                initial_state: Some((&h0, Dtype::I32)),
+                ..base
+            }),
+            dtype("initial_state")
+        );
+        // T = 0 and empty sequences are valid
+        let z = ([1usize, 0, 2, 8], [1usize, 0, 4, 8], [1usize, 0, 4, 6]);
+        let mz = FwdHMeta {
+            k: (&z.0, B16),
+            w: (&z.1, B16),
+            u: (&z.2, B16),
+            g: None,
+            gk: None,
+            initial_state: None,
+        };
+        assert!(check_fwd_h(&mz, Some(&[0, 0, 0]), &p).is_ok());
+    }
+
+    #[test]
+    fn pre_scan_refuses_a_state_and_bad_shapes() {
+        let (k, w, u) = ([1usize, 10, 2, 8], [1usize, 10, 4, 8], [1usize, 10, 4, 6]);
+        let (g, gk, h0) = ([1usize, 10, 4], [1usize, 10, 4, 8], [2usize, 4, 8, 6]);
+        let p = FwdHPreScanParams::default();
+        let base = ok_meta(&k, &w, &u, &g, &gk, &h0);
+        let e = check_fwd_h_pre_scan(&base, Some(&[0, 4, 10]), &p).unwrap_err();
+        assert_eq!(e.arg, "initial_state");
+        let ok = FwdHMeta {
+            initial_state: None,
+            ..base
+        };
+        assert!(check_fwd_h_pre_scan(&ok, Some(&[0, 4, 10]), &p).is_ok());
+        let e = check_fwd_h_pre_scan(
+            &FwdHMeta {
+                w: (&[1, 10, 4, 9], B16),
+                ..ok
+            },
+            None,
+            &p,
+        )
+        .unwrap_err();
+        assert_eq!(e.arg, "w");
+        let e =
+            check_fwd_h_pre_scan(&ok, None, &FwdHPreScanParams { chunk_size: 100 }).unwrap_err();
+        assert_eq!(e.arg, "chunk_size");
+        let e = check_fwd_h_pre_scan(&ok, Some(&[0, 11]), &p).unwrap_err();
+        assert_eq!(e.arg, "cu_seqlens");
+    }
+
+    #[test]
+    fn merge_refuses_bad_hm_offsets_and_states() {
+        let hm = [5usize, 2, 8, 14];
+        let p = FwdHMergeParams::default();
+        let f = Dtype::F32;
+        let plan = check_fwd_h_merge((&hm, f), Some((&[2, 2, 8, 6], f)), &[0, 2, 5], &p).unwrap();
+        assert_eq!((plan.s, plan.n, plan.hv, plan.k, plan.v), (5, 2, 2, 8, 6));
+        let arg = |r: attn_reference::Result<_>| r.unwrap_err().arg;
+        assert_eq!(
+            arg(check_fwd_h_merge((&[5, 2, 8], f), None, &[0, 5], &p)),
+            "hm"
+        );
+        assert_eq!(
+            arg(check_fwd_h_merge((&[5, 2, 8, 8], f), None, &[0, 5], &p)),
+            "hm"
+        );
+        assert_eq!(
+            arg(check_fwd_h_merge((&hm, Dtype::F64), None, &[0, 5], &p)),
+            "hm"
+        );
+        assert_eq!(
+            arg(check_fwd_h_merge((&hm, Dtype::BF16), None, &[0, 5], &p)),
+            "hm"
+        );
+        for bad in [&[0i64][..], &[1, 5], &[0, 3, 2, 5], &[0, 4]] {
+            assert_eq!(
+                arg(check_fwd_h_merge((&hm, f), None, bad, &p)),
+                "subseq_offsets",
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            arg(check_fwd_h_merge(
+                (&hm, f),
+                Some((&[3, 2, 8, 6], f)),
+                &[0, 2, 5],
+                &p
+            )),
+            "initial_state"
+        );
+        let vf = FwdHMergeParams {
+            state_v_first: true,
+            ..p
+        };
+        assert_eq!(
+            arg(check_fwd_h_merge(
+                (&hm, f),
+                Some((&[2, 2, 8, 6], f)),
+                &[0, 2, 5],
+                &vf
+            )),
+            "initial_state"
+        );
+        assert!(check_fwd_h_merge((&hm, f), Some((&[2, 2, 6, 8], f)), &[0, 2, 5], &vf).is_ok());
+        assert_eq!(
+            arg(check_fwd_h_merge(
+                (&hm, f),
+                Some((&[2, 2, 8, 6], Dtype::I32)),
+                &[0, 2, 5],
+                &p
+            )),
+            "initial_state"
+        );
+    }
+}

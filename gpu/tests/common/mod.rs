@@ -2,6 +2,8 @@
 //! device dtype, poisoned outputs, and the spec's comparison rule.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod delta;
+
 use attn_gpu::{DeviceTensor, Gpu};
 use attn_reference::Dtype;
 use half::{bf16, f16};

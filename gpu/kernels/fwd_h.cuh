@@ -1,0 +1,533 @@
+// The chunked gated delta-rule state recurrence (spec ops-delta-rule.md sections 2 and 3),
+// shared by `chunk_gated_delta_rule_fwd_h` and `fwd_h_pre_scan`.
+//
+// One CTA (grid x: sequence * HV + value head, grid y: column block) runs one (sequence, value
+// head, block of BV state columns) over the whole sequence;
+// the state S (K x BV of the K x cols state) stays on chip. For every chunk c (n_c valid rows):
+//
+//   h[c] = S;   D = U_c - W_c S  (v_new);   S <- exp2(G_l) diag(exp2(Gk_l)) S + K_c^T (a . D)
+//   a_r = exp2(G_l - G_r) for r < n_c (selected to 0 beyond), l = n_c - 1
+//
+// Pre-scan (PRESCAN): the augmented state X = [b | M] (K x (V + K)) starts at [0 | I] and the
+// value columns beyond V are zero; only the exit state is written (into hm, pitch V + K). Columns
+// are independent, so a block holds either b columns or M columns.
+//
+// Two kernels:
+//  * fwd_h_mma<T, KP, BV> (bf16/f16): both products on tensor cores (mma.sync m16n8k16, fp32
+//    accumulation), S in mma accumulator registers, the next chunk's k/w/u/gates loaded by
+//    cp.async into a second buffer while the current chunk computes. Rounding points of spec
+//    2.5: S rounded to T for W.S (and for h), a.D rounded to T for K^T.(a.D). With `split`
+//    (pre-scan M columns) both operands are carried as hi + lo pairs of T (about fp32 accuracy).
+//  * fwd_h_fma (fp32): the same recurrence with IEEE fp32 FMAs, S in shared memory.
+
+struct FwdHArgs {
+    u64 k, w, u, g, gk, h0;   // inputs (g, gk, h0: 0 when absent)
+    u64 seqs;                 // i64 [N][3]: first token row (in B*T rows), length, first h chunk
+    u64 h, v_new, ht;         // outputs (h, v_new: 0 when absent; ht: final state / hm, 0 absent)
+    i64 H, HV, K, V;          // key heads, value heads, key dim, value dim
+    i64 cols;                 // state columns: V (fwd_h) or V + K (pre-scan)
+    i64 bt;                   // chunk size
+    i64 g_dtype, gk_dtype, h0_dtype;  // dtype codes (0 f64, 1 f32, 2 bf16, 3 f16)
+    i64 v_first;              // states in memory are S^T
+    i64 nb_b;                 // column blocks of the first V columns (pre-scan: then K columns)
+    i64 split;                // pre-scan: hi/lo operands for the M columns (mma kernel)
+};
+
+// Loads element i of a float tensor whose dtype is a run-time code, widened to fp32.
+__device__ __forceinline__ float load_f(const void* p, i64 dtype, i64 i) {
+    switch (dtype) {
+        case 0: return (float)reinterpret_cast<const double*>(p)[i];
+        case 1: return reinterpret_cast<const float*>(p)[i];
+        case 2: return widen(reinterpret_cast<const bf16*>(p)[i]);
+        default: return widen(reinterpret_cast<const f16*>(p)[i]);
+    }
+}
+
+// The state columns [c0, c_end) of column block bx (pre-scan: b blocks first, then M blocks).
+struct ColBlock {
+    i64 c0, c_end;
+    bool m_cols;  // pre-scan M columns (state columns >= V)
+    __device__ __forceinline__ ColBlock(const FwdHArgs& a, i64 bx, int bv) {
+        if (bx < a.nb_b) {
+            c0 = bx * bv;
+            c_end = min(c0 + bv, a.V);
+            m_cols = false;
+        } else {
+            c0 = a.V + (bx - a.nb_b) * bv;
+            c_end = min(c0 + bv, a.cols);
+            m_cols = true;
+        }
+    }
+};
+
+// The value of the incoming state at (row i, state column c).
+template <bool PRESCAN>
+__device__ __forceinline__ float initial_value(const FwdHArgs& a, i64 n, i64 hv, i64 i, i64 c) {
+    if (PRESCAN) return (c >= a.V && c - a.V == i) ? 1.f : 0.f;
+    if (a.h0 == 0) return 0.f;
+    const i64 base = (n * a.HV + hv) * a.K * a.V;
+    return load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, base + (a.v_first ? c * a.K + i : i * a.V + c));
+}
+
+// Writes the exit state value v at (row i, state column c).
+template <bool PRESCAN>
+__device__ __forceinline__ void store_final(const FwdHArgs& a, i64 n, i64 hv, i64 i, i64 c, float v) {
+    float* ht = reinterpret_cast<float*>(a.ht);
+    const i64 base = (n * a.HV + hv) * a.K * a.cols;
+    if (PRESCAN || !a.v_first) ht[base + i * a.cols + c] = v;
+    else ht[base + c * a.K + i] = v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core kernel (bf16 / f16).
+
+#define FWDH_WARPS 8
+#define FWDH_THREADS (FWDH_WARPS * 32)
+#define FWDH_BT 64  // the largest chunk; smaller chunks use the first rows of every tile
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+// 16 bytes global -> shared; `bytes` (0 or 16) of them read, the rest zero-filled.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x2_t(unsigned (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+}
+
+template <typename T> struct Mma;
+template <> struct Mma<bf16> {
+    __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<f16> {
+    __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+// Shared-memory layout of the mma kernel (element pitches padded by 8 against bank conflicts).
+template <typename T, int KP, int BV> struct MmaSmem {
+    static constexpr int KPITCH = KP + 8;
+    static constexpr int VPITCH = BV + 8;
+    T k[2][FWDH_BT][KPITCH];
+    T w[2][FWDH_BT][KPITCH];
+    T u[2][FWDH_BT][VPITCH];
+    float g[2][FWDH_BT];
+    float gk[2][KP];
+    T s_hi[KP][VPITCH];
+    T s_lo[KP][VPITCH];
+    T d_hi[FWDH_BT][VPITCH];
+    T d_lo[FWDH_BT][VPITCH];
+};
+
+// Issues the loads of one chunk (rows [row0, row0 + nc) of the packed token axis) into buffer
+// `buf`: k (key head kh), w, u (the block's value columns) and the gates, zero-filled beyond the
+// valid rows / columns. 16-byte pieces that are complete and aligned go through cp.async; the
+// others are loaded element by element.
+template <typename T, int KP, int BV, bool PRESCAN>
+__device__ __forceinline__ void load_chunk_mma(const FwdHArgs& a, MmaSmem<T, KP, BV>& sm, int buf, i64 row0, int nc,
+                                               i64 kh, i64 hv, const ColBlock& cb) {
+    const int tid = threadIdx.x;
+    const int bt = (int)a.bt;
+    const T* kp = reinterpret_cast<const T*>(a.k);
+    const T* wp = reinterpret_cast<const T*>(a.w);
+    const T* up = reinterpret_cast<const T*>(a.u);
+    const bool kvec = (a.K % 8) == 0;
+    constexpr int KSEG = KP / 8;
+    for (int i = tid; i < bt * KSEG; i += FWDH_THREADS) {
+        const int r = i / KSEG, c8 = (i % KSEG) * 8;
+        const bool row_ok = r < nc;
+        const i64 kb = ((row0 + r) * a.H + kh) * a.K + c8;
+        const i64 wb = ((row0 + r) * a.HV + hv) * a.K + c8;
+        if (kvec || c8 >= a.K) {
+            // whole piece valid, or wholly beyond K (zero-fill)
+            const int bytes = (row_ok && c8 < a.K) ? 16 : 0;
+            cp_async16(&sm.k[buf][r][c8], bytes ? kp + kb : kp, bytes);
+            cp_async16(&sm.w[buf][r][c8], bytes ? wp + wb : wp, bytes);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool ok = row_ok && c8 + e < a.K;
+                sm.k[buf][r][c8 + e] = ok ? kp[kb + e] : T{0};
+                sm.w[buf][r][c8 + e] = ok ? wp[wb + e] : T{0};
+            }
+        }
+    }
+    constexpr int VSEG = BV / 8;
+    const bool uvec = (a.V % 8) == 0;
+    for (int i = tid; i < bt * VSEG; i += FWDH_THREADS) {
+        const int r = i / VSEG, c8 = (i % VSEG) * 8;
+        const i64 col = cb.c0 + c8;  // state column; u exists only for columns < V
+        const bool row_ok = r < nc && !cb.m_cols;
+        const i64 ub = ((row0 + r) * a.HV + hv) * a.V + col;
+        if (uvec || !row_ok || col >= cb.c_end) {
+            const int bytes = (row_ok && col < cb.c_end) ? 16 : 0;
+            cp_async16(&sm.u[buf][r][c8], bytes ? up + ub : up, bytes);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sm.u[buf][r][c8 + e] = col + e < cb.c_end ? up[ub + e] : T{0};
+        }
+    }
+    if (a.g != 0) {
+        for (int r = tid; r < bt; r += FWDH_THREADS) {
+            const i64 gi = (row0 + r) * a.HV + hv;
+            if (a.g_dtype == 1) {
+                const float* gp = reinterpret_cast<const float*>(a.g);
+                cp_async4(&sm.g[buf][r], r < nc ? gp + gi : gp, r < nc ? 4 : 0);
+            } else {
+                sm.g[buf][r] = r < nc ? load_f(reinterpret_cast<const void*>(a.g), a.g_dtype, gi) : 0.f;
+            }
+        }
+    }
+    if (a.gk != 0 && nc > 0) {
+        const i64 gb = ((row0 + nc - 1) * a.HV + hv) * a.K;
+        for (int i = tid; i < KP; i += FWDH_THREADS) {
+            if (a.gk_dtype == 1) {
+                const float* gp = reinterpret_cast<const float*>(a.gk);
+                cp_async4(&sm.gk[buf][i], i < a.K ? gp + gb + i : gp, i < a.K ? 4 : 0);
+            } else {
+                sm.gk[buf][i] = i < a.K ? load_f(reinterpret_cast<const void*>(a.gk), a.gk_dtype, gb + i) : 0.f;
+            }
+        }
+    }
+    cp_async_commit();
+}
+
+// Stores the rounded state of s_hi (K x block columns) as h row `hc`.
+template <typename T, int KP, int BV>
+__device__ __forceinline__ void store_h(const FwdHArgs& a, const MmaSmem<T, KP, BV>& sm, i64 hc, i64 hv, const ColBlock& cb) {
+    T* hp = reinterpret_cast<T*>(a.h) + (hc * a.HV + hv) * a.K * a.V;
+    const int tid = threadIdx.x;
+    const int nb = (int)(cb.c_end - cb.c0);
+    if (!a.v_first) {
+        if (a.V % 8 == 0) {
+            constexpr int VSEG = BV / 8;
+            for (int i = tid; i < a.K * VSEG; i += FWDH_THREADS) {
+                const int r = i / VSEG, c8 = (i % VSEG) * 8;
+                if (c8 < nb) {
+                    *reinterpret_cast<Vec<T, 8>*>(hp + r * a.V + cb.c0 + c8) =
+                        *reinterpret_cast<const Vec<T, 8>*>(&sm.s_hi[r][c8]);
+                }
+            }
+        } else {
+            for (int i = tid; i < a.K * nb; i += FWDH_THREADS) {
+                const int r = i / nb, c = i % nb;
+                hp[r * a.V + cb.c0 + c] = sm.s_hi[r][c];
+            }
+        }
+    } else {
+        if (a.K % 8 == 0) {
+            const int KSEG = (int)(a.K / 8);
+            for (int i = tid; i < nb * KSEG; i += FWDH_THREADS) {
+                const int c = i / KSEG, r8 = (i % KSEG) * 8;
+                Vec<T, 8> q;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) q.v[e] = sm.s_hi[r8 + e][c];
+                *reinterpret_cast<Vec<T, 8>*>(hp + (cb.c0 + c) * a.K + r8) = q;
+            }
+        } else {
+            for (int i = tid; i < a.K * nb; i += FWDH_THREADS) {
+                const int c = i / (int)a.K, r = i % (int)a.K;
+                hp[(cb.c0 + c) * a.K + r] = sm.s_hi[r][c];
+            }
+        }
+    }
+}
+
+// The whole recurrence of one CTA. Warp w owns the state tiles (16 x 8 each) w*SU .. w*SU+SU-1
+// of the KP x BV block, row-major over (16-row key tile, 8-column tile).
+template <typename T, int KP, int BV, bool PRESCAN>
+__device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    MmaSmem<T, KP, BV>& sm = *reinterpret_cast<MmaSmem<T, KP, BV>*>(smem_raw);
+    constexpr int NTN = BV / 8;                      // 8-column tiles
+    constexpr int SU = (KP / 16) * NTN / FWDH_WARPS;  // state tiles per warp
+    constexpr int DUMAX = (FWDH_BT / 16) * NTN / FWDH_WARPS > 0 ? (FWDH_BT / 16) * NTN / FWDH_WARPS : 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, t4 = lane & 3;
+
+    const i64 n = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
+    const i64 kh = hv / (a.HV / a.H);
+    const ColBlock cb(a, blockIdx.y, BV);
+    const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
+    const i64 row0 = seq[0], len = seq[1], hbase = seq[2];
+    const int bt = (int)a.bt;
+    const i64 nchunks = (len + bt - 1) / bt;
+    const bool split = PRESCAN && a.split && cb.m_cols;
+
+    // the state tiles, from the incoming state
+    float s[SU][4];
+#pragma unroll
+    for (int j = 0; j < SU; ++j) {
+        const int u = warp * SU + j, mt = u / NTN, nt = u % NTN;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = mt * 16 + gid + (e >> 1) * 8, c = nt * 8 + t4 * 2 + (e & 1);
+            s[j][e] = (r < a.K && cb.c0 + c < cb.c_end) ? initial_value<PRESCAN>(a, n, hv, r, cb.c0 + c) : 0.f;
+        }
+    }
+    if (nchunks > 0) load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, 0, row0, (int)min((i64)bt, len), kh, hv, cb);
+
+    for (i64 c = 0; c < nchunks; ++c) {
+        const int buf = (int)(c & 1);
+        const int nc = (int)min((i64)bt, len - c * bt);
+        // 1. the rounded state (hi, and lo when split) into shared memory
+#pragma unroll
+        for (int j = 0; j < SU; ++j) {
+            const int u = warp * SU + j, mt = u / NTN, nt = u % NTN;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
+                const T hi = Narrow<T>::from(s[j][e]);
+                sm.s_hi[r][col] = hi;
+                if (split) sm.s_lo[r][col] = Narrow<T>::from(s[j][e] - widen(hi));
+            }
+        }
+        cp_async_wait_all();
+        __syncthreads();  // chunk c's tiles and the rounded state are visible
+        // 2. the next chunk's loads go out while this one computes
+        if (c + 1 < nchunks) {
+            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, buf ^ 1, row0 + (c + 1) * bt, (int)min((i64)bt, len - (c + 1) * bt), kh, hv, cb);
+        }
+        if (!PRESCAN && a.h != 0) store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
+
+        // 3. D = U - W S_T over the chunk's 16 x 8 tiles
+        const int ntiles_d = (bt / 16) * NTN;
+        float dacc[DUMAX][4];
+#pragma unroll
+        for (int j = 0; j < DUMAX; ++j) {
+            const int u = warp + j * FWDH_WARPS;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dacc[j][e] = 0.f;
+            if (u < ntiles_d) {
+                const int mt = u / NTN, nt = u % NTN;
+#pragma unroll 4
+                for (int kk = 0; kk < KP; kk += 16) {
+                    unsigned af[4], bf[2];
+                    ldsm_x4(af, &sm.w[buf][mt * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+                    ldsm_x2_t(bf, &sm.s_hi[kk + (lane & 15)][nt * 8]);
+                    Mma<T>::run(dacc[j], af, bf);
+                    if (split) {
+                        ldsm_x2_t(bf, &sm.s_lo[kk + (lane & 15)][nt * 8]);
+                        Mma<T>::run(dacc[j], af, bf);
+                    }
+                }
+            }
+        }
+        // 4. v_new, and a . D rounded into shared memory
+        const float* gs = sm.g[buf];
+        const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
+#pragma unroll
+        for (int j = 0; j < DUMAX; ++j) {
+            const int u = warp + j * FWDH_WARPS;
+            if (u < ntiles_d) {
+                const int mt = u / NTN, nt = u % NTN;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
+                    const float d = widen(sm.u[buf][r][col]) - dacc[j][e];
+                    if (!PRESCAN && a.v_new != 0 && r < nc && cb.c0 + col < cb.c_end) {
+                        reinterpret_cast<T*>(a.v_new)[((row0 + c * bt + r) * a.HV + hv) * a.V + cb.c0 + col] = Narrow<T>::from(d);
+                    }
+                    const float f = r < nc ? (a.g != 0 ? exp2f(g_last - gs[r]) : 1.f) : 0.f;
+                    const float ad = r < nc ? f * d : 0.f;
+                    const T hi = Narrow<T>::from(ad);
+                    sm.d_hi[r][col] = hi;
+                    if (split) sm.d_lo[r][col] = Narrow<T>::from(ad - widen(hi));
+                }
+            }
+        }
+        // 5. decay of the state (scalar and per-key gates at the chunk's last row)
+        const float gamma = a.g != 0 ? exp2f(g_last) : 1.f;
+#pragma unroll
+        for (int j = 0; j < SU; ++j) {
+            const int u = warp * SU + j, mt = u / NTN;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = mt * 16 + gid + (e >> 1) * 8;
+                const float lam = a.gk != 0 ? exp2f(sm.gk[buf][r]) : 1.f;
+                s[j][e] *= gamma * lam;
+            }
+        }
+        __syncthreads();  // a . D is visible
+        // 6. S += K^T (a . D)
+#pragma unroll
+        for (int j = 0; j < SU; ++j) {
+            const int u = warp * SU + j, mt = u / NTN, nt = u % NTN;
+            for (int kk = 0; kk < bt; kk += 16) {
+                unsigned af[4], bf[2];
+                const int mat = lane >> 3, i = lane & 7;
+                ldsm_x4_t(af, &sm.k[buf][kk + i + (mat >> 1) * 8][mt * 16 + (mat & 1) * 8]);
+                ldsm_x2_t(bf, &sm.d_hi[kk + (lane & 15)][nt * 8]);
+                Mma<T>::run(s[j], af, bf);
+                if (split) {
+                    ldsm_x2_t(bf, &sm.d_lo[kk + (lane & 15)][nt * 8]);
+                    Mma<T>::run(s[j], af, bf);
+                }
+            }
+        }
+        // the next iteration's first barrier orders these reads of buffer `buf`, d_hi and s_hi
+        // before they are overwritten (its loads target buf ^ 1 ... written only after it)
+    }
+    if (a.ht != 0) {
+#pragma unroll
+        for (int j = 0; j < SU; ++j) {
+            const int u = warp * SU + j, mt = u / NTN, nt = u % NTN;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
+                if (r < a.K && cb.c0 + col < cb.c_end) store_final<PRESCAN>(a, n, hv, r, cb.c0 + col, s[j][e]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// IEEE fp32 kernel: 256 threads, BVF state columns, S in shared memory, keys in tiles of KT rows.
+
+#define FMA_BV 32
+#define FMA_KT 32
+
+struct FmaSmem {
+    float s[256][FMA_BV + 1];
+    float d[FWDH_BT][FMA_BV + 1];
+    float tile[FWDH_BT][FMA_KT + 1];
+    float g[FWDH_BT];
+    float gk[256];
+};
+
+template <bool PRESCAN>
+__device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    FmaSmem& sm = *reinterpret_cast<FmaSmem*>(smem_raw);
+    const int tid = threadIdx.x;
+    const int j = tid % FMA_BV, q0 = tid / FMA_BV;  // column, first row of this thread
+    constexpr int RSTEP = FWDH_THREADS / FMA_BV;    // 8
+    const i64 n = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
+    const i64 kh = hv / (a.HV / a.H);
+    const ColBlock cb(a, blockIdx.y, FMA_BV);
+    const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
+    const i64 row0 = seq[0], len = seq[1], hbase = seq[2];
+    const int bt = (int)a.bt, K = (int)a.K;
+    const i64 nchunks = (len + bt - 1) / bt;
+    const bool col_ok = cb.c0 + j < cb.c_end;
+    const float* kp = reinterpret_cast<const float*>(a.k);
+    const float* wp = reinterpret_cast<const float*>(a.w);
+    const float* up = reinterpret_cast<const float*>(a.u);
+
+    for (int r = q0; r < K; r += RSTEP) sm.s[r][j] = col_ok ? initial_value<PRESCAN>(a, n, hv, r, cb.c0 + j) : 0.f;
+    __syncthreads();
+    for (i64 c = 0; c < nchunks; ++c) {
+        const int nc = (int)min((i64)bt, len - c * bt);
+        const i64 rc = row0 + c * bt;
+        if (!PRESCAN && a.h != 0 && col_ok) {
+            float* hp = reinterpret_cast<float*>(a.h) + ((hbase + c) * a.HV + hv) * a.K * a.V;
+            for (int r = q0; r < K; r += RSTEP) {
+                hp[a.v_first ? (cb.c0 + j) * a.K + r : r * a.V + cb.c0 + j] = sm.s[r][j];
+            }
+        }
+        for (int r = tid; r < bt; r += FWDH_THREADS) {
+            sm.g[r] = (a.g != 0 && r < nc) ? load_f(reinterpret_cast<const void*>(a.g), a.g_dtype, (rc + r) * a.HV + hv) : 0.f;
+        }
+        for (int i = tid; i < K; i += FWDH_THREADS) {
+            sm.gk[i] = a.gk != 0 ? load_f(reinterpret_cast<const void*>(a.gk), a.gk_dtype, ((rc + nc - 1) * a.HV + hv) * a.K + i) : 0.f;
+        }
+        // D = U - W S: this thread's rows q0, q0 + 8, ... of column j
+        float d[FWDH_BT / RSTEP];
+#pragma unroll
+        for (int q = 0; q < FWDH_BT / RSTEP; ++q) {
+            const int r = q0 + q * RSTEP;
+            d[q] = (r < nc && col_ok && !cb.m_cols) ? up[(rc + r) * a.HV * a.V + hv * a.V + cb.c0 + j] : 0.f;
+        }
+        for (int k0 = 0; k0 < K; k0 += FMA_KT) {
+            __syncthreads();
+            for (int i = tid; i < bt * FMA_KT; i += FWDH_THREADS) {
+                const int r = i / FMA_KT, kk = i % FMA_KT;
+                sm.tile[r][kk] = (r < nc && k0 + kk < K) ? wp[((rc + r) * a.HV + hv) * a.K + k0 + kk] : 0.f;
+            }
+            __syncthreads();
+            const int kn = min(FMA_KT, K - k0);
+#pragma unroll
+            for (int q = 0; q < FWDH_BT / RSTEP; ++q) {
+                const int r = q0 + q * RSTEP;
+                if (r < bt) {
+                    float acc = 0.f;
+                    for (int kk = 0; kk < kn; ++kk) acc = fmaf(sm.tile[r][kk], sm.s[k0 + kk][j], acc);
+                    d[q] -= acc;
+                }
+            }
+        }
+        const float g_last = a.g != 0 ? sm.g[nc - 1] : 0.f;
+#pragma unroll
+        for (int q = 0; q < FWDH_BT / RSTEP; ++q) {
+            const int r = q0 + q * RSTEP;
+            if (r < bt) {
+                if (!PRESCAN && a.v_new != 0 && r < nc && col_ok) {
+                    reinterpret_cast<float*>(a.v_new)[((rc + r) * a.HV + hv) * a.V + cb.c0 + j] = d[q];
+                }
+                const float f = r < nc ? (a.g != 0 ? exp2f(g_last - sm.g[r]) : 1.f) : 0.f;
+                sm.d[r][j] = r < nc ? f * d[q] : 0.f;
+            }
+        }
+        const float gamma = a.g != 0 ? exp2f(g_last) : 1.f;
+        for (int k0 = 0; k0 < K; k0 += FMA_KT) {
+            __syncthreads();
+            for (int i = tid; i < bt * FMA_KT; i += FWDH_THREADS) {
+                const int r = i / FMA_KT, kk = i % FMA_KT;
+                sm.tile[r][kk] = (r < nc && k0 + kk < K) ? kp[((rc + r) * a.H + kh) * a.K + k0 + kk] : 0.f;
+            }
+            __syncthreads();
+            for (int kk = q0; kk < FMA_KT && k0 + kk < K; kk += RSTEP) {
+                const int r = k0 + kk;
+                const float lam = a.gk != 0 ? exp2f(sm.gk[r]) : 1.f;
+                float acc = sm.s[r][j] * (gamma * lam);
+                for (int t = 0; t < bt; ++t) acc = fmaf(sm.tile[t][kk], sm.d[t][j], acc);
+                sm.s[r][j] = acc;
+            }
+        }
+        __syncthreads();
+    }
+    if (a.ht != 0 && col_ok) {
+        for (int r = q0; r < K; r += RSTEP) store_final<PRESCAN>(a, n, hv, r, cb.c0 + j, sm.s[r][j]);
+    }
+}
+
+// Kernel entry points of one op (PRESCAN false: fwd_h; true: pre-scan), named
+// `<op>_mma_<dtype>_k<KP>_v<BV>` and `<op>_fma_f32`.
+#define FWDH_MMA_KERNEL(OP, PRE, T, TAG, KP, BV) \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
+        fwd_h_mma<T, KP, BV, PRE>(a); \
+    }
+#define FWDH_MMA_KERNELS_T(OP, PRE, T, TAG) \
+    FWDH_MMA_KERNEL(OP, PRE, T, TAG, 64, 16) FWDH_MMA_KERNEL(OP, PRE, T, TAG, 64, 32) FWDH_MMA_KERNEL(OP, PRE, T, TAG, 64, 64) \
+    FWDH_MMA_KERNEL(OP, PRE, T, TAG, 128, 16) FWDH_MMA_KERNEL(OP, PRE, T, TAG, 128, 32) FWDH_MMA_KERNEL(OP, PRE, T, TAG, 128, 64) \
+    FWDH_MMA_KERNEL(OP, PRE, T, TAG, 256, 16) FWDH_MMA_KERNEL(OP, PRE, T, TAG, 256, 32)
+#define FWDH_KERNELS(OP, PRE) \
+    FWDH_MMA_KERNELS_T(OP, PRE, bf16, bf16) \
+    FWDH_MMA_KERNELS_T(OP, PRE, f16, f16) \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_fma_f32(const FwdHArgs a) { fwd_h_fma<PRE>(a); }

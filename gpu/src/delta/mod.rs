@@ -1,0 +1,19 @@
+//! The gated delta-rule state recurrence on the GPU (spec `ops-delta-rule.md` sections 2-4):
+//! [`chunk_gated_delta_rule_fwd_h`](fwd_h), its affine summary [`fwd_h_pre_scan`](prescan) and
+//! the summary chain [`fwd_h_merge`](merge).
+//!
+//! bf16/f16 inputs run on tensor cores (`mma.sync`, fp32 accumulation, the rounding points of
+//! spec 2.5); float32 inputs run an IEEE fp32 FMA kernel (spec threshold 1e-5); float64 main
+//! data is refused with a typed error naming the argument and dtype (spec 1.4 allows it).
+
+pub mod fwd_h;
+mod launch;
+pub mod merge;
+pub mod prescan;
+
+pub use fwd_h::{
+    check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,
+};
+pub use launch::{kernel_choice, KernelChoice};
+pub use merge::{check_fwd_h_merge, fwd_h_merge, FwdHMergeDeviceOutputs, FwdHMergePlan};
+pub use prescan::{check_fwd_h_pre_scan, fwd_h_pre_scan, FwdHPreScanPlan};

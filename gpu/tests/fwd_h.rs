@@ -1,0 +1,457 @@
+//! `chunk_gated_delta_rule_fwd_h` on the GPU against the float64 reference (spec 2.7 thresholds):
+//! realistic KDA/GDN inputs over random shapes, dtypes, chunk sizes, heads (GVA), gates and
+//! options; the spec 2.8 varlen layouts; every tensor-core tile variant; hard-forget gates;
+//! `state_v_first` bit-identical to the transposed key-first result; long sequences; and
+//! determinism over 100 launches. Outputs are poisoned with NaN before every launch, so every
+//! element must have been written. Without a GPU each test says why and passes.
+
+mod common;
+
+use attn_gpu::delta::{FwdHDeviceOutputs, FwdHPlan, KernelChoice};
+use attn_gpu::Gpu;
+use attn_reference::delta::{self as d, FwdHParams};
+use attn_reference::Dtype;
+use common::delta::*;
+use common::*;
+use ndarray::ArrayD;
+use proptest::prelude::any;
+use proptest::test_runner::TestRunner;
+
+/// One call's options.
+#[derive(Clone, Copy, Debug)]
+struct Opts {
+    dtype: Dtype,
+    gate_dtype: Dtype,
+    state: Option<Dtype>,
+    params: FwdHParams,
+}
+
+/// The downloaded outputs.
+struct Got {
+    h: ArrayD<f64>,
+    v_new: Option<ArrayD<f64>>,
+    final_state: Option<ArrayD<f64>>,
+}
+
+fn poison_all(gpu: &Gpu, o: &mut FwdHDeviceOutputs) {
+    o.h.poison(gpu).unwrap();
+    if let Some(t) = o.v_new.as_mut() {
+        t.poison(gpu).unwrap();
+    }
+    if let Some(t) = o.final_state.as_mut() {
+        t.poison(gpu).unwrap();
+    }
+}
+
+/// Runs `up` with `plan` into freshly poisoned outputs.
+fn launch(gpu: &Gpu, plan: &FwdHPlan, up: &Uploaded) -> Got {
+    let mut o = plan.alloc_outputs(gpu).unwrap();
+    poison_all(gpu, &mut o);
+    plan.run(gpu, &up.tensors(), &mut o).unwrap();
+    Got {
+        h: download(gpu, &o.h),
+        v_new: o.v_new.as_ref().map(|t| download(gpu, t)),
+        final_state: o.final_state.as_ref().map(|t| download(gpu, t)),
+    }
+}
+
+/// Spec 2.7: half `h`, `v_new` 1e-2, `final_state` 5e-3 (1e-2 when some sequence is longer
+/// than 4096 tokens); float32 1e-5.
+fn thresholds(dtype: Dtype, long: bool) -> (f64, f64) {
+    match dtype {
+        Dtype::F32 => (1e-5, 1e-5),
+        _ => (1e-2, if long { 1e-2 } else { 5e-3 }),
+    }
+}
+
+/// Uploads `inp`, runs it on the GPU (with `choice` when given) and checks every output
+/// against the reference. Returns what the GPU produced.
+fn check(
+    gpu: &Gpu,
+    what: &str,
+    lay: &Layout,
+    inp: &Inputs,
+    h0: Option<&ndarray::Array4<f64>>,
+    o: Opts,
+    choice: Option<KernelChoice>,
+) -> Got {
+    let up = Uploaded::new(
+        gpu,
+        inp,
+        h0,
+        o.dtype,
+        o.gate_dtype,
+        o.state.unwrap_or(Dtype::F32),
+    );
+    let cu = lay.cu.as_deref();
+    let mut plan = FwdHPlan::new(gpu, &up.tensors(), cu, &o.params).unwrap();
+    if let Some(c) = choice {
+        plan = plan.with_choice(c).unwrap();
+    }
+    let got = launch(gpu, &plan, &up);
+    let want = d::chunk_gated_delta_rule_fwd_h(&up.reference(cu), &o.params).unwrap();
+    let long = lay.seqs().iter().any(|(a, e)| e - a > 4096);
+    let (thr, thr_final) = thresholds(o.dtype, long);
+    let tag = format!("{what} {lay:?} {o:?} {:?}", plan.choice());
+    assert_close(&format!("h {tag}"), &got.h, &want.h.into_dyn(), thr);
+    match (&got.v_new, want.v_new) {
+        (Some(g), Some(w)) => assert_close(&format!("v_new {tag}"), g, &w.into_dyn(), thr),
+        (None, None) => {}
+        _ => panic!("v_new presence differs: {tag}"),
+    }
+    match (&got.final_state, want.final_state) {
+        (Some(g), Some(w)) => {
+            assert_close(&format!("final_state {tag}"), g, &w.into_dyn(), thr_final)
+        }
+        (None, None) => {}
+        _ => panic!("final_state presence differs: {tag}"),
+    }
+    got
+}
+
+const KS: [usize; 6] = [16, 60, 64, 100, 128, 256];
+const VS: [usize; 6] = [16, 60, 64, 100, 128, 200];
+const HEADS: [(usize, usize); 4] = [(1, 1), (2, 2), (1, 4), (2, 4)];
+const TS: [usize; 9] = [0, 1, 15, 63, 64, 65, 77, 1000, 2048];
+const DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::BF16, Dtype::F16];
+/// Spec 2.8's varlen layouts.
+const VARLEN: [&[i64]; 6] = [
+    &[0, 15],
+    &[0, 256, 500, 1000],
+    &[0, 15, 100, 300, 1200, 2000],
+    &[0, 31, 96, 160],
+    &[0, 0, 64, 64, 130, 131],
+    &[0, 1, 2, 3],
+];
+
+#[allow(clippy::too_many_arguments)]
+fn layout(
+    b: usize,
+    t: usize,
+    heads: (usize, usize),
+    k: usize,
+    v: usize,
+    bt: usize,
+    cu: Option<&[i64]>,
+) -> Layout {
+    Layout {
+        b: if cu.is_some() { 1 } else { b },
+        t: cu.map_or(t, |c| *c.last().unwrap() as usize),
+        h: heads.0,
+        hv: heads.1,
+        k,
+        v,
+        bt,
+        cu: cu.map(<[i64]>::to_vec),
+    }
+}
+
+fn params(bt: usize, bits: u8) -> FwdHParams {
+    FwdHParams {
+        chunk_size: bt as i64,
+        output_final_state: bits & 1 != 0,
+        save_new_value: bits & 2 != 0,
+        state_v_first: bits & 4 != 0,
+    }
+}
+
+#[test]
+fn realistic_inputs_match_reference() {
+    let Some(gpu) = gpu_or_skip("realistic_inputs_match_reference") else {
+        return;
+    };
+    let s = (
+        (0..3usize, 0..3usize, 0..6usize, 0..6usize, 0..4usize),
+        (0..4usize, 0..9usize, 0..8usize, any::<u8>(), any::<bool>()),
+        any::<u64>(),
+    );
+    TestRunner::new(cases(40))
+        .run(
+            &s,
+            |((di, bi, ki, vi, hi), (gi, ti, li, bits, h0), seed)| {
+                let mut rng = Rng::new(seed);
+                let bt = [16, 32, 64][bi];
+                // li < 6: a varlen layout of spec 2.8; else B = 1 or 2 rows of T tokens
+                let cu = (li < 6).then(|| VARLEN[li]);
+                let b = if li >= 6 { li - 5 } else { 1 };
+                let lay = layout(b, TS[ti], HEADS[hi], KS[ki], VS[vi], bt, cu);
+                let inp = realistic(&mut rng, &lay, GATES[gi], false);
+                let vf = bits & 4 != 0;
+                let state = h0.then(|| random_state(&mut rng, &lay, vf));
+                let o = Opts {
+                    dtype: DTYPES[di],
+                    gate_dtype: if bits & 8 != 0 {
+                        Dtype::BF16
+                    } else {
+                        Dtype::F32
+                    },
+                    state: Some([Dtype::F32, Dtype::F64, Dtype::BF16][(bits as usize >> 4) % 3]),
+                    params: params(bt, bits),
+                };
+                check(gpu, "realistic", &lay, &inp, state.as_ref(), o, None);
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn small_random_inputs_with_gva_and_key_gates_match_reference() {
+    let Some(gpu) = gpu_or_skip("small_random_inputs_with_gva_and_key_gates_match_reference")
+    else {
+        return;
+    };
+    let s = (
+        (
+            0..3usize,
+            0..3usize,
+            0..6usize,
+            0..6usize,
+            0..4usize,
+            0..4usize,
+        ),
+        (1..300usize, 1..3usize, any::<u8>(), any::<u64>()),
+    );
+    TestRunner::new(cases(24))
+        .run(&s, |((di, bi, ki, vi, hi, gi), (t, b, bits, seed))| {
+            let mut rng = Rng::new(seed);
+            let bt = [16, 32, 64][bi];
+            let lay = layout(b, t, HEADS[hi], KS[ki], VS[vi], bt, None);
+            let inp = small_random(&mut rng, &lay, GATES[gi]);
+            let state = random_state(&mut rng, &lay, bits & 4 != 0);
+            let o = Opts {
+                dtype: DTYPES[di],
+                gate_dtype: Dtype::F32,
+                state: Some(Dtype::F32),
+                params: params(bt, bits | 3),
+            };
+            check(gpu, "small random", &lay, &inp, Some(&state), o, None);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn spec_varlen_layouts_every_chunk_size_and_gate() {
+    let Some(gpu) = gpu_or_skip("spec_varlen_layouts_every_chunk_size_and_gate") else {
+        return;
+    };
+    let mut rng = Rng::new(0x5eed_0001);
+    for (li, cu) in VARLEN.iter().enumerate() {
+        for (bi, bt) in [16usize, 32, 64].into_iter().enumerate() {
+            let dtype = DTYPES[(li + bi) % 3];
+            let gates = GATES[(li + 2 * bi) % 4];
+            let lay = layout(1, 0, (2, 2), 128, 100, bt, Some(cu));
+            let inp = realistic(&mut rng, &lay, gates, false);
+            let state = random_state(&mut rng, &lay, false);
+            let o = Opts {
+                dtype,
+                gate_dtype: Dtype::F32,
+                state: Some(Dtype::F32),
+                params: params(bt, 3),
+            };
+            check(gpu, "varlen", &lay, &inp, Some(&state), o, None);
+        }
+    }
+}
+
+#[test]
+fn every_tensor_core_tile_variant_matches_reference() {
+    let Some(gpu) = gpu_or_skip("every_tensor_core_tile_variant_matches_reference") else {
+        return;
+    };
+    let mut rng = Rng::new(0x5eed_0002);
+    for (kp, bv) in [
+        (64, 16),
+        (64, 32),
+        (64, 64),
+        (128, 16),
+        (128, 32),
+        (128, 64),
+        (256, 16),
+        (256, 32),
+    ] {
+        for (k, v, dtype) in [(kp / 2 + 4, 100, Dtype::BF16), (kp, 64, Dtype::F16)] {
+            let lay = layout(1, 0, (1, 2), k, v, 32, Some(&[0, 77, 77, 300]));
+            let inp = realistic(&mut rng, &lay, Gates::Both, false);
+            let state = random_state(&mut rng, &lay, false);
+            let o = Opts {
+                dtype,
+                gate_dtype: Dtype::F32,
+                state: Some(Dtype::F32),
+                params: params(32, 3),
+            };
+            check(
+                gpu,
+                "tile",
+                &lay,
+                &inp,
+                Some(&state),
+                o,
+                Some(KernelChoice::Mma { kp, bv }),
+            );
+        }
+    }
+}
+
+#[test]
+fn hard_forget_gates_stay_finite_and_match() {
+    let Some(gpu) = gpu_or_skip("hard_forget_gates_stay_finite_and_match") else {
+        return;
+    };
+    let mut rng = Rng::new(0x5eed_0003);
+    for dtype in DTYPES {
+        for gates in [Gates::G, Gates::Gk, Gates::Both] {
+            let lay = layout(2, 333, (2, 2), 64, 64, 64, None);
+            let inp = realistic(&mut rng, &lay, gates, true);
+            assert!(
+                inp.g
+                    .iter()
+                    .flatten()
+                    .chain(inp.gk.iter().flatten())
+                    .any(|&x| x < -1000.0),
+                "the case has hard-forget gates"
+            );
+            let state = random_state(&mut rng, &lay, false);
+            let o = Opts {
+                dtype,
+                gate_dtype: Dtype::F32,
+                state: Some(Dtype::F32),
+                params: params(64, 3),
+            };
+            check(gpu, "hard forget", &lay, &inp, Some(&state), o, None);
+        }
+    }
+}
+
+/// Swaps the last two axes.
+fn transposed(a: &ArrayD<f64>) -> ArrayD<f64> {
+    let n = a.ndim();
+    let mut t = a.view();
+    t.swap_axes(n - 2, n - 1);
+    t.as_standard_layout().into_owned()
+}
+
+#[test]
+fn state_v_first_is_the_transposed_key_first_result() {
+    let Some(gpu) = gpu_or_skip("state_v_first_is_the_transposed_key_first_result") else {
+        return;
+    };
+    let mut rng = Rng::new(0x5eed_0004);
+    for (dtype, k, v) in [
+        (Dtype::BF16, 128, 128),
+        (Dtype::F16, 60, 100),
+        (Dtype::F32, 100, 60),
+    ] {
+        let lay = layout(1, 0, (1, 2), k, v, 64, Some(&[0, 100, 100, 400]));
+        let inp = realistic(&mut rng, &lay, Gates::Gk, false);
+        let s_kf = random_state(&mut rng, &lay, false);
+        let s_vf = {
+            let mut t = s_kf.view();
+            t.swap_axes(2, 3);
+            t.as_standard_layout().into_owned()
+        };
+        let o = |vf| Opts {
+            dtype,
+            gate_dtype: Dtype::F32,
+            state: Some(Dtype::F32),
+            params: params(64, if vf { 7 } else { 3 }),
+        };
+        let a = check(gpu, "key-first", &lay, &inp, Some(&s_kf), o(false), None);
+        let b = check(gpu, "v-first", &lay, &inp, Some(&s_vf), o(true), None);
+        assert_bit_identical("h", &transposed(&a.h), &b.h);
+        assert_bit_identical(
+            "v_new",
+            a.v_new.as_ref().unwrap(),
+            b.v_new.as_ref().unwrap(),
+        );
+        assert_bit_identical(
+            "final_state",
+            &transposed(a.final_state.as_ref().unwrap()),
+            b.final_state.as_ref().unwrap(),
+        );
+    }
+}
+
+#[test]
+fn long_sequences_match_reference_with_long_thresholds() {
+    let Some(gpu) = gpu_or_skip("long_sequences_match_reference_with_long_thresholds") else {
+        return;
+    };
+    let mut rng = Rng::new(0x5eed_0005);
+    for (t, dtype, gates) in [
+        (8192, Dtype::BF16, Gates::Gk),
+        (8192, Dtype::F32, Gates::G),
+        (32768, Dtype::BF16, Gates::Gk),
+        (32768, Dtype::F16, Gates::G),
+    ] {
+        let lay = layout(1, t, (1, 1), 128, 128, 64, None);
+        let inp = realistic(&mut rng, &lay, gates, false);
+        let state = random_state(&mut rng, &lay, false);
+        let o = Opts {
+            dtype,
+            gate_dtype: Dtype::F32,
+            state: Some(Dtype::F32),
+            params: params(64, 3),
+        };
+        check(gpu, "long", &lay, &inp, Some(&state), o, None);
+    }
+}
+
+#[test]
+fn hundred_launches_are_bit_identical() {
+    let Some(gpu) = gpu_or_skip("hundred_launches_are_bit_identical") else {
+        return;
+    };
+    let mut rng = Rng::new(0x5eed_0006);
+    for dtype in [Dtype::BF16, Dtype::F32] {
+        let lay = layout(
+            1,
+            0,
+            (2, 4),
+            128,
+            128,
+            64,
+            Some(&[0, 15, 100, 300, 1200, 2000]),
+        );
+        let inp = realistic(&mut rng, &lay, Gates::G, false);
+        let state = random_state(&mut rng, &lay, false);
+        let up = Uploaded::new(gpu, &inp, Some(&state), dtype, Dtype::F32, Dtype::F32);
+        let p = params(64, 3);
+        let plan = FwdHPlan::new(gpu, &up.tensors(), lay.cu.as_deref(), &p).unwrap();
+        let first = launch(gpu, &plan, &up);
+        for i in 1..100 {
+            let again = launch(gpu, &plan, &up);
+            assert_bit_identical(&format!("h, launch {i}"), &first.h, &again.h);
+            assert_bit_identical(
+                &format!("v_new, launch {i}"),
+                first.v_new.as_ref().unwrap(),
+                again.v_new.as_ref().unwrap(),
+            );
+            assert_bit_identical(
+                &format!("final_state, launch {i}"),
+                first.final_state.as_ref().unwrap(),
+                again.final_state.as_ref().unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn float64_main_data_is_refused_before_any_launch() {
+    let Some(gpu) = gpu_or_skip("float64_main_data_is_refused_before_any_launch") else {
+        return;
+    };
+    let mut rng = Rng::new(7);
+    let lay = layout(1, 10, (1, 1), 16, 16, 16, None);
+    let inp = small_random(&mut rng, &lay, Gates::None);
+    let up = Uploaded::new(gpu, &inp, None, Dtype::F64, Dtype::F32, Dtype::F32);
+    let e = FwdHPlan::new(gpu, &up.tensors(), None, &FwdHParams::default()).unwrap_err();
+    let attn_gpu::GpuError::Input(e) = e else {
+        panic!("expected a typed input error, got {e}")
+    };
+    assert_eq!(
+        (e.kind, e.arg.as_str()),
+        (attn_reference::ErrorKind::Dtype, "k")
+    );
+}
