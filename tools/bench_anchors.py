@@ -9,7 +9,10 @@ two-kernel `kda_gate_fwd` + `chunk_local_cumsum` for the first fused shape. Time
 Bytes count each input element read once and each output element written once. The copy
 ceiling is a 1 GiB `Tensor.copy_` (2 GiB moved) timed the same way.
 
-Usage: bench_anchors.py [--json OUT.json] [--ours bench_gpu.json] [--filter SUBSTR]
+The delta-rule rows (FWD_H) time FLA 0.6.0's serial `chunk_gated_delta_rule_fwd_h` and its
+`intracard_pre_scan` on random bf16 inputs of the spec's anchor shapes.
+
+Usage: bench_anchors.py [--json OUT.json] [--ours bench_gpu.json] [--filter SUBSTR[,SUBSTR]]
 With --ours, prints: case, ours (ms), anchor (ms), speedup (anchor / ours), the shares of each
 side's own copy ceiling, and the target.
 """
@@ -38,7 +41,58 @@ CASES = {
     "kda_gate_chunk_cumsum_1x131072x8x128": ([1, 131072, 8, 128], "bfloat16", "float32", ("fla_fused",), 0.92, 1.05),
 }
 
+# The delta-rule rows (spec anchors.md, fwd_h table): bf16, K = V = 128, chunk 64, gk,
+# initial_state, final state, v_new, varlen cu_seqlens. name -> (value heads, sequence lengths,
+# anchor, target share of ceiling, min speedup vs FLA serial). The pre-scan row: 32 pieces.
+FWD_H = {
+    "fwd_h_h4_4096": (4, [4096], "fla_fwd_h", None, 1.0),
+    "fwd_h_h4_32768": (4, [32768], "fla_fwd_h", None, 1.5),
+    "fwd_h_h4_65536": (4, [65536], "fla_fwd_h", None, 1.5),
+    "fwd_h_h4_131072": (4, [131072], "fla_fwd_h", None, 1.5),
+    "fwd_h_h4_131072+10x1024": (4, [131072] + [1024] * 10, "fla_fwd_h", None, 1.5),
+    "fwd_h_h4_4x8192": (4, [8192] * 4, "fla_fwd_h", None, 1.0),
+    "fwd_h_h4_28672+4096": (4, [28672, 4096], "fla_fwd_h", None, 1.0),
+    "fwd_h_h8_131072": (8, [131072], "fla_fwd_h", None, 1.0),
+    "fwd_h_h16_131072": (16, [131072], "fla_fwd_h", None, 1.0),
+    "fwd_h_h32_32768": (32, [32768], "fla_fwd_h", 0.70, 1.2),
+    "fwd_h_h32_8x8192": (32, [8192] * 8, "fla_fwd_h", 0.70, 1.2),
+    "fwd_h_pre_scan_h4_131072_32pieces": (4, [131072], "fla_prescan", None, None),
+}
+DK = DV = 128
+
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def delta_fn(name):
+    """FLA 0.6.0 on random inputs of the row's shapes (time does not depend on the values)."""
+    heads, seqs, anchor, _, _ = FWD_H[name]
+    t = sum(seqs)
+    dev = "cuda"
+    k = ((torch.rand(1, t, heads, DK, device=dev) * 2 - 1) * 0.02).to(torch.bfloat16)
+    w = ((torch.rand(1, t, heads, DK, device=dev) * 2 - 1) * 0.02).to(torch.bfloat16)
+    u = (torch.rand(1, t, heads, DV, device=dev) * 2 - 1).to(torch.bfloat16)
+    gk = -0.1 * torch.rand(1, t, heads, DK, device=dev)
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(seqs)), device=dev, dtype=torch.long)
+    if anchor == "fla_prescan":
+        from fla.ops.common.intracard_cp import intracard_pre_scan
+        step = -(-(t // 32) // 64) * 64
+        cuts = torch.tensor([min(j * step, t) for j in range(32)] + [t], device=dev, dtype=torch.long)
+        return lambda: intracard_pre_scan(k=k, w=w, u=u, g=None, gk=gk, cu_seqlens=cuts, num_subseqs=32, chunk_size=64)
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    h0 = torch.rand(len(seqs), heads, DK, DV, device=dev) * 2 - 1
+    return lambda: chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=None, gk=gk, initial_state=h0,
+                                               output_final_state=True, chunk_size=64,
+                                               save_new_value=True, cu_seqlens=cu)
+
+
+def delta_bytes(name):
+    heads, seqs, anchor, _, _ = FWD_H[name]
+    tok = sum(seqs) * heads
+    ins = tok * (2 * DK + DV) * 2 + tok * DK * 4
+    if anchor == "fla_prescan":
+        return ins + 32 * heads * DK * (DV + DK) * 4
+    chunks = sum(-(-s // 64) for s in seqs)
+    return ins + chunks * heads * DK * DV * 2 + tok * DV * 2 + 2 * len(seqs) * heads * DK * DV * 4
 
 
 def bench(fn):
@@ -96,13 +150,22 @@ def main():
     rows = {}
     cases = dict(CASES)
     cases["kda_gate_then_chunk_local_cumsum_1x32768x32x128"] = ([1, 32768, 32, 128], "bfloat16", "float32", ("fla_two_kernels",), None, None)
+    for name in FWD_H:
+        cases[name] = (None, None, None, (FWD_H[name][2],), FWD_H[name][3], FWD_H[name][4])
     for name, (shape, din, dout, anchor, _, _) in cases.items():
-        if args.filter not in name or args.decode_only:
+        if not any(f in name for f in args.filter.split(",")) or args.decode_only:
             continue
         try:
-            fn = anchor_fn(anchor, shape, din)
-            ms = bench(fn)
-            b = nbytes(shape, din, dout)
+            if name in FWD_H:
+                with torch.no_grad():
+                    fn = delta_fn(name)
+                    fn()
+                    ms = bench(fn)
+                b = delta_bytes(name)
+            else:
+                fn = anchor_fn(anchor, shape, din)
+                ms = bench(fn)
+                b = nbytes(shape, din, dout)
             rows[name] = {"anchor": anchor[0], "median_ms": ms, "bytes": b, "gbps": b / (ms * 1e-3) / 1e9,
                           "share": b / (ms * 1e-3) / 1e9 / ceiling}
             print(f"  {name:<50} {anchor[0]:<16} {ms:9.4f} ms {rows[name]['gbps']:7.0f} GB/s {100 * rows[name]['share']:5.1f}%")
@@ -134,7 +197,7 @@ def main():
         print("-" * len(hdr))
         for c in ours["cases"]:
             a = rows.get(c["name"], {})
-            spec = CASES.get(c["name"])
+            spec = CASES.get(c["name"]) or cases.get(c["name"])
             tgt = ""
             ok = True
             if spec:
@@ -149,7 +212,14 @@ def main():
             sp = f"{am / c['median_ms']:.2f}x" if am else "n/a"
             ash = f"{100 * a['share']:.1f}%" if am else "n/a"
             amt = f"{am:.4f}" if am else "n/a"
-            print(f"{c['name']:<40} {c['median_ms']:9.4f} {amt:>10} {sp:>8} {100 * c['share']:9.1f}% {ash:>12}  {tgt} {'ok' if ok else 'MISS'}")
+            more = ""
+            if "tflops" in c:
+                more += f" {c['tflops']:.1f} TFLOP/s"
+            if "longest_seq_step_us" in c and "tflops" not in c:
+                more += f" step {c['longest_seq_step_us']:.3f} us"
+                if am:
+                    more += f" (FLA {c['longest_seq_step_us'] * am / c['median_ms']:.3f} us)"
+            print(f"{c['name']:<40} {c['median_ms']:9.4f} {amt:>10} {sp:>8} {100 * c['share']:9.1f}% {ash:>12}  {tgt} {'ok' if ok else 'MISS'}{more}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ impl FwdHPreScanPlan {
         })
     }
 
+    /// The kernel this plan launches.
+    pub fn choice(&self) -> KernelChoice {
+        self.choice
+    }
+
     /// The shape of `hm`: `[S, HV, K, V + K]`.
     pub fn hm_shape(&self) -> [usize; 4] {
         let g = &self.geo;

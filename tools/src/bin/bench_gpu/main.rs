@@ -10,12 +10,15 @@
 //! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`]; the
 //! decode cases (`decode_attention` plain and as CUDA-graph replays, bytes = the valid K and V)
 //! in [`decode`].
+//! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
+//! the delta-rule cases (`chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`) in [`delta`].
 //!
 //! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
 //! contains any of the substrings). Prints a table; `--json`
 //! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
 
 mod decode;
+mod delta;
 mod nsa;
 
 use attn_gpu::{
@@ -349,6 +352,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }));
     }
     dgpu.synchronize()?;
+    for case in delta::cases().into_iter().filter(|c| wanted(c.name)) {
+        rows.push(delta::run(gpu, &case, iters, l2, free, ceiling)?);
+    }
     gpu.set_checked(true);
     gpu.synchronize()?;
     if let Some(p) = json_path {
