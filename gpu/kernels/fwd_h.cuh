@@ -91,54 +91,64 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return (unsigned)a;
 }
 
-// 16 bytes global -> shared; `bytes` (0 or 16) of them read, the rest zero-filled.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+// 16 bytes global -> shared address `dst`; `bytes` (0 or 16) of them read, the rest zero-filled.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most P cp.async groups are pending.
+template <int P> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory");
+}
 
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+// Fragment loads from shared addresses (bytes).
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x2_t(unsigned (&r)[2], const void* p) {
+__device__ __forceinline__ void ldsm_x2_t(unsigned (&r)[2], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
 template <typename T> struct Mma;
 template <> struct Mma<bf16> {
     __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 };
 template <> struct Mma<f16> {
     __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 };
 
 // Shared-memory layout of the mma kernel (element pitches padded by 8 against bank conflicts).
+// STAGES chunk buffers: the loads of chunk c + STAGES - 1 are issued while chunk c computes
+// (two for 256 keys, for the 227 KiB of shared memory).
 template <typename T, int KP, int BV> struct MmaSmem {
     static constexpr int KPITCH = KP + 8;
     static constexpr int VPITCH = BV + 8;
-    T k[2][FWDH_BT][KPITCH];
-    T w[2][FWDH_BT][KPITCH];
-    T u[2][FWDH_BT][VPITCH];
-    float g[2][FWDH_BT];
-    float gk[2][KP];
+    static constexpr int STAGES = KP >= 256 ? 2 : 3;
+    static constexpr unsigned KROW = KPITCH * sizeof(T);  // bytes per row of k / w
+    static constexpr unsigned VROW = VPITCH * sizeof(T);  // bytes per row of u / s / d
+    T k[STAGES][FWDH_BT][KPITCH];
+    T w[STAGES][FWDH_BT][KPITCH];
+    T u[STAGES][FWDH_BT][VPITCH];
+    float g[STAGES][FWDH_BT];
+    float gk[STAGES][KP];
     T s_hi[KP][VPITCH];
     T s_lo[KP][VPITCH];
     T d_hi[FWDH_BT][VPITCH];
@@ -147,71 +157,89 @@ template <typename T, int KP, int BV> struct MmaSmem {
 
 // Issues the loads of one chunk (rows [row0, row0 + nc) of the packed token axis) into buffer
 // `buf`: k (key head kh), w, u (the block's value columns) and the gates, zero-filled beyond the
-// valid rows / columns. 16-byte pieces that are complete and aligned go through cp.async; the
-// others are loaded element by element.
+// valid rows / columns. Every thread copies fixed 16-byte pieces (a column and every
+// THREADS / pieces-per-row-th row) through cp.async when K (for k, w) or V (for u) is a multiple
+// of 8; otherwise element by element. Always commits one cp.async group (empty when nc = 0).
 template <typename T, int KP, int BV, bool PRESCAN>
 __device__ __forceinline__ void load_chunk_mma(const FwdHArgs& a, MmaSmem<T, KP, BV>& sm, int buf, i64 row0, int nc,
                                                i64 kh, i64 hv, const ColBlock& cb) {
-    const int tid = threadIdx.x;
-    const int bt = (int)a.bt;
-    const T* kp = reinterpret_cast<const T*>(a.k);
-    const T* wp = reinterpret_cast<const T*>(a.w);
-    const T* up = reinterpret_cast<const T*>(a.u);
-    const bool kvec = (a.K % 8) == 0;
-    constexpr int KSEG = KP / 8;
-    for (int i = tid; i < bt * KSEG; i += FWDH_THREADS) {
-        const int r = i / KSEG, c8 = (i % KSEG) * 8;
-        const bool row_ok = r < nc;
-        const i64 kb = ((row0 + r) * a.H + kh) * a.K + c8;
-        const i64 wb = ((row0 + r) * a.HV + hv) * a.K + c8;
-        if (kvec || c8 >= a.K) {
-            // whole piece valid, or wholly beyond K (zero-fill)
-            const int bytes = (row_ok && c8 < a.K) ? 16 : 0;
-            cp_async16(&sm.k[buf][r][c8], bytes ? kp + kb : kp, bytes);
-            cp_async16(&sm.w[buf][r][c8], bytes ? wp + wb : wp, bytes);
-        } else {
+    using Sm = MmaSmem<T, KP, BV>;
+    if (nc > 0) {
+        const int tid = threadIdx.x;
+        const int bt = (int)a.bt;
+        const i64 ks = a.H * a.K, ws = a.HV * a.K, us = a.HV * a.V;  // row strides
+        const T* kp = reinterpret_cast<const T*>(a.k) + row0 * ks + kh * a.K;
+        const T* wp = reinterpret_cast<const T*>(a.w) + row0 * ws + hv * a.K;
+        const T* up = reinterpret_cast<const T*>(a.u) + row0 * us + hv * a.V + cb.c0;
+        constexpr int KSEG = KP / 8, KRS = FWDH_THREADS / KSEG;  // pieces per row, rows per pass
+        if ((a.K % 8) == 0) {
+            const int r0 = tid / KSEG, c8 = (tid % KSEG) * 8;
+            const bool col_ok = c8 < a.K;
+            const unsigned kd = smem_u32(&sm.k[buf][r0][c8]), wd = smem_u32(&sm.w[buf][r0][c8]);
+            const T* ksrc = kp + r0 * ks + c8;
+            const T* wsrc = wp + r0 * ws + c8;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const bool ok = row_ok && c8 + e < a.K;
-                sm.k[buf][r][c8 + e] = ok ? kp[kb + e] : T{0};
-                sm.w[buf][r][c8 + e] = ok ? wp[wb + e] : T{0};
+            for (int p = 0; p < FWDH_BT / KRS; ++p) {
+                const int r = r0 + p * KRS;
+                if (r < bt) {
+                    const int bytes = (r < nc && col_ok) ? 16 : 0;
+                    cp_async16(kd + p * KRS * Sm::KROW, bytes ? ksrc + p * KRS * ks : kp, bytes);
+                    cp_async16(wd + p * KRS * Sm::KROW, bytes ? wsrc + p * KRS * ws : wp, bytes);
+                }
+            }
+        } else {
+            for (int i = tid; i < bt * KSEG; i += FWDH_THREADS) {
+                const int r = i / KSEG, c8 = (i % KSEG) * 8;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const bool ok = r < nc && c8 + e < a.K;
+                    sm.k[buf][r][c8 + e] = ok ? kp[r * ks + c8 + e] : T{0};
+                    sm.w[buf][r][c8 + e] = ok ? wp[r * ws + c8 + e] : T{0};
+                }
             }
         }
-    }
-    constexpr int VSEG = BV / 8;
-    const bool uvec = (a.V % 8) == 0;
-    for (int i = tid; i < bt * VSEG; i += FWDH_THREADS) {
-        const int r = i / VSEG, c8 = (i % VSEG) * 8;
-        const i64 col = cb.c0 + c8;  // state column; u exists only for columns < V
-        const bool row_ok = r < nc && !cb.m_cols;
-        const i64 ub = ((row0 + r) * a.HV + hv) * a.V + col;
-        if (uvec || !row_ok || col >= cb.c_end) {
-            const int bytes = (row_ok && col < cb.c_end) ? 16 : 0;
-            cp_async16(&sm.u[buf][r][c8], bytes ? up + ub : up, bytes);
-        } else {
+        constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG;
+        const int nb = (int)(cb.c_end - cb.c0);
+        if ((a.V % 8) == 0 || cb.m_cols) {
+            const int r0 = tid / VSEG, c8 = (tid % VSEG) * 8;
+            const bool col_ok = c8 < nb && !cb.m_cols;  // u exists only for columns < V
+            const unsigned ud = smem_u32(&sm.u[buf][r0][c8]);
+            const T* usrc = up + r0 * us + c8;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sm.u[buf][r][c8 + e] = col + e < cb.c_end ? up[ub + e] : T{0};
-        }
-    }
-    if (a.g != 0) {
-        for (int r = tid; r < bt; r += FWDH_THREADS) {
-            const i64 gi = (row0 + r) * a.HV + hv;
-            if (a.g_dtype == 1) {
-                const float* gp = reinterpret_cast<const float*>(a.g);
-                cp_async4(&sm.g[buf][r], r < nc ? gp + gi : gp, r < nc ? 4 : 0);
-            } else {
-                sm.g[buf][r] = r < nc ? load_f(reinterpret_cast<const void*>(a.g), a.g_dtype, gi) : 0.f;
+            for (int p = 0; p < (FWDH_BT + VRS - 1) / VRS; ++p) {
+                const int r = r0 + p * VRS;
+                if (r < bt) {
+                    const int bytes = (r < nc && col_ok) ? 16 : 0;
+                    cp_async16(ud + p * VRS * Sm::VROW, bytes ? usrc + p * VRS * us : up, bytes);
+                }
+            }
+        } else {
+            for (int i = tid; i < bt * VSEG; i += FWDH_THREADS) {
+                const int r = i / VSEG, c8 = (i % VSEG) * 8;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) sm.u[buf][r][c8 + e] = (r < nc && c8 + e < nb) ? up[r * us + c8 + e] : T{0};
             }
         }
-    }
-    if (a.gk != 0 && nc > 0) {
-        const i64 gb = ((row0 + nc - 1) * a.HV + hv) * a.K;
-        for (int i = tid; i < KP; i += FWDH_THREADS) {
-            if (a.gk_dtype == 1) {
-                const float* gp = reinterpret_cast<const float*>(a.gk);
-                cp_async4(&sm.gk[buf][i], i < a.K ? gp + gb + i : gp, i < a.K ? 4 : 0);
-            } else {
-                sm.gk[buf][i] = i < a.K ? load_f(reinterpret_cast<const void*>(a.gk), a.gk_dtype, gb + i) : 0.f;
+        if (a.g != 0) {
+            for (int r = tid; r < bt; r += FWDH_THREADS) {
+                const i64 gi = (row0 + r) * a.HV + hv;
+                if (a.g_dtype == 1) {
+                    const float* gp = reinterpret_cast<const float*>(a.g);
+                    cp_async4(smem_u32(&sm.g[buf][r]), r < nc ? gp + gi : gp, r < nc ? 4 : 0);
+                } else {
+                    sm.g[buf][r] = r < nc ? load_f(reinterpret_cast<const void*>(a.g), a.g_dtype, gi) : 0.f;
+                }
+            }
+        }
+        if (a.gk != 0) {
+            const i64 gb = ((row0 + nc - 1) * a.HV + hv) * a.K;
+            for (int i = tid; i < KP; i += FWDH_THREADS) {
+                if (a.gk_dtype == 1) {
+                    const float* gp = reinterpret_cast<const float*>(a.gk);
+                    cp_async4(smem_u32(&sm.gk[buf][i]), i < a.K ? gp + gb + i : gp, i < a.K ? 4 : 0);
+                } else {
+                    sm.gk[buf][i] = i < a.K ? load_f(reinterpret_cast<const void*>(a.gk), a.gk_dtype, gb + i) : 0.f;
+                }
             }
         }
     }
@@ -226,12 +254,16 @@ __device__ __forceinline__ void store_h(const FwdHArgs& a, const MmaSmem<T, KP, 
     const int nb = (int)(cb.c_end - cb.c0);
     if (!a.v_first) {
         if (a.V % 8 == 0) {
-            constexpr int VSEG = BV / 8;
-            for (int i = tid; i < a.K * VSEG; i += FWDH_THREADS) {
-                const int r = i / VSEG, c8 = (i % VSEG) * 8;
-                if (c8 < nb) {
-                    *reinterpret_cast<Vec<T, 8>*>(hp + r * a.V + cb.c0 + c8) =
-                        *reinterpret_cast<const Vec<T, 8>*>(&sm.s_hi[r][c8]);
+            constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG;
+            const int r0 = tid / VSEG, c8 = (tid % VSEG) * 8;
+            if (c8 < nb) {
+                T* dst = hp + r0 * a.V + cb.c0 + c8;
+#pragma unroll
+                for (int p = 0; p < (KP + VRS - 1) / VRS; ++p) {
+                    const int r = r0 + p * VRS;
+                    if (r < a.K) {
+                        *reinterpret_cast<Vec<T, 8>*>(dst + p * VRS * a.V) = *reinterpret_cast<const Vec<T, 8>*>(&sm.s_hi[r][c8]);
+                    }
                 }
             }
         } else {
@@ -259,15 +291,45 @@ __device__ __forceinline__ void store_h(const FwdHArgs& a, const MmaSmem<T, KP, 
     }
 }
 
+// Stores a pair of adjacent v_new values (columns col, col + 1 of the block) of one row.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, int col, int nb, bool pair_ok, float d0, float d1) {
+    if (pair_ok && col + 1 < nb) {
+        Vec<T, 2> q;
+        q.v[0] = Narrow<T>::from(d0);
+        q.v[1] = Narrow<T>::from(d1);
+        *reinterpret_cast<Vec<T, 2>*>(p) = q;
+    } else {
+        if (col < nb) p[0] = Narrow<T>::from(d0);
+        if (col + 1 < nb) p[1] = Narrow<T>::from(d1);
+    }
+}
+
+// Two values of T in one 32-bit word (for shared-memory stores of a fragment's column pair).
+template <typename T>
+__device__ __forceinline__ Vec<T, 2> pack2(float x0, float x1) {
+    Vec<T, 2> q;
+    q.v[0] = Narrow<T>::from(x0);
+    q.v[1] = Narrow<T>::from(x1);
+    return q;
+}
+
 // The whole recurrence of one CTA. Warp w owns the state tiles (16 x 8 each) w*SU .. w*SU+SU-1
-// of the KP x BV block, row-major over (16-row key tile, 8-column tile).
+// of the KP x BV block, row-major over (16-row key tile, 8-column tile): MPW key tiles of TPM
+// column tiles each, and the chunk tiles (16 x 8) of D numbered w, w + 8, ... Fragment
+// addresses are per-thread bases fixed for the whole sequence plus compile-time offsets.
 template <typename T, int KP, int BV, bool PRESCAN>
 __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
+    using Sm = MmaSmem<T, KP, BV>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    MmaSmem<T, KP, BV>& sm = *reinterpret_cast<MmaSmem<T, KP, BV>*>(smem_raw);
-    constexpr int NTN = BV / 8;                      // 8-column tiles
+    Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
+    constexpr int NTN = BV / 8;                       // 8-column tiles
     constexpr int SU = (KP / 16) * NTN / FWDH_WARPS;  // state tiles per warp
+    constexpr int TPM = SU < NTN ? SU : NTN;          // column tiles per key tile of a warp
+    constexpr int MPW = SU / TPM;                     // key tiles per warp
     constexpr int DUMAX = (FWDH_BT / 16) * NTN / FWDH_WARPS > 0 ? (FWDH_BT / 16) * NTN / FWDH_WARPS : 1;
+    constexpr int ST = Sm::STAGES;
+    constexpr unsigned KROW = Sm::KROW, VROW = Sm::VROW, KSTAGE = FWDH_BT * KROW;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, t4 = lane & 3;
 
@@ -279,6 +341,17 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     const int bt = (int)a.bt;
     const i64 nchunks = (len + bt - 1) / bt;
     const bool split = PRESCAN && a.split && cb.m_cols;
+    const int nb = (int)(cb.c_end - cb.c0);
+    const bool pair_ok = (a.V % 2) == 0;
+    const i64 vs = a.HV * a.V;  // v_new row stride
+
+    // per-thread fragment address bases (bytes in shared memory)
+    const unsigned w_s = smem_u32(&sm.w[0][0][0]), k_s = smem_u32(&sm.k[0][0][0]);
+    const unsigned shi_s = smem_u32(&sm.s_hi[0][0]), slo_s = smem_u32(&sm.s_lo[0][0]);
+    const unsigned dhi_s = smem_u32(&sm.d_hi[0][0]), dlo_s = smem_u32(&sm.d_lo[0][0]);
+    const unsigned a1_lane = (lane & 15) * KROW + (lane >> 4) * 16;                        // W rows
+    const unsigned a2_lane = ((lane & 7) + (lane >> 4) * 8) * KROW + ((lane >> 3) & 1) * 16;  // K^T
+    const unsigned b_lane = (lane & 15) * VROW;                                            // S, D rows
 
     // the state tiles, from the incoming state
     float s[SU][4];
@@ -288,53 +361,65 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = mt * 16 + gid + (e >> 1) * 8, c = nt * 8 + t4 * 2 + (e & 1);
-            s[j][e] = (r < a.K && cb.c0 + c < cb.c_end) ? initial_value<PRESCAN>(a, n, hv, r, cb.c0 + c) : 0.f;
+            s[j][e] = (r < a.K && c < nb) ? initial_value<PRESCAN>(a, n, hv, r, cb.c0 + c) : 0.f;
         }
     }
-    if (nchunks > 0) load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, 0, row0, (int)min((i64)bt, len), kh, hv, cb);
+    auto chunk_rows = [&](i64 c) { return (int)max((i64)0, min((i64)bt, len - c * bt)); };
+#pragma unroll
+    for (int p = 0; p < ST - 1; ++p) load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, p, row0 + p * bt, chunk_rows(p), kh, hv, cb);
 
     for (i64 c = 0; c < nchunks; ++c) {
-        const int buf = (int)(c & 1);
-        const int nc = (int)min((i64)bt, len - c * bt);
+        const int buf = (int)(c % ST);
+        const int nc = chunk_rows(c);
         // 1. the rounded state (hi, and lo when split) into shared memory
 #pragma unroll
         for (int j = 0; j < SU; ++j) {
             const int u = warp * SU + j, mt = u / NTN, nt = u % NTN;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
-                const T hi = Narrow<T>::from(s[j][e]);
-                sm.s_hi[r][col] = hi;
-                if (split) sm.s_lo[r][col] = Narrow<T>::from(s[j][e] - widen(hi));
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
+                const Vec<T, 2> hi = pack2<T>(s[j][2 * h2], s[j][2 * h2 + 1]);
+                *reinterpret_cast<Vec<T, 2>*>(&sm.s_hi[r][col]) = hi;
+                if (split) {
+                    *reinterpret_cast<Vec<T, 2>*>(&sm.s_lo[r][col]) =
+                        pack2<T>(s[j][2 * h2] - widen(hi.v[0]), s[j][2 * h2 + 1] - widen(hi.v[1]));
+                }
             }
         }
-        cp_async_wait_all();
-        __syncthreads();  // chunk c's tiles and the rounded state are visible
-        // 2. the next chunk's loads go out while this one computes
-        if (c + 1 < nchunks) {
-            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, buf ^ 1, row0 + (c + 1) * bt, (int)min((i64)bt, len - (c + 1) * bt), kh, hv, cb);
+        cp_async_wait<ST - 2>();  // chunk c's group is complete (later chunks may be in flight)
+        __syncthreads();          // ... for every thread, and the rounded state is visible
+        // 2. chunk c + ST - 1's loads go out while this one computes
+        {
+            const i64 cn = c + ST - 1;
+            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, (int)(cn % ST), row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
         }
         if (!PRESCAN && a.h != 0) store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
 
-        // 3. D = U - W S_T over the chunk's 16 x 8 tiles
+        // 3. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
+        //    odd key steps, so that the dependent chains are half as long)
         const int ntiles_d = (bt / 16) * NTN;
-        float dacc[DUMAX][4];
+        const unsigned wbuf = w_s + buf * KSTAGE + a1_lane;
+        float dacc[DUMAX][2][4];
+#pragma unroll
+        for (int j = 0; j < DUMAX; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dacc[j][0][e] = dacc[j][1][e] = 0.f;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dacc[j][e] = 0.f;
             if (u < ntiles_d) {
                 const int mt = u / NTN, nt = u % NTN;
-#pragma unroll 4
-                for (int kk = 0; kk < KP; kk += 16) {
+                const unsigned aw = wbuf + mt * 16 * KROW;
+                const unsigned bs = shi_s + b_lane + nt * 16, bl = slo_s + b_lane + nt * 16;
+#pragma unroll
+                for (int kk = 0; kk < KP / 16; ++kk) {
                     unsigned af[4], bf[2];
-                    ldsm_x4(af, &sm.w[buf][mt * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
-                    ldsm_x2_t(bf, &sm.s_hi[kk + (lane & 15)][nt * 8]);
-                    Mma<T>::run(dacc[j], af, bf);
+                    ldsm_x4(af, aw + kk * 32);
+                    ldsm_x2_t(bf, bs + kk * 16 * VROW);
+                    Mma<T>::run(dacc[j][kk & 1], af, bf);
                     if (split) {
-                        ldsm_x2_t(bf, &sm.s_lo[kk + (lane & 15)][nt * 8]);
-                        Mma<T>::run(dacc[j], af, bf);
+                        ldsm_x2_t(bf, bl + kk * 16 * VROW);
+                        Mma<T>::run(dacc[j][kk & 1], af, bf);
                     }
                 }
             }
@@ -342,58 +427,74 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
         // 4. v_new, and a . D rounded into shared memory
         const float* gs = sm.g[buf];
         const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
+        T* vrow = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + ((row0 + c * bt) * a.HV + hv) * a.V + cb.c0 : nullptr;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
             if (u < ntiles_d) {
                 const int mt = u / NTN, nt = u % NTN;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
-                    const float d = widen(sm.u[buf][r][col]) - dacc[j][e];
-                    if (!PRESCAN && a.v_new != 0 && r < nc && cb.c0 + col < cb.c_end) {
-                        reinterpret_cast<T*>(a.v_new)[((row0 + c * bt + r) * a.HV + hv) * a.V + cb.c0 + col] = Narrow<T>::from(d);
-                    }
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
+                    const Vec<T, 2> uu = *reinterpret_cast<const Vec<T, 2>*>(&sm.u[buf][r][col]);
+                    const float d0 = widen(uu.v[0]) - (dacc[j][0][2 * h2] + dacc[j][1][2 * h2]);
+                    const float d1 = widen(uu.v[1]) - (dacc[j][0][2 * h2 + 1] + dacc[j][1][2 * h2 + 1]);
+                    if (vrow != nullptr && r < nc) store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
                     const float f = r < nc ? (a.g != 0 ? exp2f(g_last - gs[r]) : 1.f) : 0.f;
-                    const float ad = r < nc ? f * d : 0.f;
-                    const T hi = Narrow<T>::from(ad);
-                    sm.d_hi[r][col] = hi;
-                    if (split) sm.d_lo[r][col] = Narrow<T>::from(ad - widen(hi));
+                    const float ad0 = r < nc ? f * d0 : 0.f, ad1 = r < nc ? f * d1 : 0.f;
+                    const Vec<T, 2> hi = pack2<T>(ad0, ad1);
+                    *reinterpret_cast<Vec<T, 2>*>(&sm.d_hi[r][col]) = hi;
+                    if (split) {
+                        *reinterpret_cast<Vec<T, 2>*>(&sm.d_lo[r][col]) = pack2<T>(ad0 - widen(hi.v[0]), ad1 - widen(hi.v[1]));
+                    }
                 }
             }
         }
         // 5. decay of the state (scalar and per-key gates at the chunk's last row)
         const float gamma = a.g != 0 ? exp2f(g_last) : 1.f;
 #pragma unroll
-        for (int j = 0; j < SU; ++j) {
-            const int u = warp * SU + j, mt = u / NTN;
+        for (int jm = 0; jm < MPW; ++jm) {
+            const int mt = (warp * SU + jm * TPM) / NTN;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = mt * 16 + gid + (e >> 1) * 8;
-                const float lam = a.gk != 0 ? exp2f(sm.gk[buf][r]) : 1.f;
-                s[j][e] *= gamma * lam;
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int r = mt * 16 + gid + h2 * 8;
+                const float f = a.gk != 0 ? gamma * exp2f(sm.gk[buf][r]) : gamma;
+#pragma unroll
+                for (int jn = 0; jn < TPM; ++jn) {
+                    s[jm * TPM + jn][2 * h2] *= f;
+                    s[jm * TPM + jn][2 * h2 + 1] *= f;
+                }
             }
         }
         __syncthreads();  // a . D is visible
-        // 6. S += K^T (a . D)
+        // 6. S += K^T (a . D): per key step, one key fragment for TPM independent tiles
+        const unsigned kbuf = k_s + buf * KSTAGE + a2_lane;
 #pragma unroll
-        for (int j = 0; j < SU; ++j) {
-            const int u = warp * SU + j, mt = u / NTN, nt = u % NTN;
-            for (int kk = 0; kk < bt; kk += 16) {
-                unsigned af[4], bf[2];
-                const int mat = lane >> 3, i = lane & 7;
-                ldsm_x4_t(af, &sm.k[buf][kk + i + (mat >> 1) * 8][mt * 16 + (mat & 1) * 8]);
-                ldsm_x2_t(bf, &sm.d_hi[kk + (lane & 15)][nt * 8]);
-                Mma<T>::run(s[j], af, bf);
-                if (split) {
-                    ldsm_x2_t(bf, &sm.d_lo[kk + (lane & 15)][nt * 8]);
-                    Mma<T>::run(s[j], af, bf);
+        for (int ks = 0; ks < FWDH_BT / 16; ++ks) {
+            if (ks * 16 < bt) {
+#pragma unroll
+                for (int jm = 0; jm < MPW; ++jm) {
+                    const int mt = (warp * SU + jm * TPM) / NTN;
+                    unsigned af[4];
+                    ldsm_x4_t(af, kbuf + mt * 32 + ks * 16 * KROW);
+#pragma unroll
+                    for (int jn = 0; jn < TPM; ++jn) {
+                        const int nt = (warp * SU + jm * TPM + jn) % NTN;
+                        unsigned bf[2];
+                        ldsm_x2_t(bf, dhi_s + b_lane + nt * 16 + ks * 16 * VROW);
+                        Mma<T>::run(s[jm * TPM + jn], af, bf);
+                        if (split) {
+                            ldsm_x2_t(bf, dlo_s + b_lane + nt * 16 + ks * 16 * VROW);
+                            Mma<T>::run(s[jm * TPM + jn], af, bf);
+                        }
+                    }
                 }
             }
         }
         // the next iteration's first barrier orders these reads of buffer `buf`, d_hi and s_hi
-        // before they are overwritten (its loads target buf ^ 1 ... written only after it)
+        // before they are overwritten
     }
+    cp_async_wait_all();
     if (a.ht != 0) {
 #pragma unroll
         for (int j = 0; j < SU; ++j) {
@@ -401,7 +502,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
-                if (r < a.K && cb.c0 + col < cb.c_end) store_final<PRESCAN>(a, n, hv, r, cb.c0 + col, s[j][e]);
+                if (r < a.K && col < nb) store_final<PRESCAN>(a, n, hv, r, cb.c0 + col, s[j][e]);
             }
         }
     }

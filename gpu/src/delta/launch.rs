@@ -69,8 +69,10 @@ impl KernelChoice {
         match self {
             KernelChoice::Mma { kp, bv } => {
                 let (kpitch, vpitch) = (kp + 8, bv + 8);
-                let tiles = 2 * 2 * MAX_BT * kpitch * 2 + 2 * MAX_BT * vpitch * 2;
-                let gates = 2 * MAX_BT * 4 + 2 * kp * 4;
+                // chunk buffers (`MmaSmem::STAGES`)
+                let st = if kp >= 256 { 2 } else { 3 };
+                let tiles = st * 2 * MAX_BT * kpitch * 2 + st * MAX_BT * vpitch * 2;
+                let gates = st * MAX_BT * 4 + st * kp * 4;
                 let state = 2 * kp * vpitch * 2 + 2 * MAX_BT * vpitch * 2;
                 tiles + gates + state
             }
