@@ -33,15 +33,20 @@ struct FwdHArgs {
     i64 split;                // pre-scan: hi/lo operands for the M columns (mma kernel)
 };
 
-// Loads element i of a float tensor whose dtype is a run-time code, widened to fp32.
-__device__ __forceinline__ float load_f(const void* p, i64 dtype, i64 i) {
+// Loads element i of a float tensor whose dtype is a run-time code, as Acc (fp32 or fp64).
+template <typename Acc = float>
+__device__ __forceinline__ Acc load_f(const void* p, i64 dtype, i64 i) {
     switch (dtype) {
-        case 0: return (float)reinterpret_cast<const double*>(p)[i];
-        case 1: return reinterpret_cast<const float*>(p)[i];
-        case 2: return widen(reinterpret_cast<const bf16*>(p)[i]);
-        default: return widen(reinterpret_cast<const f16*>(p)[i]);
+        case 0: return (Acc)reinterpret_cast<const double*>(p)[i];
+        case 1: return (Acc)reinterpret_cast<const float*>(p)[i];
+        case 2: return (Acc)widen(reinterpret_cast<const bf16*>(p)[i]);
+        default: return (Acc)widen(reinterpret_cast<const f16*>(p)[i]);
     }
 }
+
+// 2^x in the accumulator's precision.
+__device__ __forceinline__ float ex2(float x) { return exp2f(x); }
+__device__ __forceinline__ double ex2(double x) { return exp2(x); }
 
 // The state columns [c0, c_end) of column block bx (pre-scan: b blocks first, then M blocks).
 struct ColBlock {
@@ -61,18 +66,18 @@ struct ColBlock {
 };
 
 // The value of the incoming state at (row i, state column c).
-template <bool PRESCAN>
-__device__ __forceinline__ float initial_value(const FwdHArgs& a, i64 n, i64 hv, i64 i, i64 c) {
-    if (PRESCAN) return (c >= a.V && c - a.V == i) ? 1.f : 0.f;
-    if (a.h0 == 0) return 0.f;
+template <bool PRESCAN, typename Acc = float>
+__device__ __forceinline__ Acc initial_value(const FwdHArgs& a, i64 n, i64 hv, i64 i, i64 c) {
+    if (PRESCAN) return (c >= a.V && c - a.V == i) ? Acc(1) : Acc(0);
+    if (a.h0 == 0) return Acc(0);
     const i64 base = (n * a.HV + hv) * a.K * a.V;
-    return load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, base + (a.v_first ? c * a.K + i : i * a.V + c));
+    return load_f<Acc>(reinterpret_cast<const void*>(a.h0), a.h0_dtype, base + (a.v_first ? c * a.K + i : i * a.V + c));
 }
 
 // Writes the exit state value v at (row i, state column c).
-template <bool PRESCAN>
-__device__ __forceinline__ void store_final(const FwdHArgs& a, i64 n, i64 hv, i64 i, i64 c, float v) {
-    float* ht = reinterpret_cast<float*>(a.ht);
+template <bool PRESCAN, typename Acc = float>
+__device__ __forceinline__ void store_final(const FwdHArgs& a, i64 n, i64 hv, i64 i, i64 c, Acc v) {
+    Acc* ht = reinterpret_cast<Acc*>(a.ht);
     const i64 base = (n * a.HV + hv) * a.K * a.cols;
     if (PRESCAN || !a.v_first) ht[base + i * a.cols + c] = v;
     else ht[base + c * a.K + i] = v;
@@ -509,23 +514,24 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// IEEE fp32 kernel: 256 threads, BVF state columns, S in shared memory, keys in tiles of KT rows.
+// FMA kernel (IEEE fp32 for fp32 inputs, fp64 for fp64 inputs: T = Acc): 256 threads, FMA_BV
+// state columns, S in shared memory, keys in tiles of FMA_KT rows.
 
 #define FMA_BV 32
 #define FMA_KT 32
 
-struct FmaSmem {
-    float s[256][FMA_BV + 1];
-    float d[FWDH_BT][FMA_BV + 1];
-    float tile[FWDH_BT][FMA_KT + 1];
-    float g[FWDH_BT];
-    float gk[256];
+template <typename Acc> struct FmaSmem {
+    Acc s[256][FMA_BV + 1];
+    Acc d[FWDH_BT][FMA_BV + 1];
+    Acc tile[FWDH_BT][FMA_KT + 1];
+    Acc g[FWDH_BT];
+    Acc gk[256];
 };
 
-template <bool PRESCAN>
+template <typename Acc, bool PRESCAN>
 __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    FmaSmem& sm = *reinterpret_cast<FmaSmem*>(smem_raw);
+    FmaSmem<Acc>& sm = *reinterpret_cast<FmaSmem<Acc>*>(smem_raw);
     const int tid = threadIdx.x;
     const int j = tid % FMA_BV, q0 = tid / FMA_BV;  // column, first row of this thread
     constexpr int RSTEP = FWDH_THREADS / FMA_BV;    // 8
@@ -537,39 +543,40 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
     const int bt = (int)a.bt, K = (int)a.K;
     const i64 nchunks = (len + bt - 1) / bt;
     const bool col_ok = cb.c0 + j < cb.c_end;
-    const float* kp = reinterpret_cast<const float*>(a.k);
-    const float* wp = reinterpret_cast<const float*>(a.w);
-    const float* up = reinterpret_cast<const float*>(a.u);
+    const Acc* kp = reinterpret_cast<const Acc*>(a.k);
+    const Acc* wp = reinterpret_cast<const Acc*>(a.w);
+    const Acc* up = reinterpret_cast<const Acc*>(a.u);
+    const Acc zero = Acc(0);
 
-    for (int r = q0; r < K; r += RSTEP) sm.s[r][j] = col_ok ? initial_value<PRESCAN>(a, n, hv, r, cb.c0 + j) : 0.f;
+    for (int r = q0; r < K; r += RSTEP) sm.s[r][j] = col_ok ? initial_value<PRESCAN, Acc>(a, n, hv, r, cb.c0 + j) : zero;
     __syncthreads();
     for (i64 c = 0; c < nchunks; ++c) {
         const int nc = (int)min((i64)bt, len - c * bt);
         const i64 rc = row0 + c * bt;
         if (!PRESCAN && a.h != 0 && col_ok) {
-            float* hp = reinterpret_cast<float*>(a.h) + ((hbase + c) * a.HV + hv) * a.K * a.V;
+            Acc* hp = reinterpret_cast<Acc*>(a.h) + ((hbase + c) * a.HV + hv) * a.K * a.V;
             for (int r = q0; r < K; r += RSTEP) {
                 hp[a.v_first ? (cb.c0 + j) * a.K + r : r * a.V + cb.c0 + j] = sm.s[r][j];
             }
         }
         for (int r = tid; r < bt; r += FWDH_THREADS) {
-            sm.g[r] = (a.g != 0 && r < nc) ? load_f(reinterpret_cast<const void*>(a.g), a.g_dtype, (rc + r) * a.HV + hv) : 0.f;
+            sm.g[r] = (a.g != 0 && r < nc) ? load_f<Acc>(reinterpret_cast<const void*>(a.g), a.g_dtype, (rc + r) * a.HV + hv) : zero;
         }
         for (int i = tid; i < K; i += FWDH_THREADS) {
-            sm.gk[i] = a.gk != 0 ? load_f(reinterpret_cast<const void*>(a.gk), a.gk_dtype, ((rc + nc - 1) * a.HV + hv) * a.K + i) : 0.f;
+            sm.gk[i] = a.gk != 0 ? load_f<Acc>(reinterpret_cast<const void*>(a.gk), a.gk_dtype, ((rc + nc - 1) * a.HV + hv) * a.K + i) : zero;
         }
         // D = U - W S: this thread's rows q0, q0 + 8, ... of column j
-        float d[FWDH_BT / RSTEP];
+        Acc d[FWDH_BT / RSTEP];
 #pragma unroll
         for (int q = 0; q < FWDH_BT / RSTEP; ++q) {
             const int r = q0 + q * RSTEP;
-            d[q] = (r < nc && col_ok && !cb.m_cols) ? up[(rc + r) * a.HV * a.V + hv * a.V + cb.c0 + j] : 0.f;
+            d[q] = (r < nc && col_ok && !cb.m_cols) ? up[(rc + r) * a.HV * a.V + hv * a.V + cb.c0 + j] : zero;
         }
         for (int k0 = 0; k0 < K; k0 += FMA_KT) {
             __syncthreads();
             for (int i = tid; i < bt * FMA_KT; i += FWDH_THREADS) {
                 const int r = i / FMA_KT, kk = i % FMA_KT;
-                sm.tile[r][kk] = (r < nc && k0 + kk < K) ? wp[((rc + r) * a.HV + hv) * a.K + k0 + kk] : 0.f;
+                sm.tile[r][kk] = (r < nc && k0 + kk < K) ? wp[((rc + r) * a.HV + hv) * a.K + k0 + kk] : zero;
             }
             __syncthreads();
             const int kn = min(FMA_KT, K - k0);
@@ -577,49 +584,49 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
             for (int q = 0; q < FWDH_BT / RSTEP; ++q) {
                 const int r = q0 + q * RSTEP;
                 if (r < bt) {
-                    float acc = 0.f;
-                    for (int kk = 0; kk < kn; ++kk) acc = fmaf(sm.tile[r][kk], sm.s[k0 + kk][j], acc);
+                    Acc acc = zero;
+                    for (int kk = 0; kk < kn; ++kk) acc = fma(sm.tile[r][kk], sm.s[k0 + kk][j], acc);
                     d[q] -= acc;
                 }
             }
         }
-        const float g_last = a.g != 0 ? sm.g[nc - 1] : 0.f;
+        const Acc g_last = a.g != 0 ? sm.g[nc - 1] : zero;
 #pragma unroll
         for (int q = 0; q < FWDH_BT / RSTEP; ++q) {
             const int r = q0 + q * RSTEP;
             if (r < bt) {
                 if (!PRESCAN && a.v_new != 0 && r < nc && col_ok) {
-                    reinterpret_cast<float*>(a.v_new)[((rc + r) * a.HV + hv) * a.V + cb.c0 + j] = d[q];
+                    reinterpret_cast<Acc*>(a.v_new)[((rc + r) * a.HV + hv) * a.V + cb.c0 + j] = d[q];
                 }
-                const float f = r < nc ? (a.g != 0 ? exp2f(g_last - sm.g[r]) : 1.f) : 0.f;
-                sm.d[r][j] = r < nc ? f * d[q] : 0.f;
+                const Acc f = r < nc ? (a.g != 0 ? ex2(g_last - sm.g[r]) : Acc(1)) : zero;
+                sm.d[r][j] = r < nc ? f * d[q] : zero;
             }
         }
-        const float gamma = a.g != 0 ? exp2f(g_last) : 1.f;
+        const Acc gamma = a.g != 0 ? ex2(g_last) : Acc(1);
         for (int k0 = 0; k0 < K; k0 += FMA_KT) {
             __syncthreads();
             for (int i = tid; i < bt * FMA_KT; i += FWDH_THREADS) {
                 const int r = i / FMA_KT, kk = i % FMA_KT;
-                sm.tile[r][kk] = (r < nc && k0 + kk < K) ? kp[((rc + r) * a.H + kh) * a.K + k0 + kk] : 0.f;
+                sm.tile[r][kk] = (r < nc && k0 + kk < K) ? kp[((rc + r) * a.H + kh) * a.K + k0 + kk] : zero;
             }
             __syncthreads();
             for (int kk = q0; kk < FMA_KT && k0 + kk < K; kk += RSTEP) {
                 const int r = k0 + kk;
-                const float lam = a.gk != 0 ? exp2f(sm.gk[r]) : 1.f;
-                float acc = sm.s[r][j] * (gamma * lam);
-                for (int t = 0; t < bt; ++t) acc = fmaf(sm.tile[t][kk], sm.d[t][j], acc);
+                const Acc lam = a.gk != 0 ? ex2(sm.gk[r]) : Acc(1);
+                Acc acc = sm.s[r][j] * (gamma * lam);
+                for (int t = 0; t < bt; ++t) acc = fma(sm.tile[t][kk], sm.d[t][j], acc);
                 sm.s[r][j] = acc;
             }
         }
         __syncthreads();
     }
     if (a.ht != 0 && col_ok) {
-        for (int r = q0; r < K; r += RSTEP) store_final<PRESCAN>(a, n, hv, r, cb.c0 + j, sm.s[r][j]);
+        for (int r = q0; r < K; r += RSTEP) store_final<PRESCAN, Acc>(a, n, hv, r, cb.c0 + j, sm.s[r][j]);
     }
 }
 
 // Kernel entry points of one op (PRESCAN false: fwd_h; true: pre-scan), named
-// `<op>_mma_<dtype>_k<KP>_v<BV>` and `<op>_fma_f32`.
+// `<op>_mma_<dtype>_k<KP>_v<BV>` and `<op>_fma_<f32|f64>`.
 #define FWDH_MMA_KERNEL(OP, PRE, T, TAG, KP, BV) \
     extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
         fwd_h_mma<T, KP, BV, PRE>(a); \
@@ -631,4 +638,5 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
 #define FWDH_KERNELS(OP, PRE) \
     FWDH_MMA_KERNELS_T(OP, PRE, bf16, bf16) \
     FWDH_MMA_KERNELS_T(OP, PRE, f16, f16) \
-    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_fma_f32(const FwdHArgs a) { fwd_h_fma<PRE>(a); }
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_fma_f32(const FwdHArgs a) { fwd_h_fma<float, PRE>(a); } \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_fma_f64(const FwdHArgs a) { fwd_h_fma<double, PRE>(a); }

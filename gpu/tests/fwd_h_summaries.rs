@@ -23,7 +23,7 @@ fn pre_scan(gpu: &Gpu, up: &Uploaded, cu: Option<&[i64]>, bt: usize) -> Array4<f
         chunk_size: bt as i64,
     };
     let plan = FwdHPreScanPlan::new(gpu, &up.tensors(), cu, &p).unwrap();
-    let mut hm = poisoned(gpu, &plan.hm_shape(), Dtype::F32);
+    let mut hm = poisoned(gpu, &plan.hm_shape(), plan.hm_dtype());
     plan.run(gpu, &up.tensors(), &mut hm).unwrap();
     download(gpu, &hm).into_dimensionality::<Ix4>().unwrap()
 }
@@ -36,9 +36,11 @@ fn parts(hm: &Array4<f64>, v: usize) -> (ArrayD<f64>, ArrayD<f64>) {
     )
 }
 
-/// Spec 3.5: `hm.b` half 5e-3 (long 1e-2), `hm.M` half 1e-2; float32 1e-5 for both.
+/// Spec 3.5: `hm.b` half 5e-3 (long 1e-2), `hm.M` half 1e-2; float32 1e-5 for both; float64
+/// 1e-10.
 fn prescan_thresholds(dtype: Dtype, long: bool) -> (f64, f64) {
     match dtype {
+        Dtype::F64 => (1e-10, 1e-10),
         Dtype::F32 => (1e-5, 1e-5),
         _ => (if long { 1e-2 } else { 5e-3 }, 1e-2),
     }
@@ -93,9 +95,14 @@ fn pre_scan_matches_reference() {
                 bt,
                 cu: Some(cu.clone()),
             };
-            let dtype = [Dtype::F32, Dtype::BF16, Dtype::F16][di];
+            let dtype = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::F64][di];
             let inp = realistic(&mut rng, &lay, GATES[gi], false);
-            let up = Uploaded::new(gpu, &inp, None, dtype, Dtype::F32, Dtype::F32);
+            let gate_dtype = if dtype == Dtype::F64 {
+                Dtype::F64
+            } else {
+                Dtype::F32
+            };
+            let up = Uploaded::new(gpu, &inp, None, dtype, gate_dtype, Dtype::F32);
             let got = pre_scan(gpu, &up, Some(&cu), bt);
             let want = d::fwd_h_pre_scan(
                 &up.reference(Some(&cu)),
@@ -219,15 +226,18 @@ fn summary_applied_to_a_state_equals_the_final_state() {
     }
 }
 
-/// A merge on the GPU (poisoned outputs) and the reference's, compared (spec 4.7: 2e-5).
+/// A merge of `hm` in `dtype` on the GPU (poisoned outputs) and the reference's, compared (spec
+/// 4.7: float32 2e-5, float64 1e-10).
 fn check_merge(
     gpu: &Gpu,
     hm: &Array4<f64>,
     offsets: &[i64],
     h0: Option<&Array4<f64>>,
     p: &FwdHMergeParams,
+    dtype: Dtype,
 ) -> (ArrayD<f64>, Option<ArrayD<f64>>) {
-    let (hm_d, hm_x) = upload(gpu, &hm.clone().into_dyn(), Dtype::F32);
+    let thr = if dtype == Dtype::F64 { 1e-10 } else { 2e-5 };
+    let (hm_d, hm_x) = upload(gpu, &hm.clone().into_dyn(), dtype);
     let h0_up = h0.map(|a| upload(gpu, &a.clone().into_dyn(), Dtype::F32));
     let plan = FwdHMergePlan::new(gpu, &hm_d, h0_up.as_ref().map(|x| &x.0), offsets, p).unwrap();
     let mut o = plan.alloc_outputs(gpu).unwrap();
@@ -255,7 +265,7 @@ fn check_merge(
         &format!("initial_states {offsets:?} {p:?}"),
         &got_init,
         &want.initial_states.into_dyn(),
-        2e-5,
+        thr,
     );
     let got_final = o.final_state.as_ref().map(|t| download(gpu, t));
     match (&got_final, want.final_state) {
@@ -263,7 +273,7 @@ fn check_merge(
             &format!("final_state {offsets:?} {p:?}"),
             g,
             &w.into_dyn(),
-            2e-5,
+            thr,
         ),
         (None, None) => {}
         _ => panic!("final_state presence differs"),
@@ -307,7 +317,12 @@ fn merge_chains_match_reference() {
                     rng.randn([counts.len(), hv, k, v])
                 }
             });
-            check_merge(gpu, &hm, &offsets, h0.as_ref(), &p);
+            let dtype = if bits & 1 != 0 && k == 64 {
+                Dtype::F64
+            } else {
+                Dtype::F32
+            };
+            check_merge(gpu, &hm, &offsets, h0.as_ref(), &p, dtype);
         }
     }
 }
@@ -349,7 +364,7 @@ fn merge_of_pre_scan_summaries_and_composition_equal_the_unsplit_run() {
             state_v_first: false,
             output_final_state: true,
         };
-        let (entering, _) = check_merge(gpu, &hm, &offsets, up.exact_h0.as_ref(), &p);
+        let (entering, _) = check_merge(gpu, &hm, &offsets, up.exact_h0.as_ref(), &p, Dtype::F32);
         // fwd_h on the pieces from the merged entering states, and on the whole sequences
         let fp = FwdHParams {
             output_final_state: true,
@@ -417,9 +432,9 @@ fn pre_scan_and_merge_are_deterministic() {
             state_v_first: false,
             output_final_state: true,
         };
-        let (a, af) = check_merge(gpu, &hm, &[0, 3], None, &p);
+        let (a, af) = check_merge(gpu, &hm, &[0, 3], None, &p, Dtype::F32);
         for i in 1..100 {
-            let (b, bf) = check_merge(gpu, &hm, &[0, 3], None, &p);
+            let (b, bf) = check_merge(gpu, &hm, &[0, 3], None, &p, Dtype::F32);
             assert_bit_identical(&format!("initial_states launch {i}"), &a, &b);
             assert_bit_identical(
                 &format!("final launch {i}"),

@@ -1,9 +1,11 @@
 //! The delta-rule ops of spec `ops-delta-rule.md`: `chunk_gated_delta_rule_fwd_h`,
 //! `fwd_h_pre_scan`, `fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`
-//! (its recurrent definition) and `gdn_fwd` (its recurrent definition). Each op's registry entry
-//! and its float64 CPU runner (`<op>_cpu`), side by side, then the output classes and thresholds
-//! they share.
+//! (its recurrent definition) and `gdn_fwd` (its recurrent definition). Each op's registry entry,
+//! its float64 CPU runner (`<op>_cpu`) and, for the first three, its GPU runner (`<op>_gpu`:
+//! `attn-gpu`'s kernels on the case's inputs in their own dtypes), side by side, then the output
+//! classes and thresholds they share.
 
+use super::device::{download, gpu, opt_upload, upload};
 use super::{float_dim, indices, input, opt_float_dim, opt_indices};
 use super::{P_LOWER, P_SCALE};
 use crate::case::Tensors;
@@ -120,7 +122,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H: OpSpec = OpSpec {
     params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
     outputs: &FWD_H_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_cpu,
-    gpu: None,
+    gpu: Some(chunk_gated_delta_rule_fwd_h_gpu),
 };
 
 /// `h`, `v_new`, `final_state` of spec section 2.
@@ -128,6 +130,27 @@ fn chunk_gated_delta_rule_fwd_h_cpu(inputs: &Tensors, p: &Params) -> Result<Tens
     let f = FwdH::read(inputs)?;
     let o = d::chunk_gated_delta_rule_fwd_h(&f.inputs(), &fwd_h_params(p)?)?;
     Ok(fwd_h_outputs(o))
+}
+
+/// `h`, `v_new`, `final_state` of spec section 2 on the GPU.
+fn chunk_gated_delta_rule_fwd_h_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let t = FwdHDevice::upload(inputs)?;
+    let cu = opt_indices(inputs, "cu_seqlens")?;
+    let o = attn_gpu::chunk_gated_delta_rule_fwd_h(
+        gpu,
+        &t.tensors(),
+        cu.as_deref(),
+        &fwd_h_params(p)?,
+    )?;
+    let mut out = Tensors::new();
+    out.insert("h".into(), download(gpu, &o.h)?);
+    for (name, t) in [("v_new", o.v_new), ("final_state", o.final_state)] {
+        if let Some(t) = t {
+            out.insert(name.into(), download(gpu, &t)?);
+        }
+    }
+    Ok(out)
 }
 
 const FWD_H_PRE_SCAN: OpSpec = OpSpec {
@@ -154,7 +177,7 @@ const FWD_H_PRE_SCAN: OpSpec = OpSpec {
         ],
     }],
     cpu: fwd_h_pre_scan_cpu,
-    gpu: None,
+    gpu: Some(fwd_h_pre_scan_gpu),
 };
 
 /// `hm = [b | M]` of spec section 3.
@@ -165,6 +188,18 @@ fn fwd_h_pre_scan_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> 
     };
     let hm = d::fwd_h_pre_scan(&f.inputs(), &params)?.hm;
     Ok(named(vec![("hm", Some(hm.into_dyn()))]))
+}
+
+/// `hm = [b | M]` of spec section 3 on the GPU.
+fn fwd_h_pre_scan_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let t = FwdHDevice::upload(inputs)?;
+    let cu = opt_indices(inputs, "cu_seqlens")?;
+    let params = d::FwdHPreScanParams {
+        chunk_size: p.int("chunk_size")?,
+    };
+    let hm = attn_gpu::fwd_h_pre_scan(gpu, &t.tensors(), cu.as_deref(), &params)?;
+    Ok(Tensors::from([("hm".to_string(), download(gpu, &hm)?)]))
 }
 
 const FWD_H_MERGE: OpSpec = OpSpec {
@@ -189,7 +224,7 @@ const FWD_H_MERGE: OpSpec = OpSpec {
         ),
     ],
     cpu: fwd_h_merge_cpu,
-    gpu: None,
+    gpu: Some(fwd_h_merge_gpu),
 };
 
 /// `initial_states`, `final_state` of spec section 4.
@@ -214,6 +249,25 @@ fn fwd_h_merge_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
         ("initial_states", Some(o.initial_states.into_dyn())),
         ("final_state", o.final_state.map(|a| a.into_dyn())),
     ]))
+}
+
+/// `initial_states`, `final_state` of spec section 4 on the GPU.
+fn fwd_h_merge_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let hm = upload(gpu, input(inputs, "hm")?)?;
+    let offs = indices(inputs, "subseq_offsets")?;
+    let h0 = opt_upload(gpu, inputs, "initial_state")?;
+    let params = d::FwdHMergeParams {
+        state_v_first: p.bool("state_v_first")?,
+        output_final_state: p.bool("output_final_state")?,
+    };
+    let o = attn_gpu::fwd_h_merge(gpu, &hm, h0.as_ref(), &offs, &params)?;
+    let mut out = Tensors::new();
+    out.insert("initial_states".into(), download(gpu, &o.initial_states)?);
+    if let Some(t) = o.final_state {
+        out.insert("final_state".into(), download(gpu, &t)?);
+    }
+    Ok(out)
 }
 
 const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
@@ -446,6 +500,40 @@ impl FwdH {
             gk: self.gk.as_ref().map(|a| a.view()),
             initial_state: self.h0.as_ref().map(|a| a.view()),
             cu_seqlens: self.cu.as_deref(),
+        }
+    }
+}
+
+/// The section-2 tensors of a case on the device, in their own dtypes.
+struct FwdHDevice {
+    k: attn_gpu::DeviceTensor,
+    w: attn_gpu::DeviceTensor,
+    u: attn_gpu::DeviceTensor,
+    g: Option<attn_gpu::DeviceTensor>,
+    gk: Option<attn_gpu::DeviceTensor>,
+    h0: Option<attn_gpu::DeviceTensor>,
+}
+
+impl FwdHDevice {
+    fn upload(inputs: &Tensors) -> Result<FwdHDevice, Problem> {
+        let gpu = gpu()?;
+        Ok(FwdHDevice {
+            k: upload(gpu, input(inputs, "k")?)?,
+            w: upload(gpu, input(inputs, "w")?)?,
+            u: upload(gpu, input(inputs, "u")?)?,
+            g: opt_upload(gpu, inputs, "g")?,
+            gk: opt_upload(gpu, inputs, "gk")?,
+            h0: opt_upload(gpu, inputs, "initial_state")?,
+        })
+    }
+    fn tensors(&self) -> attn_gpu::FwdHTensors<'_> {
+        attn_gpu::FwdHTensors {
+            k: &self.k,
+            w: &self.w,
+            u: &self.u,
+            g: self.g.as_ref(),
+            gk: self.gk.as_ref(),
+            initial_state: self.h0.as_ref(),
         }
     }
 }

@@ -4,9 +4,10 @@
 //! `initial_state[n, hv]` (or 0); for every chunk `c`: `h[c] = S` (rounded to `k`'s dtype),
 //! `D = U_c − W_c S` (`v_new`, `u`'s dtype), `S ← exp2(G_ℓ) diag(exp2(Gk_ℓ)) S + K_cᵀ (a ⊙ D)`
 //! with `a_r = exp2(G_ℓ − G_r)`; `final_state = S` (fp32). Half inputs round `S` to their dtype
-//! for `W·S` and `a ⊙ D` before `Kᵀ·` (FLA 0.6.0's rounding points).
+//! for `W·S` and `a ⊙ D` before `Kᵀ·` (FLA 0.6.0's rounding points). Float64 inputs run in
+//! fp64 and return a float64 `final_state`.
 
-use super::launch::{code, kernel_choice, launch, seq_table, FwdHArgs, KernelChoice};
+use super::launch::{code, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -81,9 +82,8 @@ impl FwdHMeta<'_> {
         }
     }
 
-    /// Dtype rules of the GPU kernels (spec 1.4): `k, w, u` one dtype among float32, bfloat16
-    /// and float16 (float64 refused: there is no float64 kernel), gates and `initial_state` any
-    /// float dtype (widened).
+    /// Dtype rules of the GPU kernels (spec 1.4): `k, w, u` one float dtype, gates and
+    /// `initial_state` any float dtype (widened).
     pub(crate) fn check_dtypes(&self) -> attn_reference::Result<()> {
         let mut float: Vec<(&str, Dtype)> = Vec::new();
         for (n, t) in [
@@ -99,15 +99,7 @@ impl FwdHMeta<'_> {
             main: vec![("k", self.k.1), ("w", self.w.1), ("u", self.u.1)],
             float,
             ..DeltaDtypes::default()
-        })?;
-        if self.k.1 == Dtype::F64 {
-            return Err(Error::dtype(
-                "k",
-                "float32, bfloat16 or float16 (the GPU kernels have no float64 path)",
-                "float64",
-            ));
-        }
-        Ok(())
+        })
     }
 }
 
@@ -118,7 +110,8 @@ pub struct FwdHDeviceOutputs {
     pub h: DeviceTensor,
     /// `[B, T, HV, V]`, `u`'s dtype, when `save_new_value`.
     pub v_new: Option<DeviceTensor>,
-    /// `[N, HV, K, V]` (or `[N, HV, V, K]`) float32, when `output_final_state`.
+    /// `[N, HV, K, V]` (or `[N, HV, V, K]`) float32 (float64 for float64 inputs), when
+    /// `output_final_state`.
     pub final_state: Option<DeviceTensor>,
 }
 
@@ -173,7 +166,7 @@ impl FwdHPlan {
     /// only.
     pub fn with_choice(mut self, choice: KernelChoice) -> attn_reference::Result<FwdHPlan> {
         let ok = match choice {
-            KernelChoice::Fma => self.dtype == Dtype::F32,
+            KernelChoice::Fma => matches!(self.dtype, Dtype::F32 | Dtype::F64),
             KernelChoice::Mma { kp, bv } => {
                 matches!(self.dtype, Dtype::BF16 | Dtype::F16)
                     && [64, 128, 256].contains(&kp)
@@ -225,7 +218,13 @@ impl FwdHPlan {
                 .transpose()?,
             final_state: p
                 .output_final_state
-                .then(|| DeviceTensor::alloc(gpu, &g.state_shape(p.state_v_first), Dtype::F32))
+                .then(|| {
+                    DeviceTensor::alloc(
+                        gpu,
+                        &g.state_shape(p.state_v_first),
+                        state_dtype(self.dtype),
+                    )
+                })
                 .transpose()?,
         })
     }
@@ -260,7 +259,7 @@ impl FwdHPlan {
             out.final_state.as_ref(),
             p.output_final_state,
             &g.state_shape(p.state_v_first),
-            Dtype::F32,
+            state_dtype(self.dtype),
         )
     }
 

@@ -46,7 +46,7 @@ unsafe impl DeviceRepr for FwdHArgs {}
 pub enum KernelChoice {
     /// Tensor cores: keys padded to `kp` (64, 128 or 256) rows, `bv` state columns per block.
     Mma { kp: usize, bv: usize },
-    /// IEEE fp32 FMAs, 32 state columns per block.
+    /// FMAs in the input's precision (IEEE fp32, or fp64), 32 state columns per block.
     Fma,
 }
 
@@ -64,8 +64,9 @@ impl KernelChoice {
         }
     }
 
-    /// Dynamic shared memory of the kernel (the size of `MmaSmem` / `FmaSmem`).
-    pub fn smem_bytes(self) -> usize {
+    /// Dynamic shared memory of the kernel for main data of `dtype` (the size of `MmaSmem` /
+    /// `FmaSmem<Acc>`).
+    pub fn smem_bytes(self, dtype: Dtype) -> usize {
         match self {
             KernelChoice::Mma { kp, bv } => {
                 let (kpitch, vpitch) = (kp + 8, bv + 8);
@@ -78,7 +79,8 @@ impl KernelChoice {
             }
             KernelChoice::Fma => {
                 let p = FMA_BV + 1;
-                (256 * p + MAX_BT * p + MAX_BT * 33 + MAX_BT + 256) * 4
+                let acc = if dtype == Dtype::F64 { 8 } else { 4 };
+                (256 * p + MAX_BT * p + MAX_BT * 33 + MAX_BT + 256) * acc
             }
         }
     }
@@ -86,7 +88,7 @@ impl KernelChoice {
     fn kernel_name(self, op: &str, dtype: Dtype) -> String {
         match self {
             KernelChoice::Mma { kp, bv } => format!("{op}_mma_{}_k{kp}_v{bv}", dtype.name_tag()),
-            KernelChoice::Fma => format!("{op}_fma_f32"),
+            KernelChoice::Fma => format!("{op}_fma_{}", dtype.name_tag()),
         }
     }
 }
@@ -100,8 +102,19 @@ impl NameTag for Dtype {
         match self {
             Dtype::BF16 => "bf16",
             Dtype::F16 => "f16",
+            Dtype::F64 => "f64",
             _ => "f32",
         }
+    }
+}
+
+/// The dtype of the fp32 outputs (`final_state`, `hm`): float64 for float64 main data (its
+/// kernel computes in fp64), else float32.
+pub fn state_dtype(main: Dtype) -> Dtype {
+    if main == Dtype::F64 {
+        Dtype::F64
+    } else {
+        Dtype::F32
     }
 }
 
@@ -190,7 +203,7 @@ pub(crate) fn launch(
         &choice.kernel_name(module.name(), dtype),
         (grid_x, blocks as u32),
         256,
-        choice.smem_bytes() as u32,
+        choice.smem_bytes(dtype) as u32,
         args,
     )
 }

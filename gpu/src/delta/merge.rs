@@ -1,7 +1,8 @@
 //! `fwd_h_merge` on the GPU (spec section 4): for every sequence `n` and value head, from
 //! `X = initial_state[n]` (or 0), `initial_states[j] = X` and `X ← M_j X + b_j` over its
-//! sub-sequences `j` (`hm[j] = [b_j | M_j]`); `final_state[n] = X`. IEEE fp32 FMAs in a fixed
-//! order; one block per (sequence, head, 32 state columns).
+//! sub-sequences `j` (`hm[j] = [b_j | M_j]`); `final_state[n] = X`. FMAs in `hm`'s precision
+//! (IEEE fp32, or fp64) in a fixed order; one block per (sequence, head, 32 state columns); the
+//! outputs have `hm`'s dtype.
 
 use crate::device::Gpu;
 use crate::error::GpuResult;
@@ -39,14 +40,14 @@ const MERGE_BV: usize = 32;
 /// Outputs of one merge (spec 4.3).
 #[derive(Debug)]
 pub struct FwdHMergeDeviceOutputs {
-    /// `[S, HV, K, V]` (`[S, HV, V, K]` with `state_v_first`), float32.
+    /// `[S, HV, K, V]` (`[S, HV, V, K]` with `state_v_first`), `hm`'s dtype.
     pub initial_states: DeviceTensor,
-    /// `[N, HV, K, V]` (or `[N, HV, V, K]`) float32, when `output_final_state`.
+    /// `[N, HV, K, V]` (or `[N, HV, V, K]`) in `hm`'s dtype, when `output_final_state`.
     pub final_state: Option<DeviceTensor>,
 }
 
-/// Validates a merge from shapes and dtypes alone (spec 4.6): `hm` float32 (float64 refused:
-/// no float64 kernel), `initial_state` any float dtype.
+/// Validates a merge from shapes and dtypes alone (spec 4.6): `hm` float32 or float64,
+/// `initial_state` any float dtype.
 pub fn check_fwd_h_merge(
     hm: (&[usize], Dtype),
     initial_state: Option<(&[usize], Dtype)>,
@@ -61,13 +62,6 @@ pub fn check_fwd_h_merge(
             .collect(),
         ..DeltaDtypes::default()
     })?;
-    if hm.1 != Dtype::F32 {
-        return Err(Error::dtype(
-            "hm",
-            "float32 (the GPU merge has no float64 path)",
-            hm.1.name(),
-        ));
-    }
     let shapes = FwdHMergeShapes {
         hm: hm.0,
         initial_state: initial_state.map(|(s, _)| s),
@@ -79,6 +73,7 @@ pub fn check_fwd_h_merge(
 #[derive(Debug)]
 pub struct FwdHMergePlan {
     plan: MergePlan,
+    dtype: Dtype,
     params: FwdHMergeParams,
     offsets_host: Vec<i64>,
     offsets: DeviceTensor,
@@ -101,6 +96,7 @@ impl FwdHMergePlan {
         )?;
         Ok(FwdHMergePlan {
             plan,
+            dtype: hm.dtype(),
             params: *params,
             offsets_host: subseq_offsets.to_vec(),
             offsets: DeviceTensor::from_slice(gpu, subseq_offsets)?,
@@ -119,11 +115,11 @@ impl FwdHMergePlan {
     /// Fresh (unwritten) outputs.
     pub fn alloc_outputs(&self, gpu: &Gpu) -> GpuResult<FwdHMergeDeviceOutputs> {
         Ok(FwdHMergeDeviceOutputs {
-            initial_states: DeviceTensor::alloc(gpu, &self.state_shape(self.plan.s), Dtype::F32)?,
+            initial_states: DeviceTensor::alloc(gpu, &self.state_shape(self.plan.s), self.dtype)?,
             final_state: self
                 .params
                 .output_final_state
-                .then(|| DeviceTensor::alloc(gpu, &self.state_shape(self.plan.n), Dtype::F32))
+                .then(|| DeviceTensor::alloc(gpu, &self.state_shape(self.plan.n), self.dtype))
                 .transpose()?,
         })
     }
@@ -142,7 +138,7 @@ impl FwdHMergePlan {
             &self.offsets_host,
             &self.params,
         )?;
-        if plan != self.plan {
+        if plan != self.plan || hm.dtype() != self.dtype {
             return Err(Error::shape("hm", "the shape the plan was made for", hm.shape()).into());
         }
         for (arg, t, rows) in [
@@ -150,8 +146,8 @@ impl FwdHMergePlan {
             ("final_state", out.final_state.as_ref(), plan.n),
         ] {
             if let Some(t) = t {
-                if t.dtype() != Dtype::F32 {
-                    return Err(Error::dtype(arg, "float32", t.dtype().name()).into());
+                if t.dtype() != self.dtype {
+                    return Err(Error::dtype(arg, self.dtype.name(), t.dtype().name()).into());
                 }
                 if t.shape() != self.state_shape(rows) {
                     let want = format!("{:?}", self.state_shape(rows));
@@ -187,11 +183,17 @@ impl FwdHMergePlan {
             .ok()
             .filter(|&x| x <= i32::MAX as u32)
             .ok_or_else(|| Error::shape("hm", "N * HV < 2^31", vec![tasks]))?;
-        gpu.launch(
+        let (kernel, size) = if self.dtype == Dtype::F64 {
+            ("fwd_h_merge_f64", 8)
+        } else {
+            ("fwd_h_merge_f32", 4)
+        };
+        gpu.launch_with_smem(
             Module::FwdHMerge,
-            "fwd_h_merge_f32",
+            kernel,
             (grid_x, plan.v.div_ceil(MERGE_BV) as u32),
             256,
+            (256 * (MERGE_BV + 1) * size) as u32,
             &args,
         )
     }

@@ -1,5 +1,5 @@
 //! `fwd_h_pre_scan` on the GPU (spec section 3): `hm[s, hv] = [b | M]` (`[S, HV, K, V + K]`,
-//! float32) for every (sub-)sequence `s` of `cu_seqlens`.
+//! float32, or float64 for float64 inputs) for every (sub-)sequence `s` of `cu_seqlens`.
 //!
 //! The chunk map `S ← A_c S + B_c` is affine, so the recurrence kernel of
 //! `chunk_gated_delta_rule_fwd_h` run on the augmented state `X = [b | M]` from `[0 | I]`, with
@@ -10,7 +10,7 @@
 //! pairs off (experiments only).
 
 use super::fwd_h::{FwdHMeta, FwdHTensors};
-use super::launch::{code, kernel_choice, launch, seq_table, FwdHArgs, KernelChoice};
+use super::launch::{code, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -79,7 +79,13 @@ impl FwdHPreScanPlan {
         [g.n(), g.hv, g.k, g.v + g.k]
     }
 
-    /// Runs the pre-scan of `inputs` (the shapes the plan was made for) into `hm` (float32).
+    /// The dtype of `hm`: float32 (float64 for float64 inputs).
+    pub fn hm_dtype(&self) -> Dtype {
+        state_dtype(self.dtype)
+    }
+
+    /// Runs the pre-scan of `inputs` (the shapes the plan was made for) into `hm`
+    /// ([`FwdHPreScanPlan::hm_dtype`]).
     pub fn run(&self, gpu: &Gpu, inputs: &FwdHTensors<'_>, hm: &mut DeviceTensor) -> GpuResult<()> {
         let geo = check_fwd_h_pre_scan(&inputs.meta(), self.cu.as_deref(), &self.params)?;
         if geo != self.geo || inputs.k.dtype() != self.dtype {
@@ -90,8 +96,8 @@ impl FwdHPreScanPlan {
             )
             .into());
         }
-        if hm.dtype() != Dtype::F32 {
-            return Err(Error::dtype("hm", "float32", hm.dtype().name()).into());
+        if hm.dtype() != self.hm_dtype() {
+            return Err(Error::dtype("hm", self.hm_dtype().name(), hm.dtype().name()).into());
         }
         if hm.shape() != self.hm_shape() {
             return Err(Error::shape("hm", format!("{:?}", self.hm_shape()), hm.shape()).into());
@@ -135,7 +141,8 @@ impl FwdHPreScanPlan {
     }
 }
 
-/// `fwd_h_pre_scan` into a new `hm` (`[S, HV, K, V + K]`, float32).
+/// `fwd_h_pre_scan` into a new `hm` (`[S, HV, K, V + K]`, float32; float64 for float64
+/// inputs).
 pub fn fwd_h_pre_scan(
     gpu: &Gpu,
     inputs: &FwdHTensors<'_>,
@@ -143,7 +150,7 @@ pub fn fwd_h_pre_scan(
     params: &FwdHPreScanParams,
 ) -> GpuResult<DeviceTensor> {
     let plan = FwdHPreScanPlan::new(gpu, inputs, cu_seqlens, params)?;
-    let mut hm = DeviceTensor::alloc(gpu, &plan.hm_shape(), Dtype::F32)?;
+    let mut hm = DeviceTensor::alloc(gpu, &plan.hm_shape(), plan.hm_dtype())?;
     plan.run(gpu, inputs, &mut hm)?;
     Ok(hm)
 }
