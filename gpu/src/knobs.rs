@@ -32,6 +32,12 @@ pub(crate) fn strided_waves() -> Option<usize> {
     knob("ATTN_STRIDED_WAVES", |_| true)
 }
 
+/// `$ATTN_FWDH_BV`: state columns per block of the fwd_h / pre-scan tensor-core kernels (16, 32
+/// or 64; the call's own rule still refuses widths its shapes do not allow).
+pub(crate) fn fwd_h_bv() -> Option<usize> {
+    knob("ATTN_FWDH_BV", |b| [16, 32, 64].contains(&b))
+}
+
 /// `$ATTN_NVRTC_OPTS`: extra NVRTC options, e.g. `-DATTN_MIN_BLOCKS=2`.
 pub(crate) fn nvrtc_opts() -> Vec<String> {
     std::env::var("ATTN_NVRTC_OPTS")

@@ -7,7 +7,9 @@
 //! for `W·S` and `a ⊙ D` before `Kᵀ·` (FLA 0.6.0's rounding points). Float64 inputs run in
 //! fp64 and return a float64 `final_state`.
 
-use super::launch::{code, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice};
+use super::launch::{
+    code, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice, Workload,
+};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -149,7 +151,15 @@ impl FwdHPlan {
         let geo = check_fwd_h(&inputs.meta(), cu_seqlens, params)?;
         let varlen = cu_seqlens.is_some();
         let dtype = inputs.k.dtype();
-        let choice = kernel_choice(dtype, geo.k, geo.v, geo.n() * geo.hv, gpu.sm_count());
+        let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
+        let work = Workload {
+            dtype,
+            k: geo.k,
+            col_groups: &[geo.v],
+            seq_chunks: &chunks,
+            hv: geo.hv,
+        };
+        let choice = kernel_choice(&work, gpu.sm_count());
         let seqs = seq_table(gpu, &geo, varlen)?;
         Ok(FwdHPlan {
             geo,

@@ -118,41 +118,69 @@ pub fn state_dtype(main: Dtype) -> Dtype {
     }
 }
 
-/// The kernel for main data of `dtype` with key dim `k`, `cols` state columns and `tasks`
-/// (sequence, value head) pairs on `sm_count` multiprocessors. Half precision: keys padded to the
-/// next of 64/128/256, and the widest column block (64, 32, 16; 64 only up to 128 keys, for
-/// shared memory) that still gives every multiprocessor a block, else 16 (more blocks shorten
-/// the serial chain's step). `$ATTN_FWDH_BV` (16, 32, 64) overrides the width (a tuning knob).
-pub fn kernel_choice(
-    dtype: Dtype,
-    k: usize,
-    cols: usize,
-    tasks: usize,
-    sm_count: usize,
-) -> KernelChoice {
-    if !matches!(dtype, Dtype::BF16 | Dtype::F16) {
+/// What the kernel choice needs to know of a call: the main dtype, `K`, the state columns of
+/// each (sequence, head) as column groups (`[V]` for fwd_h, `[V, K]` for the pre-scan, whose `b`
+/// and `M` columns are blocked separately), the chunks of every sequence, and `HV`.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload<'a> {
+    pub dtype: Dtype,
+    pub k: usize,
+    pub col_groups: &'a [usize],
+    pub seq_chunks: &'a [usize],
+    pub hv: usize,
+}
+
+/// Relative cost of one chunk step of a block by its width (H100, K = 128, run 5 of NOTES.md:
+/// 1.74, 2.6 and 3.6 µs per step for 16, 32 and 64 columns).
+fn step_cost(bv: usize) -> f64 {
+    match bv {
+        16 => 1.0,
+        32 => 1.5,
+        _ => 2.07,
+    }
+}
+
+/// Shared memory per multiprocessor available to blocks (227 KiB on sm_90).
+const SMEM_PER_SM: usize = 227 * 1024;
+
+/// The kernel of a call on `sm_count` multiprocessors. Float32/float64: the FMA kernel. Half
+/// precision: keys padded to the next of 64/128/256, and the column-block width (64, 32, 16; 64
+/// only up to 128 keys, for shared memory) with the least estimated time
+/// `step_cost(bv) · max(chunks of the longest sequence, all block-chunks / resident blocks)`:
+/// a few long sequences are a serial chain (narrow blocks: shorter steps, more of them run at
+/// once), many heads are throughput (wide blocks load `k` and `w` fewer times).
+/// `$ATTN_FWDH_BV` (16, 32, 64) overrides the width (a tuning knob).
+pub fn kernel_choice(w: &Workload<'_>, sm_count: usize) -> KernelChoice {
+    if !matches!(w.dtype, Dtype::BF16 | Dtype::F16) {
         return KernelChoice::Fma;
     }
-    let kp = if k <= 64 {
+    let kp = if w.k <= 64 {
         64
-    } else if k <= 128 {
+    } else if w.k <= 128 {
         128
     } else {
         256
     };
+    let widest = w.col_groups.iter().copied().max().unwrap_or(1);
     let allowed: Vec<usize> = [64, 32, 16]
         .into_iter()
-        .filter(|&bv| (kp <= 128 || bv <= 32) && (bv == 16 || bv / 2 < cols))
+        .filter(|&bv| (kp <= 128 || bv <= 32) && (bv == 16 || bv / 2 < widest))
         .collect();
-    let forced = std::env::var("ATTN_FWDH_BV")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|bv| allowed.contains(bv));
+    let forced = crate::knobs::fwd_h_bv().filter(|bv| allowed.contains(bv));
+    let longest = w.seq_chunks.iter().copied().max().unwrap_or(0) as f64;
+    let total: usize = w.seq_chunks.iter().sum::<usize>() * w.hv;
+    let estimate = |bv: usize| {
+        let choice = KernelChoice::Mma { kp, bv };
+        let per_sm = (SMEM_PER_SM / choice.smem_bytes(w.dtype)).max(1);
+        let blocks: usize = w.col_groups.iter().map(|c| c.div_ceil(bv)).sum();
+        let spread = (total * blocks) as f64 / (sm_count.max(1) * per_sm) as f64;
+        step_cost(bv) * longest.max(spread)
+    };
     let bv = forced.unwrap_or_else(|| {
         allowed
             .iter()
             .copied()
-            .find(|&bv| tasks * cols.div_ceil(bv) >= sm_count)
+            .min_by(|&a, &b| estimate(a).total_cmp(&estimate(b)))
             .unwrap_or(16)
     });
     KernelChoice::Mma { kp, bv }

@@ -14,6 +14,6 @@ pub mod prescan;
 pub use fwd_h::{
     check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,
 };
-pub use launch::{kernel_choice, KernelChoice};
+pub use launch::{kernel_choice, KernelChoice, Workload};
 pub use merge::{check_fwd_h_merge, fwd_h_merge, FwdHMergeDeviceOutputs, FwdHMergePlan};
 pub use prescan::{check_fwd_h_pre_scan, fwd_h_pre_scan, FwdHPreScanPlan};

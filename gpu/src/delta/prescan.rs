@@ -10,7 +10,9 @@
 //! pairs off (experiments only).
 
 use super::fwd_h::{FwdHMeta, FwdHTensors};
-use super::launch::{code, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice};
+use super::launch::{
+    code, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice, Workload,
+};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -50,13 +52,15 @@ impl FwdHPreScanPlan {
     ) -> GpuResult<FwdHPreScanPlan> {
         let geo = check_fwd_h_pre_scan(&inputs.meta(), cu_seqlens, params)?;
         let dtype = inputs.k.dtype();
-        let choice = kernel_choice(
+        let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
+        let work = Workload {
             dtype,
-            geo.k,
-            geo.v + geo.k,
-            geo.n() * geo.hv,
-            gpu.sm_count(),
-        );
+            k: geo.k,
+            col_groups: &[geo.v, geo.k],
+            seq_chunks: &chunks,
+            hv: geo.hv,
+        };
+        let choice = kernel_choice(&work, gpu.sm_count());
         let seqs = seq_table(gpu, &geo, cu_seqlens.is_some())?;
         Ok(FwdHPreScanPlan {
             geo,
