@@ -86,15 +86,8 @@ __device__ __forceinline__ void store_final(const FwdHArgs& a, i64 n, i64 hv, i6
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernel (bf16 / f16).
 
-#define FWDH_THREADS 256  // the FMA kernel's block
-
-// Warps of the tensor-core kernel: 16 where the state has at least 16 tiles of 16 x 8 and
-// K <= 128 (register budget of 512 threads), else 8. More warps per scheduler hide the
-// dependent integer and shared-memory latencies of the serial chunk step.
-template <int KP, int BV> struct MmaWarps {
-    static constexpr int N = (KP <= 128 && (KP / 16) * (BV / 8) >= 16) ? 16 : 8;
-    static constexpr int THREADS = N * 32;
-};
+#define FWDH_WARPS 8
+#define FWDH_THREADS (FWDH_WARPS * 32)
 #define FWDH_BT 64  // the largest chunk; smaller chunks use the first rows of every tile
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -183,7 +176,7 @@ __device__ __forceinline__ void load_chunk_mma(const FwdHArgs& a, MmaSmem<T, KP,
         const T* kp = reinterpret_cast<const T*>(a.k) + row0 * ks + kh * a.K;
         const T* wp = reinterpret_cast<const T*>(a.w) + row0 * ws + hv * a.K;
         const T* up = reinterpret_cast<const T*>(a.u) + row0 * us + hv * a.V + cb.c0;
-        constexpr int KSEG = KP / 8, KRS = MmaWarps<KP, BV>::THREADS / KSEG;  // pieces per row, rows per pass
+        constexpr int KSEG = KP / 8, KRS = FWDH_THREADS / KSEG;  // pieces per row, rows per pass
         if ((a.K % 8) == 0) {
             const int r0 = tid / KSEG, c8 = (tid % KSEG) * 8;
             const bool col_ok = c8 < a.K;
@@ -200,7 +193,7 @@ __device__ __forceinline__ void load_chunk_mma(const FwdHArgs& a, MmaSmem<T, KP,
                 }
             }
         } else {
-            for (int i = tid; i < bt * KSEG; i += MmaWarps<KP, BV>::THREADS) {
+            for (int i = tid; i < bt * KSEG; i += FWDH_THREADS) {
                 const int r = i / KSEG, c8 = (i % KSEG) * 8;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
@@ -210,7 +203,7 @@ __device__ __forceinline__ void load_chunk_mma(const FwdHArgs& a, MmaSmem<T, KP,
                 }
             }
         }
-        constexpr int VSEG = BV / 8, VRS = MmaWarps<KP, BV>::THREADS / VSEG;
+        constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG;
         const int nb = (int)(cb.c_end - cb.c0);
         if ((a.V % 8) == 0 || cb.m_cols) {
             const int r0 = tid / VSEG, c8 = (tid % VSEG) * 8;
@@ -226,14 +219,14 @@ __device__ __forceinline__ void load_chunk_mma(const FwdHArgs& a, MmaSmem<T, KP,
                 }
             }
         } else {
-            for (int i = tid; i < bt * VSEG; i += MmaWarps<KP, BV>::THREADS) {
+            for (int i = tid; i < bt * VSEG; i += FWDH_THREADS) {
                 const int r = i / VSEG, c8 = (i % VSEG) * 8;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) sm.u[buf][r][c8 + e] = (r < nc && c8 + e < nb) ? up[r * us + c8 + e] : T{0};
             }
         }
         if (a.g != 0) {
-            for (int r = tid; r < bt; r += MmaWarps<KP, BV>::THREADS) {
+            for (int r = tid; r < bt; r += FWDH_THREADS) {
                 const i64 gi = (row0 + r) * a.HV + hv;
                 if (a.g_dtype == 1) {
                     const float* gp = reinterpret_cast<const float*>(a.g);
@@ -245,7 +238,7 @@ __device__ __forceinline__ void load_chunk_mma(const FwdHArgs& a, MmaSmem<T, KP,
         }
         if (a.gk != 0) {
             const i64 gb = ((row0 + nc - 1) * a.HV + hv) * a.K;
-            for (int i = tid; i < KP; i += MmaWarps<KP, BV>::THREADS) {
+            for (int i = tid; i < KP; i += FWDH_THREADS) {
                 if (a.gk_dtype == 1) {
                     const float* gp = reinterpret_cast<const float*>(a.gk);
                     cp_async4(smem_u32(&sm.gk[buf][i]), i < a.K ? gp + gb + i : gp, i < a.K ? 4 : 0);
@@ -266,7 +259,7 @@ __device__ __forceinline__ void store_h(const FwdHArgs& a, const MmaSmem<T, KP, 
     const int nb = (int)(cb.c_end - cb.c0);
     if (!a.v_first) {
         if (a.V % 8 == 0) {
-            constexpr int VSEG = BV / 8, VRS = MmaWarps<KP, BV>::THREADS / VSEG;
+            constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG;
             const int r0 = tid / VSEG, c8 = (tid % VSEG) * 8;
             if (c8 < nb) {
                 T* dst = hp + r0 * a.V + cb.c0 + c8;
@@ -279,7 +272,7 @@ __device__ __forceinline__ void store_h(const FwdHArgs& a, const MmaSmem<T, KP, 
                 }
             }
         } else {
-            for (int i = tid; i < a.K * nb; i += MmaWarps<KP, BV>::THREADS) {
+            for (int i = tid; i < a.K * nb; i += FWDH_THREADS) {
                 const int r = i / nb, c = i % nb;
                 hp[r * a.V + cb.c0 + c] = sm.s_hi[r][c];
             }
@@ -287,7 +280,7 @@ __device__ __forceinline__ void store_h(const FwdHArgs& a, const MmaSmem<T, KP, 
     } else {
         if (a.K % 8 == 0) {
             const int KSEG = (int)(a.K / 8);
-            for (int i = tid; i < nb * KSEG; i += MmaWarps<KP, BV>::THREADS) {
+            for (int i = tid; i < nb * KSEG; i += FWDH_THREADS) {
                 const int c = i / KSEG, r8 = (i % KSEG) * 8;
                 Vec<T, 8> q;
 #pragma unroll
@@ -295,7 +288,7 @@ __device__ __forceinline__ void store_h(const FwdHArgs& a, const MmaSmem<T, KP, 
                 *reinterpret_cast<Vec<T, 8>*>(hp + (cb.c0 + c) * a.K + r8) = q;
             }
         } else {
-            for (int i = tid; i < a.K * nb; i += MmaWarps<KP, BV>::THREADS) {
+            for (int i = tid; i < a.K * nb; i += FWDH_THREADS) {
                 const int c = i / (int)a.K, r = i % (int)a.K;
                 hp[(cb.c0 + c) * a.K + r] = sm.s_hi[r][c];
             }
@@ -336,10 +329,10 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
     constexpr int NTN = BV / 8;                       // 8-column tiles
-    constexpr int SU = (KP / 16) * NTN / MmaWarps<KP, BV>::N;  // state tiles per warp
+    constexpr int SU = (KP / 16) * NTN / FWDH_WARPS;  // state tiles per warp
     constexpr int TPM = SU < NTN ? SU : NTN;          // column tiles per key tile of a warp
     constexpr int MPW = SU / TPM;                     // key tiles per warp
-    constexpr int DUMAX = (FWDH_BT / 16) * NTN / MmaWarps<KP, BV>::N > 0 ? (FWDH_BT / 16) * NTN / MmaWarps<KP, BV>::N : 1;
+    constexpr int DUMAX = (FWDH_BT / 16) * NTN / FWDH_WARPS > 0 ? (FWDH_BT / 16) * NTN / FWDH_WARPS : 1;
     constexpr int ST = Sm::STAGES;
     constexpr unsigned KROW = Sm::KROW, VROW = Sm::VROW, KSTAGE = FWDH_BT * KROW;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -400,10 +393,12 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
         }
         cp_async_wait<ST - 2>();  // chunk c's group is complete (later chunks may be in flight)
         __syncthreads();          // ... for every thread, and the rounded state is visible
-        // 2. chunk c + ST - 1's loads go out while this one computes: with two buffers at once,
-        //    with three after this chunk's first product (which the barrier just released)
-        const i64 cn = c + ST - 1;
-        if (ST < 3) load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, (int)(cn % ST), row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
+        // 2. chunk c + ST - 1's loads go out while this one computes
+        {
+            const i64 cn = c + ST - 1;
+            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, (int)(cn % ST), row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
+        }
+        if (!PRESCAN && a.h != 0) store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
 
         // 3. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
         //    odd key steps, so that the dependent chains are half as long)
@@ -416,7 +411,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             for (int e = 0; e < 4; ++e) dacc[j][0][e] = dacc[j][1][e] = 0.f;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
-            const int u = warp + j * MmaWarps<KP, BV>::N;
+            const int u = warp + j * FWDH_WARPS;
             if (u < ntiles_d) {
                 const int mt = u / NTN, nt = u % NTN;
                 const unsigned aw = wbuf + mt * 16 * KROW;
@@ -434,16 +429,13 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                 }
             }
         }
-        if (ST >= 3) load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, (int)(cn % ST), row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
-        // h (the rounded state, read from s_hi, which is rewritten only after the next barrier)
-        if (!PRESCAN && a.h != 0) store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
         // 4. v_new, and a . D rounded into shared memory
         const float* gs = sm.g[buf];
         const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
         T* vrow = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + ((row0 + c * bt) * a.HV + hv) * a.V + cb.c0 : nullptr;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
-            const int u = warp + j * MmaWarps<KP, BV>::N;
+            const int u = warp + j * FWDH_WARPS;
             if (u < ntiles_d) {
                 const int mt = u / NTN, nt = u % NTN;
 #pragma unroll
@@ -636,7 +628,7 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
 // Kernel entry points of one op (PRESCAN false: fwd_h; true: pre-scan), named
 // `<op>_mma_<dtype>_k<KP>_v<BV>` and `<op>_fma_<f32|f64>`.
 #define FWDH_MMA_KERNEL(OP, PRE, T, TAG, KP, BV) \
-    extern "C" __global__ void __launch_bounds__(MmaWarps<KP, BV>::THREADS, 1) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
         fwd_h_mma<T, KP, BV, PRE>(a); \
     }
 #define FWDH_MMA_KERNELS_T(OP, PRE, T, TAG) \

@@ -66,21 +66,6 @@ fn half_inputs_pad_keys_and_pick_the_measured_block_width() {
         KernelChoice::Mma { bv, .. } => assert_eq!(bv, 16),
         other => panic!("{other:?}"),
     }
-    // 16 warps where the block has 16 state tiles and K <= 128, else 8
-    for (kp, bv, threads) in [
-        (64, 16, 256),
-        (64, 32, 512),
-        (128, 16, 512),
-        (128, 64, 512),
-        (256, 32, 256),
-    ] {
-        assert_eq!(
-            KernelChoice::Mma { kp, bv }.threads(),
-            threads,
-            "{kp} x {bv}"
-        );
-    }
-    assert_eq!(KernelChoice::Fma.threads(), 256);
     // the pre-scan blocks b and M columns separately
     assert!(matches!(
         choose(Dtype::BF16, 128, &[128, 128], &[4096; 32], 4),

@@ -64,15 +64,6 @@ impl KernelChoice {
         }
     }
 
-    /// Threads per block: 512 (16 warps) for the tensor-core kernel where the state block has
-    /// at least 16 tiles of 16 x 8 and `kp <= 128` (`MmaWarps`), else 256.
-    pub fn threads(self) -> u32 {
-        match self {
-            KernelChoice::Mma { kp, bv } if kp <= 128 && (kp / 16) * (bv / 8) >= 16 => 512,
-            _ => 256,
-        }
-    }
-
     /// Dynamic shared memory of the kernel for main data of `dtype` (the size of `MmaSmem` /
     /// `FmaSmem<Acc>`).
     pub fn smem_bytes(self, dtype: Dtype) -> usize {
@@ -239,7 +230,7 @@ pub(crate) fn launch(
         module,
         &choice.kernel_name(module.name(), dtype),
         (grid_x, blocks as u32),
-        choice.threads(),
+        256,
         choice.smem_bytes(dtype) as u32,
         args,
     )
