@@ -38,6 +38,12 @@ pub(crate) fn fwd_h_bv() -> Option<usize> {
     knob("ATTN_FWDH_BV", |b| [16, 32, 64].contains(&b))
 }
 
+/// `$ATTN_PRESCAN_SPLIT=0`: the pre-scan's `M` columns without hi + lo operands (plain half
+/// operands, as cuLA rounds them); anything else keeps the pairs.
+pub(crate) fn prescan_split() -> bool {
+    std::env::var("ATTN_PRESCAN_SPLIT").as_deref() != Ok("0")
+}
+
 /// `$ATTN_NVRTC_OPTS`: extra NVRTC options, e.g. `-DATTN_MIN_BLOCKS=2`.
 pub(crate) fn nvrtc_opts() -> Vec<String> {
     std::env::var("ATTN_NVRTC_OPTS")

@@ -1,6 +1,6 @@
 //! The fwd_h / pre-scan kernel choice (no GPU needed): the FMA kernel for float32/float64, and
 //! for half inputs the key padding and the column-block width of the cost rule on the spec's
-//! anchor shapes (132 multiprocessors), measured best in run 5 of NOTES.md.
+//! anchor shapes (132 multiprocessors), measured best in run 6 of NOTES.md.
 
 use attn_gpu::delta::{kernel_choice, KernelChoice, Workload};
 use attn_reference::Dtype;
@@ -30,7 +30,7 @@ fn half_inputs_pad_keys_and_pick_the_measured_block_width() {
         KernelChoice::Mma { kp: 128, bv } => bv,
         other => panic!("{other:?}"),
     };
-    // a few long sequences: the serial chain, narrow blocks (run 5: 16 beat 32 and 64)
+    // a few long sequences: the serial chain, narrow blocks (run 6: 16 beat 32 and 64)
     assert_eq!(bv(4, &[131072]), 16);
     assert_eq!(
         bv(
@@ -42,7 +42,7 @@ fn half_inputs_pad_keys_and_pick_the_measured_block_width() {
     assert_eq!(bv(16, &[131072]), 16);
     // 32 heads of one 32768-token sequence: 32 columns (1.24 ms against 1.77 and 1.87)
     assert_eq!(bv(32, &[32768]), 32);
-    // 32 heads of 8 sequences: throughput, 64 columns (1.88 ms against 2.87 and 5.8)
+    // 32 heads of 8 sequences: throughput, 64 columns (1.88 ms against 2.87 with 32 columns)
     assert_eq!(bv(32, &[8192; 8]), 64);
     // key padding, and no 64-column block with 256 keys (shared memory)
     for (k, kp) in [

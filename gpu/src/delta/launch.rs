@@ -130,7 +130,7 @@ pub struct Workload<'a> {
     pub hv: usize,
 }
 
-/// Relative cost of one chunk step of a block by its width (H100, K = 128, run 5 of NOTES.md:
+/// Relative cost of one chunk step of a block by its width (H100, K = 128, run 6 of NOTES.md:
 /// 1.74, 2.6 and 3.6 µs per step for 16, 32 and 64 columns).
 fn step_cost(bv: usize) -> f64 {
     match bv {

@@ -108,7 +108,7 @@ impl FwdHPreScanPlan {
         }
         let g = &self.geo;
         let bv = self.choice.bv();
-        let split = std::env::var("ATTN_PRESCAN_SPLIT").as_deref() != Ok("0");
+        let split = crate::knobs::prescan_split();
         let args = FwdHArgs {
             k: inputs.k.ptr(gpu),
             w: inputs.w.ptr(gpu),
