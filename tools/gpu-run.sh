@@ -10,8 +10,10 @@
 # "ATTN_TILE_RP=16;ATTN_NVRTC_OPTS='-DATTN_TILE_CS=0 -DATTN_MIN_BLOCKS=4'";
 # "-" is the default build), each run $ATTN_TUNE_PASSES times (default 1), a process per run.
 # Narrowing (environment): ATTN_TESTS (test binaries, a glob over the names after test_; all),
-# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates decode"), ATTN_SANITIZE_SKIP (a test
-# name substring to skip there; long_lane), ATTN_BENCH_FILTER (bench_gpu --filter and the
+# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates decode fwd_h fwd_h_summaries"),
+# ATTN_SANITIZE_SKIP (a test name substring to skip there, besides the long, 100-launch and
+# determinism delta-rule tests; long_lane), ATTN_TEST_THREADS / ATTN_TEST_TIMEOUT /
+# ATTN_SANITIZE_TIMEOUT (2 threads, 420 s, 400 s), ATTN_BENCH_FILTER (bench_gpu --filter and the
 # anchors' --filter; all), ATTN_ANCHORS_DECODE_ONLY=1 (only the decode anchors).
 # `ptx` (not in `all`): ptxas -v register and spill report of the decode kernels.
 set -u -o pipefail
