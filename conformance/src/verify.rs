@@ -2,7 +2,7 @@
 //! candidate with it: the case's own stored outputs (`cpu`), and the GPU runner's (`gpu`).
 
 use crate::case::{Case, Tensors};
-use crate::compare::{compare, Rule};
+use crate::compare::{compare, Diagnostics, Rule};
 use crate::error::Problem;
 use crate::params::Params;
 use crate::registry;
@@ -58,6 +58,9 @@ pub struct Row {
     pub threshold: Option<f64>,
     pub pass: bool,
     pub reason: Option<String>,
+    /// Where and by how much a failed comparison of two same-shape tensors missed (`null` when
+    /// it passed, or when a shape, class or presence mismatch left nothing to compare).
+    pub diagnostics: Option<Diagnostics>,
 }
 
 /// The devices `selection` checks for `op`, or why the selection cannot be served (`gpu`
@@ -81,6 +84,14 @@ pub fn devices_for(op: &OpSpec, selection: Selection) -> Result<Vec<Device>, Pro
 /// Runs the reference for `case` and compares the candidates of `selection` with it.
 /// `Err` means the case cannot be used (bad shapes, no GPU runner, ...).
 pub fn verify_case(case: &Case, selection: Selection) -> Result<Vec<Row>, Problem> {
+    verify_with_reference(case, selection).map(|(rows, _)| rows)
+}
+
+/// [`verify_case`], also returning the reference's outputs.
+pub fn verify_with_reference(
+    case: &Case,
+    selection: Selection,
+) -> Result<(Vec<Row>, Tensors), Problem> {
     let spec = registry::spec_of(case)?;
     let params = registry::check(case)?;
     let devices = devices_for(spec, selection)?;
@@ -98,7 +109,26 @@ pub fn verify_case(case: &Case, selection: Selection) -> Result<Vec<Row>, Proble
             case, spec, &params, device, &reference, &candidate,
         )?);
     }
-    Ok(rows)
+    Ok((rows, reference))
+}
+
+/// `case` with the float64 reference's outputs in place of its own: the file `verify
+/// --dump-reference` writes (`source.impl` is `attn-reference`).
+pub fn reference_case(case: &Case, reference: Tensors) -> Case {
+    let mut out = case.clone();
+    out.source = serde_json::json!({
+        "impl": "attn-reference",
+        "version": env!("CARGO_PKG_VERSION"),
+        "device": "cpu",
+        "precision": "float64",
+    });
+    out.tolerance.clear();
+    out.note = Some(format!(
+        "the float64 reference outputs for the inputs of {}",
+        case.path.display()
+    ));
+    out.outputs = reference;
+    out
 }
 
 fn compare_outputs(
@@ -160,6 +190,7 @@ fn compare_outputs(
                 },
                 pass: c.pass,
                 reason: c.reason,
+                diagnostics: c.diagnostics,
             });
         }
     }

@@ -9,6 +9,7 @@
 
 mod errors;
 
+use attn_conformance::registry;
 use attn_conformance::verify::{verify_case, Selection};
 use attn_conformance::{app, Case, Params, Problem, Tensor, Tensors};
 use attn_reference::Dtype;
@@ -63,7 +64,7 @@ fn json_object(arg: Arg, text: &str) -> PyResult<Map<String, Value>> {
     }
 }
 
-/// The in-memory case of a call from Python and its validated parameters ([`Case::check`]: known
+/// The in-memory case of a call from Python and its validated parameters ([`registry::check`]: known
 /// op, parameters, input and output names, input dtypes, tolerance keys).
 #[allow(clippy::too_many_arguments)]
 fn case(
@@ -79,11 +80,24 @@ fn case(
     case.path = PathBuf::from("<python>");
     case.params = json_object(Arg::Params, params)?;
     case.source = Value::Object(json_object(Arg::Source, source)?);
+    if case.impl_name().is_none() {
+        return Err(problem(&Arg::Source.to_string(), Problem::NoImpl));
+    }
+    // what `Case::parse` checks of a file's tolerances
+    if let Some((name, t)) = tolerance
+        .iter()
+        .find(|(_, t)| !(t.is_finite() && **t > 0.0))
+    {
+        return Err(PyValueError::new_err(format!(
+            "{}: expected a positive number, got {t}",
+            Arg::Tolerance.at(name)
+        )));
+    }
     case.tolerance = tolerance;
     case.note = note;
     case.inputs = tensors(Arg::Inputs, inputs)?;
     case.outputs = tensors(Arg::Outputs, outputs)?;
-    let params = case.check().map_err(|p| errors::in_case(&case, p))?;
+    let params = registry::check(&case).map_err(|p| errors::in_case(&case, p))?;
     Ok((case, params))
 }
 
@@ -99,11 +113,11 @@ fn reference<'py>(
     device: &str,
 ) -> PyResult<Vec<Wire<'py>>> {
     let (case, params) = case(op, &inputs, &[], params, IMPL, BTreeMap::new(), None)?;
-    let spec = case.spec().map_err(|p| errors::in_case(&case, p))?;
+    let spec = registry::spec_of(&case).map_err(|p| errors::in_case(&case, p))?;
     let runner = match device {
         "cpu" => spec.cpu,
         "gpu" => {
-            attn_conformance::registry::gpu_status()
+            registry::gpu_status()
                 .map_err(|why| problem(&Arg::Device.to_string(), Problem::NoGpu(why)))?;
             spec.gpu.ok_or_else(|| {
                 problem(
@@ -178,7 +192,7 @@ fn load_case(
     Vec<Wire<'_>>,
     Vec<Wire<'_>>,
 )> {
-    let case = Case::read(&path).map_err(errors::file)?;
+    let case = registry::read(&path).map_err(errors::file)?;
     let wires = |t: &Tensors| -> Vec<Wire<'_>> { t.iter().map(|(n, t)| wire(py, n, t)).collect() };
     Ok((
         case.op.clone(),
