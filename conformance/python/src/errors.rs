@@ -85,10 +85,8 @@ pub fn in_case(case: &Case, p: Problem) -> PyErr {
     problem(&arg_of(case, &p), p)
 }
 
-/// A file that could not be written: `OSError` naming the path.
+/// A file that could not be read, written or used: the exception of its problem, naming the
+/// path (`OSError` when the file system refused).
 pub fn file(e: Error) -> PyErr {
-    match e.problem {
-        Problem::Io(io) => PyOSError::new_err(format!("path: {}: {io}", e.path.display())),
-        p => problem("path", p),
-    }
+    problem(&format!("path: {}", e.path.display()), e.problem)
 }

@@ -51,7 +51,8 @@ def _from_torch(label: str, name: str, t: Any) -> Wire:
 
 
 def _from_numpy(label: str, name: str, a: np.ndarray) -> Wire:
-    dtype = next((n for n, d in _NUMPY.items() if a.dtype == d), None)
+    native = a.dtype.newbyteorder("=")
+    dtype = next((n for n, d in _NUMPY.items() if native == d), None)
     if dtype is None:
         raise TypeError(f"{label}: dtype {a.dtype} is not a case dtype ({', '.join(DTYPES)})")
     bits = a.view(np.uint16) if dtype == "bfloat16" else a
