@@ -153,6 +153,7 @@ def assert_conforms(
     Set ``ATTN_CONFORM_SAVE_DIR`` to have a failing call written there as a case file
     (``<op>-<n>.safetensors``, see ``save_case``) that ``attn-conform verify`` reproduces.
     """
+    __tracebackhide__ = True  # pytest shows the test's line, not this one
     rows = check(op, inputs, outputs, params, tolerance)
     failed = [r for r in rows if not r["pass"]]
     if not failed:
