@@ -101,13 +101,16 @@ pub struct Diagnostics {
     /// more than the ratio allows the RMS of all the errors. Under the exact rule: how many
     /// elements differ in their bits.
     pub over_threshold: usize,
+    /// What `over_threshold` counts, in words: `|ref - x| > threshold × RMS(ref)`, or
+    /// `bits differ` under the exact rule.
+    pub counted: &'static str,
     /// The number of elements.
     pub elements: usize,
     pub nonfinite: Option<NonFinite>,
 }
 
 impl fmt::Display for Diagnostics {
-    /// `worst [0, 3, 1]: reference 1.25, candidate 1.5; 3 of 24 elements have |ref - x| >
+    /// `worst [0, 3, 1]: reference 1.25, candidate 1.5; 3 of 24 elements: |ref - x| >
     /// threshold × RMS(ref); non-finite mismatches: 2, first at [1, 0, 0] (reference finite,
     /// candidate NaN)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -119,8 +122,8 @@ impl fmt::Display for Diagnostics {
             ));
         }
         parts.push(format!(
-            "{} of {} elements have |ref - x| > threshold × RMS(ref)",
-            self.over_threshold, self.elements
+            "{} of {} elements: {}",
+            self.over_threshold, self.elements, self.counted
         ));
         if let Some(n) = &self.nonfinite {
             parts.push(format!(
@@ -246,6 +249,10 @@ pub fn diagnose(r: &Tensor, x: &Tensor, m: &Measure, rule: Rule) -> Diagnostics 
             candidate: flat[i].1,
         }),
         over_threshold: differs.iter().filter(|&&d| d).count(),
+        counted: match rule {
+            Rule::Threshold(_) => "|ref - x| > threshold × RMS(ref)",
+            Rule::Exact => "bits differ",
+        },
         elements: flat.len(),
         nonfinite: m.nonfinite_first.map(|i| NonFinite {
             count: m.nonfinite_count,

@@ -62,7 +62,7 @@ fn a_planted_error_is_reported_where_it_is() {
         let out = stdout(&o);
         assert!(
             out.contains(&format!("worst {index:?}: reference"))
-                && out.contains("1 of 84 elements have |ref - x| > threshold × RMS(ref)"),
+                && out.contains("1 of 84 elements: |ref - x| > threshold × RMS(ref)"),
             "{out}"
         );
     }

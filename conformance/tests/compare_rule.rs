@@ -216,7 +216,9 @@ fn diagnostics_locate_a_planted_error() {
         let text = d.to_string();
         assert!(text.contains(&format!("{index:?}")), "{text}");
         assert!(
-            text.contains(&format!("{planted} of {n} elements")),
+            text.contains(&format!(
+                "{planted} of {n} elements: |ref - x| > threshold × RMS(ref)"
+            )),
             "{text}"
         );
     }
@@ -271,6 +273,10 @@ fn exact_diagnostics_count_differing_bits() {
     );
     let d = c.diagnostics.unwrap();
     assert_eq!(d.over_threshold, 2);
+    assert!(
+        d.to_string().contains("2 of 12 elements: bits differ"),
+        "{d}"
+    );
     let w = d.worst.unwrap();
     assert_eq!(w.index, [0, 3]);
     assert_eq!((w.reference, w.candidate), (-0.5, 0.5));

@@ -92,8 +92,9 @@ def check(
     A row has ``output``, ``shape``, ``dtype``, ``max_abs``, ``ratio``, ``threshold``
     (``None``: bit-exact), ``pass`` and ``reason``; a failed one also ``diagnostics``: the
     ``worst`` element (``index``, ``reference``, ``candidate``), ``over_threshold`` (how many
-    elements have ``|ref - x| > threshold * RMS(ref)``), ``elements``, and ``nonfinite`` (the
-    ``count`` of non-finite mismatches and the ``first_index``).
+    elements have ``|ref - x| > threshold × RMS(ref)``; under the exact rule, how many differ in
+    their bits), ``counted`` (which of the two, in words), ``elements``, and ``nonfinite`` (the
+    ``count`` of non-finite mismatches and the ``first_index``, with the kinds of value there).
     """
     rows = _native.check(
         _op(op),
@@ -127,10 +128,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                     f"    worst element {w['index']}: reference {w['reference']!r}, "
                     f"candidate {w['candidate']!r}"
                 )
-            lines.append(
-                f"    {d['over_threshold']} of {d['elements']} elements have "
-                f"|ref - x| > threshold * RMS(ref)"
-            )
+            lines.append(f"    {d['over_threshold']} of {d['elements']} elements: {d['counted']}")
             n = d.get("nonfinite")
             if n:
                 lines.append(

@@ -30,6 +30,7 @@ class NonFinite(TypedDict):
 class Diagnostics(TypedDict):
     worst: Worst | None
     over_threshold: int
+    counted: str
     elements: int
     nonfinite: NonFinite | None
 

@@ -42,7 +42,7 @@ def _from_torch(label: str, name: str, t: Any) -> Wire:
     if dtype is None:
         raise TypeError(f"{label}: dtype {t.dtype} is not a case dtype ({', '.join(DTYPES)})")
     try:
-        host = t.detach().to("cpu").contiguous()
+        host = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
     except (RuntimeError, NotImplementedError) as e:
         raise TypeError(f"{label}: cannot copy this tensor to the host: {e}") from None
     # torch.bfloat16 has no NumPy dtype: its bits travel as int16
