@@ -9,7 +9,7 @@ use crate::registry::{self, OPS};
 use crate::verify::{reference_case, verify_with_reference, Device, Row, Selection};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -48,7 +48,14 @@ pub fn verify_file_with_reference(
 }
 
 /// Writes the reference's outputs for `case` as `<dir>/<op>/<file name>`; returns the path.
-pub fn dump_reference(dir: &Path, case: &Case, reference: Tensors) -> Result<PathBuf, Error> {
+/// Refuses to overwrite the case itself, or a file `written` earlier in the same command (two
+/// cases of one op with the same file name).
+pub fn dump_reference(
+    dir: &Path,
+    case: &Case,
+    reference: Tensors,
+    written: &mut BTreeSet<PathBuf>,
+) -> Result<PathBuf, Error> {
     let sub = dir.join(&case.op);
     std::fs::create_dir_all(&sub).map_err(|e| Problem::Io(e).at(&sub))?;
     let name = case.path.file_name().map_or_else(
@@ -56,6 +63,20 @@ pub fn dump_reference(dir: &Path, case: &Case, reference: Tensors) -> Result<Pat
         |n| n.to_os_string(),
     );
     let path = sub.join(name);
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(&path, &case.path) {
+        return Err(Problem::NotWritten("it is the case being verified".into()).at(&path));
+    }
+    if !written.insert(path.canonicalize().unwrap_or_else(|_| path.clone())) {
+        return Err(Problem::NotWritten(format!(
+            "the reference of another case of the same name was written there (from {})",
+            case.path.display()
+        ))
+        .at(&path));
+    }
     reference_case(case, reference).write(&path)?;
     Ok(path)
 }
@@ -128,12 +149,12 @@ pub fn verify(
             unusable += 1;
         }
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut dumped) = (Vec::new(), BTreeSet::new());
     for f in &files {
         let written = verify_file_with_reference(f, &mut manifests, selection).and_then(
             |(case, r, reference)| {
                 rows.extend(r);
-                dump.map(|dir| dump_reference(dir, &case, reference))
+                dump.map(|dir| dump_reference(dir, &case, reference, &mut dumped))
                     .transpose()
             },
         );

@@ -116,6 +116,34 @@ fn dump_reference_writes_the_reference_as_a_case() {
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
 
+/// Dumping never overwrites the case being verified, nor the reference of another case of the
+/// same name written by the same command.
+#[test]
+fn dump_reference_does_not_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = valid_cases(13).remove(0);
+    let f = write_case(dir.path(), "same", &case);
+    let before = std::fs::read(&f).unwrap();
+    let o = conform(&["verify", "--dump-reference", p(dir.path()), p(&f)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("it is the case being verified"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&f).unwrap(), before);
+
+    let other = tempfile::tempdir().unwrap();
+    let g = write_case(other.path(), "same", &valid_cases(14).remove(0));
+    let out = tempfile::tempdir().unwrap();
+    let o = conform(&["verify", "--dump-reference", p(out.path()), p(&f), p(&g)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("of the same name"), "{}", stderr(&o));
+    // the first one written stands
+    let d = registry::read(out.path().join("cumsum").join("same.safetensors")).unwrap();
+    assert!(d.inputs["x"].bit_identical(&case.inputs["x"]));
+}
+
 fn row(file: &str, ratio: f64, threshold: Option<f64>, pass: bool) -> Row {
     Row {
         file: file.into(),
