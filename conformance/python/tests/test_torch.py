@@ -3,6 +3,8 @@ and CUDA, any layout. Runs only where torch is installed; the skip says so where
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,20 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed: the torch tests did not run (pip install torch)"
 )
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", "cuda"]
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda(request):
+    """A `cuda` case without a CUDA device says why it did not run (fails under
+    ATTN_REQUIRE_GPU=1, as the Rust GPU tests do)."""
+    callspec = getattr(request.node, "callspec", None)
+    device = callspec.params.get("device") if callspec else None
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "no CUDA device: torch.cuda.is_available() is false"
+        if os.environ.get("ATTN_REQUIRE_GPU") == "1":
+            pytest.fail(f"ATTN_REQUIRE_GPU=1 but {why}")
+        pytest.skip(why)
 
 
 @pytest.fixture
