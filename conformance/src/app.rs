@@ -183,7 +183,7 @@ pub fn verify(
         let _ = write!(io.out, "{}", rows_table(&rows));
         for r in rows.iter().filter(|r| !r.pass) {
             if let Some(d) = &r.diagnostics {
-                let _ = writeln!(io.out, "{} {} {}: {d}", r.file, r.device, r.output);
+                let _ = writeln!(io.out, "  {} {} {}: {d}", r.file, r.device, r.output);
             }
         }
         let _ = writeln!(io.out, "{summary}");
