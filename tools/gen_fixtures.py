@@ -27,6 +27,12 @@ from fixturegen import cumsum, decode  # noqa: E402,F401  (registers the cases)
 from fixturegen.case import AUTOTUNE_ENV, RefusedCase, device_name, write, write_manifest  # noqa: E402
 from fixturegen.registry import CASES, Ctx  # noqa: E402
 
+try:  # native sparse attention cases (issue 13)
+    from fixturegen import nsa  # noqa: E402,F401
+except ImportError as e:  # pragma: no cover
+    if "nsa" not in str(e):
+        raise
+
 try:  # delta-rule cases (issue 3) register themselves when present
     from fixturegen import delta_rule  # noqa: E402,F401
 except ImportError as e:  # pragma: no cover

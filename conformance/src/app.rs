@@ -77,7 +77,8 @@ pub fn dump_reference(
         ))
         .at(&path));
     }
-    reference_case(case, reference).write(&path)?;
+    let spec = registry::spec_of(case).map_err(|p| p.at(&case.path))?;
+    reference_case(case, spec, reference).write(&path)?;
     Ok(path)
 }
 
@@ -243,6 +244,12 @@ fn rows_table(rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             let result = match (&r.reason, r.pass) {
+                (_, true) if r.near_ties.is_some_and(|n| n > 0) => {
+                    format!(
+                        "PASS ({} rows by the near-tie band)",
+                        r.near_ties.unwrap_or(0)
+                    )
+                }
                 (_, true) => "PASS".to_string(),
                 (Some(why), false) => format!("FAIL ({why})"),
                 (None, false) => "FAIL".to_string(),

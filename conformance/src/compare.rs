@@ -30,6 +30,24 @@ pub enum Rule {
     Threshold(f64),
     /// Same dtype and the same bits everywhere (NaN payloads included).
     Exact,
+    /// Selected block indices, row by row (spec `ops-nsa.md` §9; [`crate::index_rule`]).
+    Index(IndexRule),
+}
+
+/// How the rows of a `block_indices` output are compared (spec `ops-nsa.md` §9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexMode {
+    /// `"fla"`: each row as a set of valid entries (`>= 0`) plus its count of `-1`.
+    Set,
+    /// `"mslk_tile_mean"`: sorted rows equal element by element, duplicates included.
+    Sorted,
+}
+
+/// The index rule: the row comparison and the near-tie band `delta` (by candidate precision).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IndexRule {
+    pub mode: IndexMode,
+    pub delta: f64,
 }
 
 impl Rule {
@@ -50,6 +68,7 @@ impl fmt::Display for Rule {
         match self {
             Rule::Threshold(t) => write!(f, "{t:.0e}"),
             Rule::Exact => f.write_str("exact"),
+            Rule::Index(r) => write!(f, "index band {:.0e}", r.delta),
         }
     }
 }
@@ -70,6 +89,8 @@ pub struct Comparison {
     /// Where and by how much it failed, for a failure of two same-shape tensors (`None` when it
     /// passed, or when a shape, class or presence mismatch left nothing to compare).
     pub diagnostics: Option<Diagnostics>,
+    /// Index rule only: the rows that differ from the reference but passed by the near-tie band.
+    pub near_ties: Option<usize>,
 }
 
 /// The element with the largest `|ref - x|` of a failed comparison.
@@ -220,7 +241,7 @@ pub fn diagnose(r: &Tensor, x: &Tensor, m: &Measure, rule: Rule) -> Diagnostics 
                 .map(|(&a, &b)| a.is_finite() && b.is_finite() && (a - b).abs() > limit)
                 .collect()
         }
-        Rule::Exact => {
+        Rule::Exact | Rule::Index(_) => {
             let size = r.dtype().size_bytes();
             if r.dtype() == x.dtype() && size > 0 {
                 let (rb, xb) = (r.to_le_bytes(), x.to_le_bytes());
@@ -251,7 +272,7 @@ pub fn diagnose(r: &Tensor, x: &Tensor, m: &Measure, rule: Rule) -> Diagnostics 
         over_threshold: differs.iter().filter(|&&d| d).count(),
         counted: match rule {
             Rule::Threshold(_) => "|ref - x| > threshold × RMS(ref)",
-            Rule::Exact => "bits differ",
+            Rule::Exact | Rule::Index(_) => "bits differ",
         },
         elements: flat.len(),
         nonfinite: m.nonfinite_first.map(|i| NonFinite {
@@ -286,6 +307,7 @@ pub fn compare(
         pass: false,
         reason: Some(reason),
         diagnostics: None,
+        near_ties: None,
     };
     let (r, x) = match (reference, candidate) {
         (Some(r), Some(x)) => (r, x),
@@ -321,6 +343,8 @@ pub fn compare(
     let pass = match rule {
         Rule::Exact => r.bit_identical(x),
         Rule::Threshold(t) => m.nonfinite_count == 0 && (m.max_abs <= ABS_FLOOR || m.ratio <= t),
+        // `compare_indices` is the index rule's comparison; here it cannot pass
+        Rule::Index(_) => false,
     };
     if pass {
         return Comparison {
@@ -331,6 +355,7 @@ pub fn compare(
             rule,
             pass,
             reason: None,
+            near_ties: None,
             diagnostics: None,
         };
     }
@@ -345,6 +370,7 @@ pub fn compare(
             n.first_index, n.reference, n.candidate
         ),
         (Rule::Threshold(t), None) => format!("ratio {:.3e} > threshold {t:.0e}", m.ratio),
+        (Rule::Index(_), _) => "the index rule needs the reference scores".into(),
     };
     Comparison {
         shape: x.shape().to_vec(),
@@ -355,5 +381,6 @@ pub fn compare(
         pass,
         reason: Some(reason),
         diagnostics: Some(d),
+        near_ties: None,
     }
 }

@@ -2,7 +2,8 @@
 //! `attn-conform` command.
 //!
 //! Modules form a one-way stack, each importing only those below it:
-//! 1. `error`, `tensor`, `params`, `compare`, `fixtures`: the format's parts and the comparison rule;
+//! 1. `error`, `tensor`, `params`, `compare`, `index_rule`, `fixtures`: the format's parts and the
+//!    comparison rules;
 //! 2. `case`: `attn-case/1` files, knowing no op;
 //! 3. `spec`: what an op entry is made of;
 //! 4. `ops`: one module per op family (entries, CPU and GPU runners) and `ops::device`;
@@ -14,6 +15,7 @@ pub mod case;
 pub mod compare;
 pub mod error;
 pub mod fixtures;
+pub mod index_rule;
 pub mod ops;
 pub mod params;
 pub mod registry;

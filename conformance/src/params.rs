@@ -13,6 +13,8 @@ pub enum ParamType {
     Bool,
     /// A JSON number, or `null`.
     OptFloat,
+    /// A JSON integer, or `null`.
+    OptInt,
     /// One of the listed strings.
     Str(&'static [&'static str]),
     /// One of the listed strings, or `null`.
@@ -32,6 +34,7 @@ impl ParamType {
             ParamType::Int => "an integer".into(),
             ParamType::Bool => "a boolean".into(),
             ParamType::OptFloat => "a number or null".into(),
+            ParamType::OptInt => "an integer or null".into(),
             ParamType::Str(c) => choices(c),
             ParamType::OptStr(c) => format!("{} | null", choices(c)),
         }
@@ -43,6 +46,8 @@ impl ParamType {
             (ParamType::Int, Value::Number(n)) => n.is_i64(),
             (ParamType::Bool, Value::Bool(_)) => true,
             (ParamType::OptFloat, Value::Number(_) | Value::Null) => true,
+            (ParamType::OptInt, Value::Null) => true,
+            (ParamType::OptInt, Value::Number(n)) => n.is_i64(),
             (ParamType::OptStr(_), Value::Null) => true,
             (ParamType::Str(c) | ParamType::OptStr(c), Value::String(s)) => c.contains(&s.as_str()),
             _ => false,
@@ -159,6 +164,16 @@ impl Params {
                 .as_f64()
                 .map(Some)
                 .ok_or_else(|| Self::wrong(key, "a number or null", v)),
+        }
+    }
+
+    pub fn opt_int(&self, key: &str) -> Result<Option<i64>, Problem> {
+        match self.get(key, "an integer or null")? {
+            Value::Null => Ok(None),
+            v => v
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| Self::wrong(key, "an integer or null", v)),
         }
     }
 

@@ -18,6 +18,7 @@ const FAMILIES: &[&[OpSpec]] = &[
     ops::gates::OPS,
     ops::decode::OPS,
     ops::delta::OPS,
+    ops::nsa::OPS,
 ];
 
 const fn count(families: &[&[OpSpec]]) -> usize {
@@ -49,6 +50,20 @@ const ALL: [OpSpec; count(FAMILIES)] = gather(FAMILIES);
 
 /// Every op of the spec, in the order of its files.
 pub static OPS: &[OpSpec] = &ALL;
+
+/// Per op, the outputs whose candidate values the reference takes as inputs before computing the
+/// other outputs (spec `ops-nsa.md` §7: `nsa_fwd`'s `o` uses the candidate's `block_indices`).
+const TAKEN: &[&[(&str, &str)]] = &[ops::nsa::TAKEN_FROM_CANDIDATE];
+
+/// The outputs of op `id` that the reference takes from the candidate (see `TAKEN`).
+pub fn taken_from_candidate(id: &str) -> Vec<&'static str> {
+    TAKEN
+        .iter()
+        .flat_map(|t| t.iter())
+        .filter(|(op, _)| *op == id)
+        .map(|(_, out)| *out)
+        .collect()
+}
 
 /// The registry entry of op `id`.
 pub fn find(id: &str) -> Option<&'static OpSpec> {

@@ -4,6 +4,7 @@
 use crate::case::{Case, Tensors};
 use crate::compare::{compare, Diagnostics, Rule};
 use crate::error::Problem;
+use crate::index_rule::compare_indices;
 use crate::params::Params;
 use crate::registry;
 use crate::spec::{OpSpec, PartSpec};
@@ -61,6 +62,10 @@ pub struct Row {
     /// Where and by how much a failed comparison of two same-shape tensors missed (`null` when
     /// it passed, or when a shape, class or presence mismatch left nothing to compare).
     pub diagnostics: Option<Diagnostics>,
+    /// Index rule only (spec `ops-nsa.md` §9): rows that differ from the reference's selection
+    /// but passed by the near-tie band.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub near_ties: Option<usize>,
 }
 
 /// The devices `selection` checks for `op`, or why the selection cannot be served (`gpu`
@@ -105,6 +110,7 @@ pub fn verify_with_reference(
                 None => return Err(Problem::NoGpu(format!("`{}` has no GPU runner", spec.id))),
             },
         };
+        let reference = reference_for(case, spec, &params, &reference, &candidate)?;
         rows.extend(compare_outputs(
             case, spec, &params, device, &reference, &candidate,
         )?);
@@ -114,7 +120,7 @@ pub fn verify_with_reference(
 
 /// `case` with the float64 reference's outputs in place of its own: the file `verify
 /// --dump-reference` writes (`source.impl` is `attn-reference`).
-pub fn reference_case(case: &Case, reference: Tensors) -> Case {
+pub fn reference_case(case: &Case, spec: &OpSpec, reference: Tensors) -> Case {
     let mut out = case.clone();
     out.source = serde_json::json!({
         "impl": "attn-reference",
@@ -127,8 +133,52 @@ pub fn reference_case(case: &Case, reference: Tensors) -> Case {
         "the float64 reference outputs for the inputs of {}",
         case.path.display()
     ));
-    out.outputs = reference;
+    out.outputs = declared_outputs(spec, reference);
     out
+}
+
+/// The op's declared outputs among a runner's, without the auxiliary tensors some references
+/// add for the comparison (`block_indices.scores`).
+pub fn declared_outputs(spec: &OpSpec, outputs: Tensors) -> Tensors {
+    outputs
+        .into_iter()
+        .filter(|(name, _)| spec.output(name).is_some())
+        .collect()
+}
+
+/// The reference a candidate is held to: the plain one, or, for an op whose reference takes some
+/// outputs from the candidate ([`registry::taken_from_candidate`]; `nsa_fwd`'s
+/// `block_indices`, spec `ops-nsa.md` §7), the one computed with the candidate's values as
+/// inputs. The taken outputs themselves (and their `<name>.scores`) stay the plain reference's,
+/// so they are still checked against its own choice.
+fn reference_for<'a>(
+    case: &Case,
+    spec: &OpSpec,
+    params: &Params,
+    reference: &'a Tensors,
+    candidate: &Tensors,
+) -> Result<Cow<'a, Tensors>, Problem> {
+    let taken: Vec<&str> = registry::taken_from_candidate(spec.id)
+        .into_iter()
+        .filter(|n| candidate.contains_key(*n))
+        .collect();
+    if taken.is_empty() {
+        return Ok(Cow::Borrowed(reference));
+    }
+    let mut inputs = case.inputs.clone();
+    for n in &taken {
+        inputs.insert(n.to_string(), candidate[*n].clone());
+    }
+    let mut out = (spec.cpu)(&inputs, params)?;
+    for (name, t) in reference {
+        if taken
+            .iter()
+            .any(|n| name == n || name.starts_with(&format!("{n}.")))
+        {
+            out.insert(name.clone(), t.clone());
+        }
+    }
+    Ok(Cow::Owned(out))
 }
 
 fn compare_outputs(
@@ -170,11 +220,22 @@ fn compare_outputs(
                 .collect()
         };
         for (name, rule_fn, r, x) in compared {
-            let rule = match (device, tolerance(name)) {
-                (Device::Cpu, Some(t)) => Rule::Threshold(t),
-                _ => rule_fn(&case.inputs, params, class),
+            let rule = match (
+                device,
+                tolerance(name),
+                rule_fn(&case.inputs, params, class),
+            ) {
+                (_, _, Rule::Index(ir)) => Rule::Index(ir),
+                (Device::Cpu, Some(t), _) => Rule::Threshold(t),
+                (_, _, rule) => rule,
             };
-            let c = compare(r.as_deref(), x.as_deref(), expected, rule);
+            let c = match rule {
+                Rule::Index(ir) => {
+                    let scores = reference.get(&format!("{name}.scores"));
+                    compare_indices(r.as_deref(), x.as_deref(), scores, ir)
+                }
+                _ => compare(r.as_deref(), x.as_deref(), expected, rule),
+            };
             rows.push(Row {
                 file: case.path.display().to_string(),
                 op: case.op.clone(),
@@ -186,11 +247,13 @@ fn compare_outputs(
                 ratio: c.ratio,
                 threshold: match rule {
                     Rule::Threshold(t) => Some(t),
+                    Rule::Index(_) => None,
                     Rule::Exact => None,
                 },
                 pass: c.pass,
                 reason: c.reason,
                 diagnostics: c.diagnostics,
+                near_ties: c.near_ties,
             });
         }
     }

@@ -6,6 +6,7 @@ const GATE: &str = include_str!("../kernels/gate.cuh");
 const STRIDED: &str = include_str!("../kernels/strided.cuh");
 const ROWS: &str = include_str!("../kernels/rows.cuh");
 const TILE: &str = include_str!("../kernels/tile.cuh");
+const NSA: &str = include_str!("../kernels/nsa.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -15,6 +16,9 @@ pub enum Module {
     ChunkGlobalCumsum,
     KdaGate,
     KdaGateChunkCumsum,
+    NsaCompressKv,
+    NsaGateCombine,
+    NsaSelectBlocks,
 }
 
 impl Module {
@@ -25,6 +29,9 @@ impl Module {
             Module::ChunkGlobalCumsum => "chunk_global_cumsum",
             Module::KdaGate => "kda_gate",
             Module::KdaGateChunkCumsum => "kda_gate_chunk_cumsum",
+            Module::NsaCompressKv => "nsa_compress_kv",
+            Module::NsaGateCombine => "nsa_gate_combine",
+            Module::NsaSelectBlocks => "nsa_select_blocks",
         }
     }
 
@@ -35,6 +42,9 @@ impl Module {
             Module::ChunkGlobalCumsum => include_str!("../kernels/chunk_global_cumsum.cu"),
             Module::KdaGate => include_str!("../kernels/kda_gate.cu"),
             Module::KdaGateChunkCumsum => include_str!("../kernels/kda_gate_chunk_cumsum.cu"),
+            Module::NsaCompressKv => include_str!("../kernels/nsa_compress_kv.cu"),
+            Module::NsaGateCombine => include_str!("../kernels/nsa_gate_combine.cu"),
+            Module::NsaSelectBlocks => include_str!("../kernels/nsa_select_blocks.cu"),
         }
     }
 
@@ -46,17 +56,23 @@ impl Module {
         match self {
             Module::Cumsum => s.push_str(ROWS),
             Module::ChunkLocalCumsum | Module::KdaGateChunkCumsum => s.push_str(TILE),
+            Module::NsaCompressKv | Module::NsaGateCombine | Module::NsaSelectBlocks => {
+                s.push_str(NSA)
+            }
             _ => {}
         }
         s.push_str(self.op_source());
         s
     }
 
-    pub const ALL: [Module; 5] = [
+    pub const ALL: [Module; 8] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
         Module::KdaGate,
         Module::KdaGateChunkCumsum,
+        Module::NsaCompressKv,
+        Module::NsaGateCombine,
+        Module::NsaSelectBlocks,
     ];
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod gate;
 pub mod kernels;
 mod knobs;
+pub mod nsa;
 mod params;
 pub mod seq_scan;
 mod strided;
@@ -24,6 +25,11 @@ pub use device::Gpu;
 pub use error::{GpuError, GpuResult};
 pub use gate::{
     kda_gate, kda_gate_chunk_cumsum, kda_gate_chunk_cumsum_into, kda_gate_into, GateInputs,
+};
+pub use nsa::{
+    nsa_compress_kv, nsa_compress_kv_into, nsa_gate_combine, nsa_gate_combine_into,
+    nsa_select_blocks, nsa_select_blocks_into, CombineInputs, CompressInputs, GateForm,
+    SelectInputs,
 };
 pub use seq_scan::{
     chunk_global_cumsum, chunk_global_cumsum_into, chunk_local_cumsum, chunk_local_cumsum_into,

@@ -9,6 +9,7 @@ pub mod delta;
 pub mod dtype;
 pub mod error;
 pub mod gate;
+pub mod nsa;
 pub mod scalar;
 pub mod varlen;
 

@@ -10,7 +10,7 @@
 mod errors;
 
 use attn_conformance::registry;
-use attn_conformance::verify::{verify_case, Selection};
+use attn_conformance::verify::{declared_outputs, verify_case, Selection};
 use attn_conformance::{app, Case, Params, Problem, Tensor, Tensors};
 use attn_reference::Dtype;
 use errors::{problem, Arg};
@@ -136,6 +136,7 @@ fn reference<'py>(
     let outputs = py
         .detach(|| runner(inputs, &params))
         .map_err(|p| errors::in_case(&case, p))?;
+    let outputs = declared_outputs(spec, outputs);
     Ok(outputs.iter().map(|(n, t)| wire(py, n, t)).collect())
 }
 

@@ -85,6 +85,14 @@ def test_check_fails_one_changed_element_at_its_index(op):
         if planted is not None:
             break
     else:
+        floats = [
+            n
+            for f in files
+            for n, a in ac.load_case(f).outputs.items()
+            if a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+        ]
+        if not floats:  # e.g. nsa_select_blocks: block indices, compared by the index rule
+            pytest.skip(f"{op}: no float output (its outputs are indices)")
         pytest.fail(f"{op}: no fixture with a finite float output to change")
     parts = {o["op"]: o for o in ac.ops()}[case.op]
     name, index, value, ref = planted

@@ -1,6 +1,6 @@
 //! The ops, one module per family: each holds, for every op of its family, the registry entry
 //! ([`OpSpec`](crate::spec::OpSpec)), the float64 CPU runner and the GPU runner where there is
-//! one, side by side ([`scans`], [`gates`], [`decode`], [`delta`]). [`device`] is the GPU
+//! one, side by side ([`scans`], [`gates`], [`decode`], [`delta`], [`nsa`]). [`device`] is the GPU
 //! plumbing they share. This module holds what the families share: reading inputs by name,
 //! expected output classes, thresholds and common parameters.
 //!
@@ -11,6 +11,7 @@ pub mod decode;
 pub mod delta;
 pub mod device;
 pub mod gates;
+pub mod nsa;
 pub mod scans;
 
 use crate::case::Tensors;

@@ -249,6 +249,73 @@ pub fn valid_cases(seed: u64) -> Vec<Case> {
                 ("cu_seqlens", idx(&cu, Dtype::I32)),
             ],
         ),
+        // native sparse attention (spec ops-nsa.md): GQA, partial blocks, varlen
+        case(
+            "nsa_compress_kv",
+            json!({"block_size": 4, "partial_block": "mean_of_valid"}),
+            vec![
+                ("k", r.tensor(&[1, 20, 2, 4], Dtype::F32, 1.0)),
+                ("v", r.tensor(&[1, 20, 2, 3], Dtype::F32, 1.0)),
+                ("w_v", r.tensor(&[2, 3, 3], Dtype::F64, 0.5)),
+                ("cu_seqlens", idx(&cu, Dtype::I32)),
+            ],
+        ),
+        case(
+            "nsa_compression_attention",
+            json!({"block_size": 4, "scale": 0.5, "empty_lse": "zero"}),
+            vec![
+                ("q", r.tensor(&[2, 10, 4, 4], Dtype::F32, 1.0)),
+                ("k_cmp", r.tensor(&[2, 3, 2, 4], Dtype::F32, 1.0)),
+                ("v_cmp", r.tensor(&[2, 3, 2, 5], Dtype::F32, 1.0)),
+            ],
+        ),
+        case(
+            "nsa_select_blocks",
+            json!({"block_size": 4, "block_counts": 3, "scale": 0.3}),
+            vec![
+                ("q", r.tensor(&[1, 20, 4, 4], Dtype::F64, 5.0)),
+                ("k_cmp", r.tensor(&[1, 5, 2, 4], Dtype::F64, 5.0)),
+            ],
+        ),
+        case(
+            "nsa_selection_attention",
+            json!({"block_size": 4}),
+            vec![
+                ("q", r.tensor(&[1, 12, 2, 4], Dtype::BF16, 1.0)),
+                ("k", r.tensor(&[1, 12, 1, 4], Dtype::BF16, 1.0)),
+                ("v", r.tensor(&[1, 12, 1, 4], Dtype::BF16, 1.0)),
+                (
+                    "block_indices",
+                    Tensor::I32(ArrayD::from_shape_fn(IxDyn(&[1, 12, 1, 2]), |i| {
+                        [0, (i[1] / 4) as i32][i[3]]
+                    })),
+                ),
+            ],
+        ),
+        case(
+            "nsa_gate_combine",
+            json!({}),
+            vec![
+                ("o_cmp", r.tensor(&[1, 6, 2, 3], Dtype::F32, 1.0)),
+                ("o_slc", r.tensor(&[1, 6, 2, 3], Dtype::F32, 1.0)),
+                ("o_swa", r.tensor(&[1, 6, 2, 3], Dtype::F32, 1.0)),
+                ("q", r.tensor(&[1, 6, 2, 4], Dtype::F32, 1.0)),
+                ("gate_proj_weight", r.tensor(&[2, 3, 4], Dtype::BF16, 1.0)),
+            ],
+        ),
+        case(
+            "nsa_fwd",
+            json!({"block_size": 4, "block_counts": 2, "window_size": 3}),
+            vec![
+                ("q", r.tensor(&[1, 20, 2, 4], Dtype::F32, 1.0)),
+                ("k", r.tensor(&[1, 20, 1, 4], Dtype::F32, 1.0)),
+                ("v", r.tensor(&[1, 20, 1, 4], Dtype::F32, 1.0)),
+                ("g_cmp", r.tensor(&[1, 20, 2], Dtype::F32, 1.0)),
+                ("g_slc", r.tensor(&[1, 20, 2], Dtype::F32, 1.0)),
+                ("g_swa", r.tensor(&[1, 20, 2], Dtype::F32, 1.0)),
+                ("cu_seqlens", idx(&[0, 9, 20], Dtype::I64)),
+            ],
+        ),
     ]
 }
 

@@ -7,9 +7,13 @@
 //! Bytes moved = every input element read once + every output element written once. The copy
 //! ceiling is a `cuMemcpyDtoDAsync` of 1 GiB (2 GiB moved).
 //!
+//! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`].
+//!
 //! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
 //! contains any of the substrings). Prints a table; `--json`
 //! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
+
+mod nsa;
 
 use attn_gpu::{
     chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into,
@@ -315,6 +319,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "name": case.name, "shape": case.shape, "in_dtype": case.din.name(), "out_dtype": case.dout.name(),
             "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling, "sets": sets,
         }));
+    }
+    for case in nsa::cases().into_iter().filter(|c| wanted(c.name)) {
+        rows.push(nsa::run(gpu, &case, iters, ceiling)?);
     }
     gpu.set_checked(true);
     gpu.synchronize()?;
