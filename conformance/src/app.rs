@@ -2,13 +2,14 @@
 //! the exit status: 0 all passed, 1 a comparison failed, 2 an input could not be used.
 
 use crate::case::Case;
+use crate::case::Tensors;
 use crate::error::{Error, Problem};
-use crate::fixtures::{case_files, fixtures_dir, Manifests};
+use crate::fixtures::{case_files, fixtures_lookup, Manifests};
 use crate::registry::{self, OPS};
-use crate::verify::{verify_case, Device, Row, Selection};
+use crate::verify::{reference_case, verify_with_reference, Device, Row, Selection};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -29,21 +30,78 @@ pub fn verify_file(
     manifests: &mut Manifests,
     selection: Selection,
 ) -> Result<(String, Vec<Row>), Error> {
-    let bytes = std::fs::read(path).map_err(|e| Problem::Io(e).at(path))?;
-    manifests.check(path, &bytes)?;
-    let case = Case::from_bytes(path, &bytes)?;
-    let rows = verify_case(&case, selection).map_err(|p| p.at(path))?;
+    let (case, rows, _) = verify_file_with_reference(path, manifests, selection)?;
     Ok((case.op, rows))
 }
 
-fn gpu_gate(selection: Selection, io: &mut Io<'_>) -> bool {
-    if selection == Selection::Gpu {
-        if let Err(why) = registry::gpu_status() {
-            let _ = writeln!(io.err, "error: --device gpu: {why}");
-            return false;
-        }
+/// [`verify_file`], also returning the case and the reference's outputs.
+pub fn verify_file_with_reference(
+    path: &Path,
+    manifests: &mut Manifests,
+    selection: Selection,
+) -> Result<(Case, Vec<Row>, Tensors), Error> {
+    let bytes = std::fs::read(path).map_err(|e| Problem::Io(e).at(path))?;
+    manifests.check(path, &bytes)?;
+    let case = Case::from_bytes(path, &bytes)?;
+    let (rows, reference) = verify_with_reference(&case, selection).map_err(|p| p.at(path))?;
+    Ok((case, rows, reference))
+}
+
+/// Writes the reference's outputs for `case` as `<dir>/<op>/<file name>`; returns the path.
+/// Refuses to overwrite the case itself, or a file `written` earlier in the same command (two
+/// cases of one op with the same file name).
+pub fn dump_reference(
+    dir: &Path,
+    case: &Case,
+    reference: Tensors,
+    written: &mut BTreeSet<PathBuf>,
+) -> Result<PathBuf, Error> {
+    let sub = dir.join(&case.op);
+    std::fs::create_dir_all(&sub).map_err(|e| Problem::Io(e).at(&sub))?;
+    let name = case.path.file_name().map_or_else(
+        || std::ffi::OsString::from("case.safetensors"),
+        |n| n.to_os_string(),
+    );
+    let path = sub.join(name);
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(&path, &case.path) {
+        return Err(Problem::NotWritten("it is the case being verified".into()).at(&path));
     }
-    true
+    if !written.insert(path.canonicalize().unwrap_or_else(|_| path.clone())) {
+        return Err(Problem::NotWritten(format!(
+            "the reference of another case of the same name was written there (from {})",
+            case.path.display()
+        ))
+        .at(&path));
+    }
+    let spec = registry::spec_of(case).map_err(|p| p.at(&case.path))?;
+    reference_case(case, spec, reference).write(&path)?;
+    Ok(path)
+}
+
+/// Refuses `--device gpu` without a GPU (false); says on one line of stderr why no GPU kernel
+/// runs under `--device all`.
+fn gpu_gate(selection: Selection, io: &mut Io<'_>) -> bool {
+    let Err(why) = registry::gpu_status() else {
+        return true;
+    };
+    match selection {
+        Selection::Gpu => {
+            let _ = writeln!(io.err, "error: --device gpu: {why}");
+            false
+        }
+        Selection::All => {
+            let _ = writeln!(
+                io.err,
+                "note: --device all: no GPU kernel runs ({why}); only the stored outputs are checked"
+            );
+            true
+        }
+        Selection::Cpu => true,
+    }
 }
 
 fn status(unusable: usize, failed: usize) -> u8 {
@@ -56,9 +114,17 @@ fn status(unusable: usize, failed: usize) -> u8 {
     }
 }
 
-/// `verify [--device] [--json] FILE_OR_DIR...`: one row per compared output, then
-/// `N passed, M failed` (on stderr with `--json`, whose stdout is the JSON array of rows).
-pub fn verify(paths: &[PathBuf], selection: Selection, json: bool, io: &mut Io<'_>) -> u8 {
+/// `verify [--device] [--json] [--dump-reference DIR] FILE_OR_DIR...`: one row per compared
+/// output, the diagnostics of each failure, then `N passed, M failed` (on stderr with `--json`,
+/// whose stdout is the JSON array of rows). With `dump`, the reference's outputs of every usable
+/// case are written there ([`dump_reference`]).
+pub fn verify(
+    paths: &[PathBuf],
+    selection: Selection,
+    json: bool,
+    dump: Option<&Path>,
+    io: &mut Io<'_>,
+) -> u8 {
     if !gpu_gate(selection, io) {
         return EXIT_UNUSABLE;
     }
@@ -84,10 +150,20 @@ pub fn verify(paths: &[PathBuf], selection: Selection, json: bool, io: &mut Io<'
             unusable += 1;
         }
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut dumped) = (Vec::new(), BTreeSet::new());
     for f in &files {
-        match verify_file(f, &mut manifests, selection) {
-            Ok((_, r)) => rows.extend(r),
+        let written = verify_file_with_reference(f, &mut manifests, selection).and_then(
+            |(case, r, reference)| {
+                rows.extend(r);
+                dump.map(|dir| dump_reference(dir, &case, reference, &mut dumped))
+                    .transpose()
+            },
+        );
+        match written {
+            Ok(Some(path)) => {
+                let _ = writeln!(io.err, "reference written to {}", path.display());
+            }
+            Ok(None) => {}
             Err(e) => {
                 let _ = writeln!(io.err, "error: {e}");
                 unusable += 1;
@@ -106,6 +182,11 @@ pub fn verify(paths: &[PathBuf], selection: Selection, json: bool, io: &mut Io<'
         let _ = writeln!(io.err, "{summary}");
     } else {
         let _ = write!(io.out, "{}", rows_table(&rows));
+        for r in rows.iter().filter(|r| !r.pass) {
+            if let Some(d) = &r.diagnostics {
+                let _ = writeln!(io.out, "  {} {} {}: {d}", r.file, r.device, r.output);
+            }
+        }
         let _ = writeln!(io.out, "{summary}");
     }
     status(unusable, failed)
@@ -197,11 +278,26 @@ pub struct Summary {
     pub device: Device,
     pub cases: usize,
     pub passed: usize,
-    /// The worst compared output (a failed one first, else the largest `ratio / threshold`):
-    /// its ratio and the threshold it was held to (`null` threshold: exact).
+    /// The worst ratio of any compared output, failed or not (the largest `ratio / threshold`;
+    /// under the exact rule any difference is worse than every ratio), the threshold it was held
+    /// to (`null`: exact) and its file. `NaN` (JSON `null`) when no output could be measured
+    /// (each was missing or of the wrong shape): the failures below the table say why.
     pub worst_ratio: f64,
     pub threshold: Option<f64>,
     pub worst_file: String,
+}
+
+/// How far a row is from failing by its ratio: `ratio / threshold`; under the exact rule 0
+/// when equal and infinite when not; `None` when nothing was measured.
+fn margin(r: &Row) -> Option<f64> {
+    if r.ratio.is_nan() {
+        return None;
+    }
+    Some(match r.threshold {
+        Some(t) => r.ratio / t,
+        None if r.pass => 0.0,
+        None => f64::INFINITY,
+    })
 }
 
 /// Folds rows into one summary per (op, device); a case passes when all its rows pass.
@@ -216,17 +312,16 @@ pub fn summarize(rows: &[Row]) -> Vec<Summary> {
     }
     by.into_iter()
         .map(|((op, device), files)| {
-            let all: Vec<&Row> = files.values().flatten().copied().collect();
-            // a failed row is worse than any passing one, whatever its ratio
-            let margin = |r: &Row| match r.threshold {
-                _ if !r.pass || r.ratio.is_nan() => f64::INFINITY,
-                Some(t) => r.ratio / t,
-                None => 0.0,
-            };
-            let worst = all
-                .iter()
-                .copied()
-                .max_by(|a, b| margin(a).total_cmp(&margin(b)));
+            // the first of the largest margins, in file order
+            let worst = files
+                .values()
+                .flatten()
+                .filter_map(|&r| margin(r).map(|m| (m, r)))
+                .fold(None::<(f64, &Row)>, |best, (m, r)| match best {
+                    Some((b, _)) if b >= m => best,
+                    _ => Some((m, r)),
+                })
+                .map(|(_, r)| r);
             Summary {
                 op,
                 device,
@@ -235,7 +330,7 @@ pub fn summarize(rows: &[Row]) -> Vec<Summary> {
                     .values()
                     .filter(|rs| rs.iter().all(|r| r.pass))
                     .count(),
-                worst_ratio: worst.map_or(0.0, |r| r.ratio),
+                worst_ratio: worst.map_or(f64::NAN, |r| r.ratio),
                 threshold: worst.and_then(|r| r.threshold),
                 worst_file: worst.map_or(String::new(), |r| r.file.clone()),
             }
@@ -257,11 +352,12 @@ pub fn run(fixtures: Option<&Path>, selection: Selection, json: bool, io: &mut I
     if !gpu_gate(selection, io) {
         return EXIT_UNUSABLE;
     }
-    let dir = fixtures_dir(fixtures);
+    let (dir, from) = fixtures_lookup(fixtures);
     if !dir.is_dir() {
         let _ = writeln!(
             io.err,
-            "error: {}: fixtures folder not found",
+            "error: fixtures folder not found: looked in {} ({from}); pass --fixtures DIR or set \
+             ATTN_FIXTURES",
             dir.display()
         );
         return EXIT_UNUSABLE;
@@ -273,6 +369,15 @@ pub fn run(fixtures: Option<&Path>, selection: Selection, json: bool, io: &mut I
         unusable += 1;
     }
     let files = match case_files(std::slice::from_ref(&dir)) {
+        Ok(f) if f.is_empty() => {
+            let _ = writeln!(
+                io.err,
+                "error: no .safetensors case file under {} ({from}); pass --fixtures DIR or set \
+                 ATTN_FIXTURES",
+                dir.display()
+            );
+            return EXIT_UNUSABLE;
+        }
         Ok(f) => f,
         Err(e) => {
             let _ = writeln!(io.err, "error: {e}");
@@ -318,11 +423,11 @@ pub fn run(fixtures: Option<&Path>, selection: Selection, json: bool, io: &mut I
                 "FAIL {} {} {} {}: {why}",
                 r.file, r.op, r.device, r.output
             );
+            if let Some(d) = &r.diagnostics {
+                let _ = writeln!(io.out, "    {d}");
+            }
         }
         let _ = writeln!(io.out, "{line}");
-    }
-    if files.is_empty() {
-        let _ = writeln!(io.err, "note: no case file under {}", dir.display());
     }
     status(unusable, cases - passed)
 }

@@ -15,6 +15,7 @@
 use crate::tensor::Tensor;
 use attn_reference::{Dtype, DtypeClass};
 use ndarray::ArrayD;
+use serde::Serialize;
 use std::fmt;
 
 /// Absolute error below which a candidate passes whatever its ratio.
@@ -85,19 +86,93 @@ pub struct Comparison {
     pub pass: bool,
     /// Why it failed (`None` when it passed).
     pub reason: Option<String>,
+    /// Where and by how much it failed, for a failure of two same-shape tensors (`None` when it
+    /// passed, or when a shape, class or presence mismatch left nothing to compare).
+    pub diagnostics: Option<Diagnostics>,
     /// Index rule only: the rows that differ from the reference but passed by the near-tie band.
     pub near_ties: Option<usize>,
 }
 
-/// `max_abs`, `ratio`, and the first non-finite mismatch, of `x` against `r` (same shape).
+/// The element with the largest `|ref - x|` of a failed comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Worst {
+    /// Its multi-dimensional index.
+    pub index: Vec<usize>,
+    pub reference: f64,
+    pub candidate: f64,
+}
+
+/// The non-finite mismatches of a failed comparison: positions where the candidate is not the
+/// same kind of value as the reference (finite, NaN, `+inf`, `-inf`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NonFinite {
+    pub count: usize,
+    /// The first one in row-major order, and the kinds of the two values there.
+    pub first_index: Vec<usize>,
+    pub reference: &'static str,
+    pub candidate: &'static str,
+}
+
+/// What a failed comparison of two same-shape tensors tells beyond `max_abs` and `ratio`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Diagnostics {
+    /// `None` when no position has a finite value on both sides.
+    pub worst: Option<Worst>,
+    /// How many elements have `|ref - x| > threshold × RMS(ref)`: each of them alone misses by
+    /// more than the ratio allows the RMS of all the errors. Under the exact rule: how many
+    /// elements differ in their bits.
+    pub over_threshold: usize,
+    /// What `over_threshold` counts, in words: `|ref - x| > threshold × RMS(ref)`, or
+    /// `bits differ` under the exact rule.
+    pub counted: &'static str,
+    /// The number of elements.
+    pub elements: usize,
+    pub nonfinite: Option<NonFinite>,
+}
+
+impl fmt::Display for Diagnostics {
+    /// `worst [0, 3, 1]: reference 1.25, candidate 1.5; 3 of 24 elements: |ref - x| >
+    /// threshold × RMS(ref); non-finite mismatches: 2, first at [1, 0, 0] (reference finite,
+    /// candidate NaN)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(w) = &self.worst {
+            parts.push(format!(
+                "worst {:?}: reference {}, candidate {}",
+                w.index, w.reference, w.candidate
+            ));
+        }
+        parts.push(format!(
+            "{} of {} elements: {}",
+            self.over_threshold, self.elements, self.counted
+        ));
+        if let Some(n) = &self.nonfinite {
+            parts.push(format!(
+                "non-finite mismatches: {}, first at {:?} (reference {}, candidate {})",
+                n.count, n.first_index, n.reference, n.candidate
+            ));
+        }
+        f.write_str(&parts.join("; "))
+    }
+}
+
+/// `max_abs`, `ratio` and where the errors are, of `x` against `r` (same shape).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measure {
     pub max_abs: f64,
     pub ratio: f64,
-    pub nonfinite: Option<String>,
+    /// `RMS(ref)` over the positions where both sides are finite.
+    pub rms_ref: f64,
+    /// The row-major (flat) index of the largest `|ref - x|` (the first on ties); `None` when
+    /// no position has a finite value on both sides.
+    pub worst: Option<usize>,
+    /// The flat index of the first non-finite mismatch, and how many there are.
+    pub nonfinite_first: Option<usize>,
+    pub nonfinite_count: usize,
 }
 
-fn kind(v: f64) -> &'static str {
+/// The kind of a value: `"finite"`, `"NaN"`, `"+inf"` or `"-inf"`.
+pub fn kind(v: f64) -> &'static str {
     if v.is_nan() {
         "NaN"
     } else if v == f64::INFINITY {
@@ -109,28 +184,34 @@ fn kind(v: f64) -> &'static str {
     }
 }
 
+/// The multi-dimensional index of the row-major position `flat` in `shape`.
+pub fn unravel(flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    let mut rest = flat;
+    for (i, &d) in shape.iter().enumerate().rev() {
+        if d > 0 {
+            index[i] = rest % d;
+            rest /= d;
+        }
+    }
+    index
+}
+
 /// Measures `x` against `r`; both must have the same shape (the caller checks it).
 pub fn measure(r: &ArrayD<f64>, x: &ArrayD<f64>) -> Measure {
     let (mut max_abs, mut sq_diff, mut sq_ref, mut n) = (0.0f64, 0.0f64, 0.0f64, 0usize);
-    let mut nonfinite = None;
+    let (mut worst, mut nonfinite_first, mut nonfinite_count) = (None, None, 0);
     for (flat, (&a, &b)) in r.iter().zip(x.iter()).enumerate() {
-        let same_kind = if a.is_finite() {
-            b.is_finite()
-        } else {
-            kind(a) == kind(b)
-        };
-        if !same_kind {
-            nonfinite.get_or_insert_with(|| {
-                format!(
-                    "element {flat}: reference {}, candidate {}",
-                    kind(a),
-                    kind(b)
-                )
-            });
+        if kind(a) != kind(b) {
+            nonfinite_first.get_or_insert(flat);
+            nonfinite_count += 1;
             continue;
         }
         if a.is_finite() {
             let d = (a - b).abs();
+            if worst.is_none() || d > max_abs {
+                worst = Some(flat);
+            }
             max_abs = max_abs.max(d);
             sq_diff += d * d;
             sq_ref += a * a;
@@ -141,7 +222,65 @@ pub fn measure(r: &ArrayD<f64>, x: &ArrayD<f64>) -> Measure {
     Measure {
         max_abs,
         ratio: rms(sq_diff) / (rms(sq_ref) + RMS_EPS),
-        nonfinite,
+        rms_ref: rms(sq_ref),
+        worst,
+        nonfinite_first,
+        nonfinite_count,
+    }
+}
+
+/// The diagnostics of a failed comparison of `r` and `x` (same shape) under `rule`, from their
+/// [`measure`] `m`.
+pub fn diagnose(r: &Tensor, x: &Tensor, m: &Measure, rule: Rule) -> Diagnostics {
+    let (rw, xw) = (r.widen_f64(), x.widen_f64());
+    let shape = r.shape();
+    let differs: Vec<bool> = match rule {
+        Rule::Threshold(t) => {
+            let limit = t * m.rms_ref;
+            (rw.iter().zip(xw.iter()))
+                .map(|(&a, &b)| a.is_finite() && b.is_finite() && (a - b).abs() > limit)
+                .collect()
+        }
+        Rule::Exact | Rule::Index(_) => {
+            let size = r.dtype().size_bytes();
+            if r.dtype() == x.dtype() && size > 0 {
+                let (rb, xb) = (r.to_le_bytes(), x.to_le_bytes());
+                rb.chunks(size)
+                    .zip(xb.chunks(size))
+                    .map(|(a, b)| a != b)
+                    .collect()
+            } else {
+                (rw.iter().zip(xw.iter()))
+                    .map(|(&a, &b)| a != b && !(a.is_nan() && b.is_nan()))
+                    .collect()
+            }
+        }
+    };
+    // under the exact rule equal values may still differ in bits (-0 and 0, NaN payloads)
+    let worst_flat = if rule == Rule::Exact && m.max_abs == 0.0 {
+        differs.iter().position(|&d| d).or(m.worst)
+    } else {
+        m.worst
+    };
+    let flat: Vec<(f64, f64)> = rw.iter().copied().zip(xw.iter().copied()).collect();
+    Diagnostics {
+        worst: worst_flat.map(|i| Worst {
+            index: unravel(i, shape),
+            reference: flat[i].0,
+            candidate: flat[i].1,
+        }),
+        over_threshold: differs.iter().filter(|&&d| d).count(),
+        counted: match rule {
+            Rule::Threshold(_) => "|ref - x| > threshold × RMS(ref)",
+            Rule::Exact | Rule::Index(_) => "bits differ",
+        },
+        elements: flat.len(),
+        nonfinite: m.nonfinite_first.map(|i| NonFinite {
+            count: m.nonfinite_count,
+            first_index: unravel(i, shape),
+            reference: kind(flat[i].0),
+            candidate: kind(flat[i].1),
+        }),
     }
 }
 
@@ -167,6 +306,7 @@ pub fn compare(
         rule,
         pass: false,
         reason: Some(reason),
+        diagnostics: None,
         near_ties: None,
     };
     let (r, x) = match (reference, candidate) {
@@ -200,20 +340,37 @@ pub fn compare(
         );
     }
     let m = measure(&r.widen_f64(), &x.widen_f64());
-    let reason = match rule {
-        Rule::Exact if r.dtype() != x.dtype() => Some(format!(
-            "dtype {}, exact comparison needs {}",
-            x.dtype(),
-            r.dtype()
-        )),
-        Rule::Exact if !r.bit_identical(x) => Some("not bit-identical to the reference".into()),
-        Rule::Exact => None,
-        Rule::Threshold(t) => match &m.nonfinite {
-            Some(nf) => Some(format!("non-finite mismatch at {nf}")),
-            None if m.max_abs <= ABS_FLOOR || m.ratio <= t => None,
-            None => Some(format!("ratio {:.3e} > threshold {t:.0e}", m.ratio)),
-        },
-        Rule::Index(_) => Some("the index rule needs the reference scores".into()),
+    let pass = match rule {
+        Rule::Exact => r.bit_identical(x),
+        Rule::Threshold(t) => m.nonfinite_count == 0 && (m.max_abs <= ABS_FLOOR || m.ratio <= t),
+        // `compare_indices` is the index rule's comparison; here it cannot pass
+        Rule::Index(_) => false,
+    };
+    if pass {
+        return Comparison {
+            shape: x.shape().to_vec(),
+            dtype,
+            max_abs: m.max_abs,
+            ratio: m.ratio,
+            rule,
+            pass,
+            reason: None,
+            near_ties: None,
+            diagnostics: None,
+        };
+    }
+    let d = diagnose(r, x, &m, rule);
+    let reason = match (rule, &d.nonfinite) {
+        (Rule::Exact, _) if r.dtype() != x.dtype() => {
+            format!("dtype {}, exact comparison needs {}", x.dtype(), r.dtype())
+        }
+        (Rule::Exact, _) => "not bit-identical to the reference".into(),
+        (Rule::Threshold(_), Some(n)) => format!(
+            "non-finite mismatch at {:?}: reference {}, candidate {}",
+            n.first_index, n.reference, n.candidate
+        ),
+        (Rule::Threshold(t), None) => format!("ratio {:.3e} > threshold {t:.0e}", m.ratio),
+        (Rule::Index(_), _) => "the index rule needs the reference scores".into(),
     };
     Comparison {
         shape: x.shape().to_vec(),
@@ -221,8 +378,9 @@ pub fn compare(
         max_abs: m.max_abs,
         ratio: m.ratio,
         rule,
-        pass: reason.is_none(),
-        reason,
+        pass,
+        reason: Some(reason),
+        diagnostics: Some(d),
         near_ties: None,
     }
 }

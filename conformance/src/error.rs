@@ -63,6 +63,8 @@ pub enum Problem {
     NoGpu(String),
     #[error("device error: {0}")]
     Device(String),
+    #[error("not written: {0}")]
+    NotWritten(String),
 }
 
 impl Problem {

@@ -20,19 +20,27 @@ pub const FIXTURES_ENV: &str = "ATTN_FIXTURES";
 /// `$CARGO_MANIFEST_DIR/../fixtures` (read at run time, when that folder exists), else
 /// `./fixtures`.
 pub fn fixtures_dir(cli: Option<&Path>) -> PathBuf {
+    fixtures_lookup(cli).0
+}
+
+/// [`fixtures_dir`], and where the choice came from, in words for an error message.
+pub fn fixtures_lookup(cli: Option<&Path>) -> (PathBuf, &'static str) {
     if let Some(p) = cli {
-        return p.to_path_buf();
+        return (p.to_path_buf(), "given by --fixtures");
     }
     if let Some(p) = std::env::var_os(FIXTURES_ENV).filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
+        return (PathBuf::from(p), "from $ATTN_FIXTURES");
     }
     if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
         let p = Path::new(&dir).join("..").join("fixtures");
         if p.is_dir() {
-            return p;
+            return (p, "beside the crate, from $CARGO_MANIFEST_DIR");
         }
     }
-    PathBuf::from("fixtures")
+    (
+        PathBuf::from("fixtures"),
+        "the default: neither --fixtures nor $ATTN_FIXTURES was given",
+    )
 }
 
 /// One file of the manifest.

@@ -114,6 +114,7 @@ pub fn compare_indices(
         pass: false,
         reason: Some(reason),
         near_ties: None,
+        diagnostics: None,
     };
     let (r, x) = match (reference, candidate) {
         (Some(r), Some(x)) => (r, x),
@@ -181,6 +182,8 @@ pub fn compare_indices(
         pass: reason.is_none(),
         reason,
         near_ties: Some(band),
+        // the reason names the first failing row and counts them
+        diagnostics: None,
     }
 }
 

@@ -46,6 +46,10 @@ enum Command {
         /// Write the rows as a JSON array to stdout.
         #[arg(long)]
         json: bool,
+        /// Also write the float64 reference outputs of every case, as a case file
+        /// DIR/<op>/<file name> (same inputs and parameters), for diffing.
+        #[arg(long, value_name = "DIR")]
+        dump_reference: Option<PathBuf>,
         #[arg(required = true, value_name = "FILE_OR_DIR")]
         paths: Vec<PathBuf>,
     },
@@ -77,8 +81,15 @@ fn main() -> ExitCode {
         Command::Verify {
             device,
             json,
+            dump_reference,
             paths,
-        } => app::verify(&paths, device.into(), json, &mut io),
+        } => app::verify(
+            &paths,
+            device.into(),
+            json,
+            dump_reference.as_deref(),
+            &mut io,
+        ),
         Command::Run {
             fixtures,
             device,

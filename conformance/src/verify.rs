@@ -2,7 +2,7 @@
 //! candidate with it: the case's own stored outputs (`cpu`), and the GPU runner's (`gpu`).
 
 use crate::case::{Case, Tensors};
-use crate::compare::{compare, Rule};
+use crate::compare::{compare, Diagnostics, Rule};
 use crate::error::Problem;
 use crate::index_rule::compare_indices;
 use crate::params::Params;
@@ -59,6 +59,9 @@ pub struct Row {
     pub threshold: Option<f64>,
     pub pass: bool,
     pub reason: Option<String>,
+    /// Where and by how much a failed comparison of two same-shape tensors missed (`null` when
+    /// it passed, or when a shape, class or presence mismatch left nothing to compare).
+    pub diagnostics: Option<Diagnostics>,
     /// Index rule only (spec `ops-nsa.md` §9): rows that differ from the reference's selection
     /// but passed by the near-tie band.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,6 +89,14 @@ pub fn devices_for(op: &OpSpec, selection: Selection) -> Result<Vec<Device>, Pro
 /// Runs the reference for `case` and compares the candidates of `selection` with it.
 /// `Err` means the case cannot be used (bad shapes, no GPU runner, ...).
 pub fn verify_case(case: &Case, selection: Selection) -> Result<Vec<Row>, Problem> {
+    verify_with_reference(case, selection).map(|(rows, _)| rows)
+}
+
+/// [`verify_case`], also returning the reference's outputs.
+pub fn verify_with_reference(
+    case: &Case,
+    selection: Selection,
+) -> Result<(Vec<Row>, Tensors), Problem> {
     let spec = registry::spec_of(case)?;
     let params = registry::check(case)?;
     let devices = devices_for(spec, selection)?;
@@ -104,7 +115,35 @@ pub fn verify_case(case: &Case, selection: Selection) -> Result<Vec<Row>, Proble
             case, spec, &params, device, &reference, &candidate,
         )?);
     }
-    Ok(rows)
+    Ok((rows, reference))
+}
+
+/// `case` with the float64 reference's outputs in place of its own: the file `verify
+/// --dump-reference` writes (`source.impl` is `attn-reference`).
+pub fn reference_case(case: &Case, spec: &OpSpec, reference: Tensors) -> Case {
+    let mut out = case.clone();
+    out.source = serde_json::json!({
+        "impl": "attn-reference",
+        "version": env!("CARGO_PKG_VERSION"),
+        "device": "cpu",
+        "precision": "float64",
+    });
+    out.tolerance.clear();
+    out.note = Some(format!(
+        "the float64 reference outputs for the inputs of {}",
+        case.path.display()
+    ));
+    out.outputs = declared_outputs(spec, reference);
+    out
+}
+
+/// The op's declared outputs among a runner's, without the auxiliary tensors some references
+/// add for the comparison (`block_indices.scores`).
+pub fn declared_outputs(spec: &OpSpec, outputs: Tensors) -> Tensors {
+    outputs
+        .into_iter()
+        .filter(|(name, _)| spec.output(name).is_some())
+        .collect()
 }
 
 /// The reference a candidate is held to: the plain one, or, for an op whose reference takes some
@@ -213,6 +252,7 @@ fn compare_outputs(
                 },
                 pass: c.pass,
                 reason: c.reason,
+                diagnostics: c.diagnostics,
                 near_ties: c.near_ties,
             });
         }

@@ -4,7 +4,7 @@
 mod common;
 
 use approx::{assert_abs_diff_eq, assert_relative_eq, relative_eq};
-use attn_conformance::compare::{compare, measure, Rule};
+use attn_conformance::compare::{compare, measure, unravel, Rule};
 use attn_conformance::Tensor;
 use attn_reference::{Dtype, DtypeClass};
 use half::bf16;
@@ -171,6 +171,143 @@ fn default_thresholds_follow_the_spec_table() {
     );
     assert_eq!(Rule::default_for(DtypeClass::Half), Rule::Threshold(5e-3));
     assert_eq!(Rule::default_for(DtypeClass::Int), Rule::Exact);
+}
+
+/// A planted error at a known position of a random 3-D tensor is reported at that position's
+/// multi-dimensional index, with the reference and candidate values there; the count of
+/// elements beyond `threshold × RMS(ref)` counts exactly the planted ones.
+#[test]
+fn diagnostics_locate_a_planted_error() {
+    let mut rng = common::Rng::new(17);
+    for trial in 0..8 {
+        let shape = [
+            1 + rng.below(4) as usize,
+            1 + rng.below(6) as usize,
+            2 + rng.below(5) as usize,
+        ];
+        let r = rng.array(&shape, 1.0).mapv(|v| v + 2.0);
+        let n = r.len();
+        let at = rng.below(n as u64) as usize;
+        let index = unravel(at, &shape);
+        let mut x = r.clone();
+        x[index.as_slice()] += 0.5;
+        // a second, smaller planted error (when there is room for one)
+        let second = (at + 1 + rng.below(n as u64) as usize) % n;
+        if second != at {
+            x[unravel(second, &shape).as_slice()] -= 0.25;
+        }
+        let (rt, xt) = (Tensor::F64(r.clone()), Tensor::F64(x.clone()));
+        let c = compare(
+            Some(&rt),
+            Some(&xt),
+            DtypeClass::Float64,
+            Rule::Threshold(1e-10),
+        );
+        assert!(!c.pass, "trial {trial}");
+        let d = c.diagnostics.expect("a failed comparison has diagnostics");
+        let w = d.worst.as_ref().expect("finite values compared");
+        assert_eq!(w.index, index, "trial {trial}: shape {shape:?} flat {at}");
+        assert_eq!(w.reference, r[index.as_slice()]);
+        assert_eq!(w.candidate, x[index.as_slice()]);
+        let planted = if second != at { 2 } else { 1 };
+        assert_eq!(d.over_threshold, planted, "trial {trial}");
+        assert_eq!(d.elements, n);
+        assert!(d.nonfinite.is_none());
+        let text = d.to_string();
+        assert!(text.contains(&format!("{index:?}")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{planted} of {n} elements: |ref - x| > threshold × RMS(ref)"
+            )),
+            "{text}"
+        );
+    }
+}
+
+/// Non-finite mismatches name the first one's multi-dimensional index and count them all.
+#[test]
+fn diagnostics_count_non_finite_mismatches_from_the_first() {
+    let mut rng = common::Rng::new(23);
+    let shape = [3, 4, 5];
+    let r = rng.array(&shape, 1.0);
+    let mut x = r.clone();
+    x[[1, 2, 3]] = f64::NAN;
+    x[[2, 0, 1]] = f64::INFINITY;
+    x[[0, 3, 4]] = f64::NEG_INFINITY;
+    let c = compare(
+        Some(&Tensor::F64(r)),
+        Some(&Tensor::F64(x)),
+        DtypeClass::Float64,
+        Rule::Threshold(1e-10),
+    );
+    assert!(!c.pass);
+    let reason = c.reason.unwrap();
+    assert!(
+        reason.contains("[0, 3, 4]") && reason.contains("-inf"),
+        "{reason}"
+    );
+    let n = c
+        .diagnostics
+        .unwrap()
+        .nonfinite
+        .expect("non-finite mismatches");
+    assert_eq!(n.count, 3);
+    assert_eq!(n.first_index, [0, 3, 4]);
+    assert_eq!((n.reference, n.candidate), ("finite", "-inf"));
+}
+
+/// Under the exact rule the count is of elements whose bits differ, and the worst element is a
+/// differing one even when the values are equal (a NaN payload).
+#[test]
+fn exact_diagnostics_count_differing_bits() {
+    let v: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 2.0).collect();
+    let a = ArrayD::from_shape_vec(IxDyn(&[3, 4]), v).unwrap();
+    let mut b = a.clone();
+    b[[2, 1]] = f32::from_bits(b[[2, 1]].to_bits() + 1);
+    b[[0, 3]] += 1.0;
+    let c = compare(
+        Some(&Tensor::F32(a.clone())),
+        Some(&Tensor::F32(b.clone())),
+        DtypeClass::Float32,
+        Rule::Exact,
+    );
+    let d = c.diagnostics.unwrap();
+    assert_eq!(d.over_threshold, 2);
+    assert!(
+        d.to_string().contains("2 of 12 elements: bits differ"),
+        "{d}"
+    );
+    let w = d.worst.unwrap();
+    assert_eq!(w.index, [0, 3]);
+    assert_eq!((w.reference, w.candidate), (-0.5, 0.5));
+    let n1 = Tensor::F32(ArrayD::from_elem(
+        IxDyn(&[2, 2]),
+        f32::from_bits(0x7fc0_0001),
+    ));
+    let mut p = ArrayD::from_elem(IxDyn(&[2, 2]), f32::from_bits(0x7fc0_0001));
+    p[[1, 0]] = f32::from_bits(0x7fc0_0002);
+    let c = compare(
+        Some(&n1),
+        Some(&Tensor::F32(p)),
+        DtypeClass::Float32,
+        Rule::Exact,
+    );
+    let d = c.diagnostics.unwrap();
+    assert_eq!((d.over_threshold, d.worst.unwrap().index), (1, vec![1, 0]));
+}
+
+#[test]
+fn a_passing_comparison_has_no_diagnostics() {
+    let c = check(&[1.0, 2.0], &[1.0, 2.0], 1e-5);
+    assert!(c.pass && c.diagnostics.is_none());
+}
+
+#[test]
+fn unravel_is_row_major() {
+    assert_eq!(unravel(0, &[2, 3, 4]), [0, 0, 0]);
+    assert_eq!(unravel(23, &[2, 3, 4]), [1, 2, 3]);
+    assert_eq!(unravel(13, &[2, 3, 4]), [1, 0, 1]);
+    assert_eq!(unravel(0, &[]), Vec::<usize>::new());
 }
 
 proptest! {

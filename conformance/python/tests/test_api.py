@@ -1,0 +1,183 @@
+"""attn_conform on NumPy arrays: every case dtype bit for bit, any memory layout, and bad
+arguments refused with the argument named."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import attn_conform as ac
+
+RNG = np.random.default_rng(20261124)
+
+
+def x32(shape=(2, 50, 3)) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)], ids=["bfloat16", "float16"]
+)
+def test_half_dtypes_round_trip_bit_exactly(dtype, tmp_path):
+    # every 16-bit pattern: zeros of both signs, subnormals, infinities, NaN payloads
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    RNG.shuffle(bits)
+    x = bits.view(dtype).reshape(256, 256)
+    path = tmp_path / "half.safetensors"
+    ac.save_case(path, "cumsum", {"x": x}, {}, {"dim": 1})
+    back = ac.load_case(path).inputs["x"]
+    assert back.dtype == dtype
+    assert np.array_equal(back.view(np.uint16), bits.reshape(256, 256))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32", "int64"])
+def test_other_dtypes_round_trip_bit_exactly(dtype, tmp_path):
+    if dtype.startswith("float"):
+        x = RNG.standard_normal((3, 5)).astype(dtype)
+        x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -0.0
+        inputs, op, params = {"x": x}, "cumsum", {"dim": 0}
+    else:
+        cu = np.array([0, 3, 3, 9], dtype=dtype)
+        inputs = {"g": RNG.standard_normal((1, 9, 2)).astype(np.float32), "cu_seqlens": cu}
+        op, params = "chunk_local_cumsum", {"chunk_size": 4}
+    path = tmp_path / "c.safetensors"
+    ac.save_case(path, op, inputs, {}, params)
+    back = ac.load_case(path).inputs
+    for name, a in inputs.items():
+        assert same_bits(back[name], a), name
+
+
+def test_layout_and_byte_order_do_not_change_the_values():
+    x = x32((3, 40, 2))
+    want = ac.reference("cumsum", {"x": x}, {"dim": 1})["y"]
+    assert want.dtype == np.float64 and want.shape == x.shape
+    np.testing.assert_allclose(want, np.cumsum(x.astype(np.float64), axis=1), rtol=1e-12)
+    strided = np.ascontiguousarray(x.transpose(2, 1, 0)).transpose(2, 1, 0)  # Fortran-like
+    assert not strided.flags.c_contiguous
+    big = x.astype(">f4")
+    for same in (strided, big, x[::1, ::1, ::1].copy()):
+        assert same_bits(ac.reference("cumsum", {"x": same}, {"dim": 1})["y"], want)
+    # a sliced view is its own values
+    view = x[:, ::2, :]
+    assert same_bits(
+        ac.reference("cumsum", {"x": view}, {"dim": 1})["y"],
+        ac.reference("cumsum", {"x": view.copy()}, {"dim": 1})["y"],
+    )
+
+
+def test_bfloat16_inputs_are_widened_exactly():
+    x = x32((2, 33, 2)).astype(ml_dtypes.bfloat16)
+    y = ac.reference("cumsum", {"x": x}, {"dim": 1})["y"]
+    np.testing.assert_array_equal(y, np.cumsum(x.astype(np.float64), axis=1))
+    params = {"dim": 1, "output_dtype": "float32"}
+    rows = ac.check("cumsum", {"x": x}, {"y": y.astype(np.float32)}, params)
+    assert [r["pass"] for r in rows] == [True]
+    # without output_dtype the output follows x: a bfloat16 result is expected
+    rows = ac.check("cumsum", {"x": x}, {"y": y.astype(np.float32)}, {"dim": 1})
+    assert "class" in rows[0]["reason"] and rows[0]["diagnostics"] is None
+
+
+def test_tolerance_overrides_the_threshold():
+    x = x32()
+    y = np.cumsum(x.astype(np.float64), axis=1).astype(np.float32)
+    y[0, 10, 1] += 1e-3
+    rows = ac.check("cumsum", {"x": x}, {"y": y}, {"dim": 1})
+    assert not rows[0]["pass"] and rows[0]["threshold"] == 1e-5
+    assert rows[0]["diagnostics"]["worst"]["index"] == [0, 10, 1]
+    rows = ac.check("cumsum", {"x": x}, {"y": y}, {"dim": 1}, tolerance={"y": 1e-2})
+    assert rows[0]["pass"] and rows[0]["threshold"] == 1e-2
+    assert rows[0]["diagnostics"] is None
+
+
+def test_non_finite_mismatches_are_counted_from_the_first():
+    x = x32((2, 8, 3))
+    y = np.cumsum(x.astype(np.float64), axis=1).astype(np.float32)
+    y[1, 2, 0], y[1, 6, 2], y[0, 7, 1] = np.nan, np.inf, np.nan
+    with pytest.raises(AssertionError) as e:
+        ac.assert_conforms("cumsum", {"x": x}, {"y": y}, {"dim": 1})
+    assert "3 non-finite mismatches, the first at [0, 7, 1]" in str(e.value)
+    d = ac.check("cumsum", {"x": x}, {"y": y}, {"dim": 1})[0]["diagnostics"]["nonfinite"]
+    assert (d["count"], d["first_index"], d["candidate"]) == (3, [0, 7, 1], "NaN")
+
+
+x = x32()
+BAD = [
+    # (call, exception, the message starts with)
+    (lambda: ac.reference(3, {"x": x}, {"dim": 1}), TypeError, "op:"),
+    (lambda: ac.reference("nope", {"x": x}), ValueError, "op:"),
+    (lambda: ac.reference("cumsum", [x], {"dim": 1}), TypeError, "inputs:"),
+    (lambda: ac.reference("cumsum", {1: x}, {"dim": 1}), TypeError, "inputs:"),
+    (lambda: ac.reference("cumsum", {"x": [1.0, 2.0]}, {"dim": 1}), TypeError, "inputs['x']"),
+    (lambda: ac.reference("cumsum", {"x": x.astype(np.int8)}, {"dim": 1}), TypeError, "inputs['x']"),
+    (lambda: ac.reference("cumsum", {"x": x.astype(bool)}, {"dim": 1}), TypeError, "inputs['x']"),
+    (lambda: ac.reference("cumsum", {"x": x.astype(np.int32)}, {"dim": 1}), TypeError, "inputs['x']"),
+    (lambda: ac.reference("cumsum", {"q": x}, {"dim": 1}), ValueError, "inputs['q']"),
+    (lambda: ac.reference("cumsum", {}, {"dim": 1}), ValueError, "inputs:"),
+    (lambda: ac.reference("chunk_local_cumsum", {"g": x}), ValueError, "params:"),
+    (lambda: ac.reference("cumsum", {"x": x}, [1]), TypeError, "params:"),
+    (lambda: ac.reference("cumsum", {"x": x}, {"dim": "1"}), TypeError, "params['dim']"),
+    (lambda: ac.reference("cumsum", {"x": x}, {"dim": 7}), ValueError, "params['dim']"),
+    (lambda: ac.reference("cumsum", {"x": x}, {"dim": 1, "foo": 2}), ValueError, "params:"),
+    (lambda: ac.reference("cumsum", {"x": x}, {"dim": object()}), TypeError, "params['dim']"),
+    (lambda: ac.reference("cumsum", {"x": x}, {"dim": float("nan")}), ValueError, "params['dim']"),
+    (lambda: ac.reference("cumsum", {"x": x}, {"dim": 1}, device="tpu"), ValueError, "device:"),
+    (lambda: ac.reference("cumsum", {"x": x}, {"dim": 1}, device=0), TypeError, "device:"),
+    (
+        lambda: ac.reference(
+            "chunk_local_cumsum",
+            {"g": x, "cu_seqlens": np.array([0, 60], dtype=np.int32)},
+            {"chunk_size": 4},
+        ),
+        ValueError,
+        "inputs['cu_seqlens']",
+    ),
+    (lambda: ac.check("cumsum", {"x": x}, {"z": x}, {"dim": 1}), ValueError, "outputs['z']"),
+    (lambda: ac.check("cumsum", {"x": x}, {"y": x}, {"dim": 1}, [1e-3]), TypeError, "tolerance:"),
+    (lambda: ac.check("cumsum", {"x": x}, {"y": x}, {"dim": 1}, {"y": "a"}), TypeError, "tolerance['y']"),
+    (lambda: ac.check("cumsum", {"x": x}, {"y": x}, {"dim": 1}, {"y": -1.0}), ValueError, "tolerance['y']"),
+    (lambda: ac.check("cumsum", {"x": x}, {"y": x}, {"dim": 1}, {"w": 1e-3}), ValueError, "tolerance"),
+    (lambda: ac.save_case(3, "cumsum", {"x": x}, {}, {"dim": 1}), TypeError, "path:"),
+    (lambda: ac.save_case("/no/such/dir/c.safetensors", "cumsum", {"x": x}, {}, {"dim": 1}), OSError, "path:"),
+    (lambda: ac.save_case("c.safetensors", "cumsum", {"x": x}, {}, {"dim": 1}, {"version": 1}), ValueError, "source:"),
+    (lambda: ac.save_case("c.safetensors", "cumsum", {"x": x}, {}, {"dim": 1}, 5), TypeError, "source:"),
+    (lambda: ac.save_case("c.safetensors", "cumsum", {"x": x}, {}, {"dim": 1}, note=1), TypeError, "note:"),
+    (lambda: ac.load_case("/no/such/case.safetensors"), OSError, "path:"),
+]
+
+
+@pytest.mark.parametrize("call,exc,prefix", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
+def test_bad_arguments_raise_naming_the_argument(call, exc, prefix, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(exc) as e:
+        call()
+    assert str(e.value).startswith(prefix), str(e.value)
+    assert not (tmp_path / "c.safetensors").exists(), "a refused case is not written"
+
+
+def test_a_file_that_is_not_a_case_is_a_value_error_naming_the_path(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    with pytest.raises(ValueError, match="^path: .*bad.safetensors"):
+        ac.load_case(bad)
+
+
+def test_gpu_reference_without_a_gpu_says_why():
+    try:
+        out = ac.reference("cumsum", {"x": x}, {"dim": 1}, device="gpu")
+    except RuntimeError as e:
+        assert str(e).startswith("device: no GPU"), str(e)
+    else:
+        # a GPU answered: its output conforms
+        ac.assert_conforms("cumsum", {"x": x}, out, {"dim": 1})
+
+
+def test_docstrings_list_every_op_with_its_inputs_and_params():
+    for f in (ac.reference, ac.check, ac.assert_conforms, ac.save_case):
+        for o in ac.ops():
+            assert f"    {o['op']}: inputs " in f.__doc__
+    assert "chunk_size (required)" in ac.reference.__doc__
