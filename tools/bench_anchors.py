@@ -183,13 +183,22 @@ def main():
             ours = json.load(f)
         import decode_anchors  # beside this script
 
-        decode_rows = [c for c in ours["cases"] if c["name"].startswith("decode_") and args.filter in c["name"]]
+        decode_rows = [c for c in ours["cases"] if c["name"].startswith("decode_") and any(f in c["name"] for f in args.filter.split(","))]
         if decode_rows:
             doc["decode"] = decode_anchors.run(decode_rows, ceiling)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(doc, f, indent=2)
-        ours["cases"] = [c for c in ours["cases"] if not c["name"].startswith("decode_")]
+        import nsa_anchors  # beside this script
+
+        nsa_rows = [c for c in ours["cases"] if c["name"].startswith("nsa_") and any(f in c["name"] for f in args.filter.split(","))]
+        if nsa_rows and not args.decode_only:
+            print()
+            doc["nsa"] = nsa_anchors.run(nsa_rows, ceiling)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(doc, f, indent=2)
+        ours["cases"] = [c for c in ours["cases"] if not c["name"].startswith(("decode_", "nsa_"))]
         print()
         print(f"ours on {ours['device']} (copy ceiling {ours['ceiling_gbps']:.0f} GB/s), anchors on {dev} (copy ceiling {ceiling:.0f} GB/s)")
         hdr = f"{'case':<40} {'ours ms':>9} {'anchor ms':>10} {'speedup':>8} {'ours %ceil':>10} {'anchor %ceil':>12}  target"

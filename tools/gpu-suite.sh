@@ -8,7 +8,7 @@
 # (`stage/` is ignored): it is then named in
 # the run's `carry`. Staged: the release test binaries of attn-gpu (bin/test_*), bench_gpu and
 # attn-conform (bin/), the fixtures (when this checkout has any), tools/bench_anchors.py and
-# tools/decode_anchors.py, the
+# tools/decode_anchors.py, tools/nsa_anchors.py, the
 # device-side script tools/gpu-run.sh (as run.sh), and the fla-core 0.6.0 wheel (whl/).
 # Prints the one `run` call (command + carry) that runs the whole GPU suite there.
 set -euo pipefail
@@ -35,7 +35,7 @@ echo "building bench_gpu and attn-conform ..." >&2
 cargo build --release -p attn-tools --bin bench_gpu -p attn-conformance --bin attn-conform 2>&1 | tail -1 >&2
 cp target/release/bench_gpu target/release/attn-conform "$DEST/bin/"
 if [ -d fixtures ] && [ -n "$(ls -A fixtures 2>/dev/null)" ]; then cp -r fixtures "$DEST/fixtures"; fi
-cp tools/bench_anchors.py tools/decode_anchors.py "$DEST/"
+cp tools/bench_anchors.py tools/decode_anchors.py tools/nsa_anchors.py "$DEST/"
 cp tools/gpu-run.sh "$DEST/run.sh"
 if ! ls "$DEST"/whl/fla_core-0.6.0-*.whl >/dev/null 2>&1; then
   python3 -m pip download -q --no-deps fla-core==0.6.0 -d "$DEST/whl"
