@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite, run on the device machine from the repository root (staged by gpu-suite.sh):
 #
-#   bash STAGE/run.sh STAGE [all|tests|verify|sanitizer|bench|tune]...
+#   bash STAGE/run.sh STAGE [all|tests|verify|python|sanitizer|bench|tune]...
 #
-# Writes into $OUT: summary.txt (the short table of everything), tests.log, verify.log,
+# Writes into $OUT: summary.txt (the short table of everything), tests.log, verify.log, python.log,
 # sanitizer.log, bench.txt, bench_gpu.json, bench_anchors.json, tune.txt. `tune` (not part of
 # `all`) times the chunk and gate kernels under each tuning variant of $ATTN_TUNE_VARIANTS
 # (`;`-separated; each a list of shell words VAR=VALUE, e.g.
@@ -50,6 +50,20 @@ if want verify; then
     say "verify --device gpu: exit $?, $(tail -1 "$OUT/verify.log")"
   else
     say "verify: no fixtures under $ATTN_FIXTURES"
+  fi
+fi
+
+if want python; then
+  # attn_conform (abi3 wheel built here) and pytest with its needs, beside the device's torch
+  # Python (numpy and ml_dtypes are there);
+  # its suite with ATTN_REQUIRE_GPU=1: the torch CUDA cases and the README's Triton example.
+  if ls "$S"/pywhl/attn_conform-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/pysite "$S"/pywhl/*.whl >"$OUT/python.log" 2>&1
+    PYTHONPATH=/tmp/pysite ATTN_CONFORM=$S/bin/attn-conform timeout 300 python3 -m pytest -rs -p no:cacheprovider \
+      conformance/python/tests >>"$OUT/python.log" 2>&1
+    say "pytest conformance/python/tests: exit $?, $(grep -E '[0-9]+ (passed|failed)' "$OUT/python.log" | tail -1)"
+  else
+    say "python: no attn_conform wheel under $S/pywhl"
   fi
 fi
 

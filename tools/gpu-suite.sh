@@ -9,7 +9,8 @@
 # the run's `carry`. Staged: the release test binaries of attn-gpu (bin/test_*), bench_gpu and
 # attn-conform (bin/), the fixtures (when this checkout has any), tools/bench_anchors.py and
 # tools/decode_anchors.py, tools/nsa_anchors.py, the
-# device-side script tools/gpu-run.sh (as run.sh), and the fla-core 0.6.0 wheel (whl/).
+# device-side script tools/gpu-run.sh (as run.sh), the fla-core 0.6.0 wheel (whl/), and the
+# attn_conform wheel with pytest's (pywhl/, for the `python` part).
 # Prints the one `run` call (command + carry) that runs the whole GPU suite there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +35,15 @@ for line in sys.stdin:
 echo "building bench_gpu and attn-conform ..." >&2
 cargo build --release -p attn-tools --bin bench_gpu -p attn-conformance --bin attn-conform 2>&1 | tail -1 >&2
 cp target/release/bench_gpu target/release/attn-conform "$DEST/bin/"
-if [ -d fixtures ] && [ -n "$(ls -A fixtures 2>/dev/null)" ]; then cp -r fixtures "$DEST/fixtures"; fi
+# The fixtures travel with the sent checkout; a copy is staged only when this checkout's differ
+# (a worktree with new cases), since the tree and the carry share one 64 MiB limit.
+if [ -d fixtures ] && [ -n "$(ls -A fixtures 2>/dev/null)" ] && ! diff -rq fixtures "$REPO/fixtures" >/dev/null 2>&1; then
+  cp -r fixtures "$DEST/fixtures"
+fi
+echo "building the attn_conform wheel (abi3) and fetching pytest ..." >&2
+rm -rf "$DEST/pywhl"
+python3 -m pip wheel -q --no-deps ./conformance/python -w "$DEST/pywhl" >&2
+python3 -m pip download -q --only-binary=:all: pytest -d "$DEST/pywhl" >&2  # and its needs
 cp tools/bench_anchors.py tools/decode_anchors.py tools/nsa_anchors.py "$DEST/"
 cp tools/gpu-run.sh "$DEST/run.sh"
 if ! ls "$DEST"/whl/fla_core-0.6.0-*.whl >/dev/null 2>&1; then
@@ -47,4 +56,4 @@ ls "$DEST/bin" >&2
 echo
 echo "run command: bash $REL/run.sh $REL all"
 echo "carry: [\"$REL\"]"
-echo "(parts: 'tests', 'verify', 'sanitizer', 'bench' instead of 'all'; outputs land in \$OUT)"
+echo "(parts: 'tests', 'verify', 'python', 'sanitizer', 'bench' instead of 'all'; outputs land in \$OUT)"
