@@ -3,7 +3,9 @@
 //! values of `cache_seqlens` and `cache_batch_idx` live in device memory and are checked by
 //! the kernels (the device flag, see [`super::DecodeFlag`]).
 
-use attn_reference::decode::{validate_decode_attention, validate_kv_cache_update, CacheLayout};
+use attn_reference::decode::{
+    validate_decode_attention, validate_kv_cache_update, CacheLayout, DecodePlan,
+};
 use attn_reference::{Dtype, Error, Result};
 
 /// A tensor's shape and dtype.
@@ -31,6 +33,21 @@ pub struct DecodeShape {
 }
 
 impl DecodeShape {
+    /// The geometry of the reference's validated plan, with the tensors' dtype and layout.
+    fn of(p: &DecodePlan, dtype: Dtype, layout: CacheLayout) -> Self {
+        DecodeShape {
+            b: p.b,
+            b_cache: p.b_cache,
+            s: p.s,
+            h_kv: p.h_kv,
+            d: p.d,
+            l: p.l,
+            h: p.h,
+            dtype,
+            layout,
+        }
+    }
+
     /// Cache strides in elements: (row, KV head, position).
     pub fn strides(&self) -> (usize, usize, usize) {
         let (s, h_kv, d) = (self.s, self.h_kv, self.d);
@@ -110,17 +127,7 @@ pub fn check_kv_cache_update(
         })?;
     check_rows(p.b, cache_seqlens, cache_batch_idx)?;
     grid_limits(p.b, p.h_kv, "k", k.0)?;
-    Ok(DecodeShape {
-        b: p.b,
-        b_cache: p.b_cache,
-        s: p.s,
-        h_kv: p.h_kv,
-        d: p.d,
-        l: p.l,
-        h: p.h,
-        dtype: k_cache.1,
-        layout,
-    })
+    Ok(DecodeShape::of(&p, k_cache.1, layout))
 }
 
 /// Validates `decode_attention`'s tensors (without the row tensors): `q` float `[B, L_q, H, D]`
@@ -141,17 +148,7 @@ pub fn check_attention_shapes(
     let b = q.0.first().copied().unwrap_or(0);
     let p = validate_decode_attention(q.0, k_cache.0, v_cache.0, &vec![0; b], None, layout)?;
     grid_limits(p.b, p.h_kv, "q", q.0)?;
-    Ok(DecodeShape {
-        b: p.b,
-        b_cache: p.b_cache,
-        s: p.s,
-        h_kv: p.h_kv,
-        d: p.d,
-        l: p.l,
-        h: p.h,
-        dtype: q.1,
-        layout,
-    })
+    Ok(DecodeShape::of(&p, q.1, layout))
 }
 
 /// Validates `decode_attention`: [`check_attention_shapes`] and [`check_rows`].
