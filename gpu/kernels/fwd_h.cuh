@@ -89,6 +89,21 @@ __device__ __forceinline__ void store_final(const FwdHArgs& a, i64 n, i64 hv, i6
 #define FWDH_WARPS 8
 #define FWDH_THREADS (FWDH_WARPS * 32)
 #define FWDH_BT 64  // the largest chunk; smaller chunks use the first rows of every tile
+// Copies of the fast path's full chunks: 1 = one bulk copy (cp.async.bulk completing on the
+// buffer's mbarrier) per row of k, w, u and for gk, issued by one thread each; 0 = 16-byte
+// cp.async pieces from every thread.
+#ifndef FWDH_BULK
+#define FWDH_BULK 0
+#endif
+// Independent accumulator chains per D tile of W S (2 or 4).
+#ifndef FWDH_DACC
+#define FWDH_DACC 2
+#endif
+// 1: the next chunk's loads and the h store go out after W S (before the v_new epilogue)
+// instead of before it.
+#ifndef FWDH_LATE
+#define FWDH_LATE 0
+#endif
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned long long a;
@@ -108,6 +123,32 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // Waits until at most P cp.async groups are pending.
 template <int P> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory");
+}
+
+// mbarrier (shared address `bar`) and bulk copies completing on it (sm_90).
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives and adds `bytes` to the transaction count the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits until the phase of parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing on `bar`.
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 // Fragment loads from shared addresses (bytes).
@@ -143,10 +184,19 @@ template <> struct Mma<f16> {
 // Shared-memory layout of the mma kernel (element pitches padded by 8 against bank conflicts).
 // STAGES chunk buffers: the loads of chunk c + STAGES - 1 are issued while chunk c computes
 // (two for 256 keys, for the 227 KiB of shared memory).
+#ifndef FWDH_STAGES
+#define FWDH_STAGES 3
+#endif
+// Chunk buffers: two for 256 keys (shared memory); FWDH_STAGES (2 or 3, $ATTN_FWDH_STAGES) for
+// blocks of up to 128 keys and 32 columns, whose two-buffer layout fits two blocks per
+// multiprocessor (launch bounds of two blocks, 128 registers); else three.
+__host__ __device__ constexpr int fwdh_stages(int kp, int bv) { return kp >= 256 ? 2 : (bv <= 32 ? FWDH_STAGES : 3); }
+__host__ __device__ constexpr int fwdh_min_blocks(int kp, int bv) { return kp <= 128 && fwdh_stages(kp, bv) == 2 ? 2 : 1; }
+
 template <typename T, int KP, int BV> struct MmaSmem {
     static constexpr int KPITCH = KP + 8;
     static constexpr int VPITCH = BV + 8;
-    static constexpr int STAGES = KP >= 256 ? 2 : 3;
+    static constexpr int STAGES = fwdh_stages(KP, BV);
     static constexpr unsigned KROW = KPITCH * sizeof(T);  // bytes per row of k / w
     static constexpr unsigned VROW = VPITCH * sizeof(T);  // bytes per row of u / s / d
     T k[STAGES][FWDH_BT][KPITCH];
@@ -323,6 +373,12 @@ __device__ __forceinline__ Vec<T, 2> pack2(float x0, float x1) {
 // of the KP x BV block, row-major over (16-row key tile, 8-column tile): MPW key tiles of TPM
 // column tiles each, and the chunk tiles (16 x 8) of D numbered w, w + 8, ... Fragment
 // addresses are per-thread bases fixed for the whole sequence plus compile-time offsets.
+//
+// Fast path (`fast`: chunk 64, K = KP, V a multiple of 8, a full block of BV columns, fp32 or
+// absent gates): the copies of every full chunk go through per-thread source pointers and
+// shared addresses fixed for the sequence (one add per chunk), h through fixed 16-byte pieces,
+// and the full chunks run a step with every row-validity test removed at compile time; the
+// last, partial chunk and every other call take the general step.
 template <typename T, int KP, int BV, bool PRESCAN>
 __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     using Sm = MmaSmem<T, KP, BV>;
@@ -334,8 +390,9 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     constexpr int MPW = SU / TPM;                     // key tiles per warp
     constexpr int DUMAX = (FWDH_BT / 16) * NTN / FWDH_WARPS > 0 ? (FWDH_BT / 16) * NTN / FWDH_WARPS : 1;
     constexpr int ST = Sm::STAGES;
-    constexpr unsigned KROW = Sm::KROW, VROW = Sm::VROW, KSTAGE = FWDH_BT * KROW;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr unsigned KROW = Sm::KROW, VROW = Sm::VROW, KSTAGE = FWDH_BT * KROW, USTAGE = FWDH_BT * VROW;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, t4 = lane & 3;
 
     const i64 n = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
@@ -349,6 +406,9 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     const int nb = (int)(cb.c_end - cb.c0);
     const bool pair_ok = (a.V % 2) == 0;
     const i64 vs = a.HV * a.V;  // v_new row stride
+    const bool fast = bt == FWDH_BT && a.K == KP && (a.V % 8) == 0 && nb == BV && (a.g == 0 || a.g_dtype == 1) &&
+                      (a.gk == 0 || a.gk_dtype == 1);
+    const bool has_u = !(PRESCAN && cb.m_cols);
 
     // per-thread fragment address bases (bytes in shared memory)
     const unsigned w_s = smem_u32(&sm.w[0][0][0]), k_s = smem_u32(&sm.k[0][0][0]);
@@ -357,6 +417,94 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     const unsigned a1_lane = (lane & 15) * KROW + (lane >> 4) * 16;                        // W rows
     const unsigned a2_lane = ((lane & 7) + (lane >> 4) * 8) * KROW + ((lane >> 3) & 1) * 16;  // K^T
     const unsigned b_lane = (lane & 15) * VROW;                                            // S, D rows
+
+    // fast-path copy pieces: k / w 16-byte piece (kr0 + p * KRS, kc8), u piece (vr0 + p * VRS,
+    // vc8), fixed for the sequence; sources of chunk 0, advanced by whole chunks
+    constexpr int KSEG = KP / 8, KRS = FWDH_THREADS / KSEG, KPASS = FWDH_BT / KRS;
+    constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG, VPASS = (FWDH_BT + VRS - 1) / VRS;
+    constexpr int HPASS = (KP + VRS - 1) / VRS;
+    const int kr0 = tid / KSEG, kc8 = (tid % KSEG) * 8;
+    const int vr0 = tid / VSEG, vc8 = (tid % VSEG) * 8;
+    const i64 ks = a.H * a.K, ws = a.HV * a.K, us = a.HV * a.V;
+    const T* kq = reinterpret_cast<const T*>(a.k) + (row0 + kr0) * ks + kh * a.K + kc8;
+    const T* wq = reinterpret_cast<const T*>(a.w) + (row0 + kr0) * ws + hv * a.K + kc8;
+    const T* uq = reinterpret_cast<const T*>(a.u) + (row0 + vr0) * us + hv * a.V + cb.c0 + vc8;
+    const float* gq = reinterpret_cast<const float*>(a.g) + (row0 + tid) * a.HV + hv;
+    const float* gkq = reinterpret_cast<const float*>(a.gk) + ((row0 + FWDH_BT - 1) * a.HV + hv) * a.K + tid * 4;
+    const unsigned kd = k_s + kr0 * KROW + kc8 * sizeof(T), wd = w_s + kr0 * KROW + kc8 * sizeof(T);
+    const unsigned ud = smem_u32(&sm.u[0][0][0]) + vr0 * VROW + vc8 * sizeof(T);
+    const unsigned gd = smem_u32(&sm.g[0][0]) + tid * 4, gkd = smem_u32(&sm.gk[0][0]) + tid * 16;
+    // bulk copies: thread t < 64 copies k row t, t < 128 w row t - 64, t < 192 u row t - 128,
+    // t = 192 the gate row gk; one mbarrier per buffer (its phase parity flips at every use)
+    __shared__ unsigned long long bars[ST];
+    const unsigned bar_s = smem_u32(&bars[0]);
+    const char* bsrc = nullptr;
+    unsigned bdst = 0, bbytes = 0, bstage = 0;
+    i64 bstep = 0;
+    if (FWDH_BULK) {
+        const int r = tid & (FWDH_BT - 1);
+        if (tid < FWDH_BT) {
+            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const T*>(a.k) + (row0 + r) * ks + kh * a.K);
+            bdst = k_s + r * KROW, bbytes = KP * sizeof(T), bstage = KSTAGE, bstep = FWDH_BT * ks * sizeof(T);
+        } else if (tid < 2 * FWDH_BT) {
+            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const T*>(a.w) + (row0 + r) * ws + hv * a.K);
+            bdst = w_s + r * KROW, bbytes = KP * sizeof(T), bstage = KSTAGE, bstep = FWDH_BT * ws * sizeof(T);
+        } else if (tid < 3 * FWDH_BT) {
+            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const T*>(a.u) + (row0 + r) * us + hv * a.V + cb.c0);
+            bdst = smem_u32(&sm.u[0][0][0]) + r * VROW, bbytes = has_u ? BV * sizeof(T) : 0, bstage = USTAGE;
+            bstep = FWDH_BT * us * sizeof(T);
+        } else if (tid == 3 * FWDH_BT) {
+            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const float*>(a.gk) + ((row0 + FWDH_BT - 1) * a.HV + hv) * a.K);
+            bdst = smem_u32(&sm.gk[0][0]), bbytes = a.gk != 0 ? KP * 4 : 0, bstage = KP * 4, bstep = FWDH_BT * ws * 4;
+        }
+        if (tid == 0) {
+            for (int b = 0; b < ST; ++b) mbar_init(bar_s + b * 8, 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
+    const unsigned tx_bytes = 2 * FWDH_BT * KP * sizeof(T) + (has_u ? FWDH_BT * BV * sizeof(T) : 0) + (a.gk != 0 ? KP * 4 : 0);
+    // the loads of full chunk cn into buffer b
+    auto load_fast = [&](int b, i64 cn) {
+        const i64 off = cn * FWDH_BT;
+        if (FWDH_BULK) {
+            if (tid == 0) mbar_arrive_expect_tx(bar_s + b * 8, tx_bytes);
+            if (bbytes != 0) bulk_copy(bdst + b * bstage, bsrc + cn * bstep, bbytes, bar_s + b * 8);
+            if (a.g != 0 && tid < FWDH_BT) cp_async4(gd + b * (FWDH_BT * 4), gq + off * a.HV, 4);
+            cp_async_commit();
+            return;
+        }
+        const T* kc = kq + off * ks;
+        const T* wc = wq + off * ws;
+#pragma unroll
+        for (int p = 0; p < KPASS; ++p) {
+            cp_async16(kd + b * KSTAGE + p * KRS * KROW, kc + p * KRS * ks, 16);
+            cp_async16(wd + b * KSTAGE + p * KRS * KROW, wc + p * KRS * ws, 16);
+        }
+        if (has_u) {
+            const T* uc = uq + off * us;
+#pragma unroll
+            for (int p = 0; p < VPASS; ++p) {
+                if (vr0 + p * VRS < FWDH_BT) cp_async16(ud + b * USTAGE + p * VRS * VROW, uc + p * VRS * us, 16);
+            }
+        }
+        if (a.g != 0 && tid < FWDH_BT) cp_async4(gd + b * (FWDH_BT * 4), gq + off * a.HV, 4);
+        if (a.gk != 0 && tid < KP / 4) cp_async16(gkd + b * (KP * 4), gkq + off * ws, 16);
+        cp_async_commit();
+    };
+    auto chunk_rows = [&](i64 c) { return (int)max((i64)0, min((i64)bt, len - c * bt)); };
+    auto load = [&](int b, i64 cn) {
+        if (fast && (cn + 1) * FWDH_BT <= len) load_fast(b, cn);
+        else {
+            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, b, row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
+            if (FWDH_BULK && tid == 0) mbar_arrive(bar_s + b * 8);  // completes the buffer's phase
+        }
+    };
+    // h rows of chunk c from s_hi: fixed 16-byte pieces on the fast path (key-first states)
+    const bool fast_h = !PRESCAN && a.h != 0 && fast && !a.v_first;
+    T* hq = fast_h ? reinterpret_cast<T*>(a.h) + (hbase * a.HV + hv) * a.K * a.V + vr0 * a.V + cb.c0 + vc8 : nullptr;
+    const i64 hstep = a.HV * a.K * a.V;
+    T* vq = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + (row0 * a.HV + hv) * a.V + cb.c0 : nullptr;
 
     // the state tiles, from the incoming state
     float s[SU][4];
@@ -369,13 +517,19 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             s[j][e] = (r < a.K && c < nb) ? initial_value<PRESCAN>(a, n, hv, r, cb.c0 + c) : 0.f;
         }
     }
-    auto chunk_rows = [&](i64 c) { return (int)max((i64)0, min((i64)bt, len - c * bt)); };
+    if (fast && !has_u) {  // pre-scan M columns: u is zero (the fast loads skip it)
+        for (int i = tid; i < ST * FWDH_BT * VSEG; i += FWDH_THREADS) {
+            *reinterpret_cast<Vec<T, 8>*>(&sm.u[i / (FWDH_BT * VSEG)][(i / VSEG) % FWDH_BT][(i % VSEG) * 8]) = Vec<T, 8>{};
+        }
+    }
 #pragma unroll
-    for (int p = 0; p < ST - 1; ++p) load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, p, row0 + p * bt, chunk_rows(p), kh, hv, cb);
+    for (int p = 0; p < ST - 1; ++p) load(p, p);
 
-    for (i64 c = 0; c < nchunks; ++c) {
-        const int buf = (int)(c % ST);
-        const int nc = chunk_rows(c);
+    // One chunk step (FULL: a full 64-row chunk of the fast path).
+    // (inlined at its two calls, FULL a constant at each)
+    auto step = [&](const bool FULL, i64 c, int buf, unsigned phase) {
+        const int nc = FULL ? FWDH_BT : chunk_rows(c);
+        const int btc = FULL ? FWDH_BT : bt;
         // 1. the rounded state (hi, and lo when split) into shared memory
 #pragma unroll
         for (int j = 0; j < SU; ++j) {
@@ -392,23 +546,36 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             }
         }
         cp_async_wait<ST - 2>();  // chunk c's group is complete (later chunks may be in flight)
+        if (FWDH_BULK) mbar_wait(bar_s + buf * 8, phase);  // ... and its bulk copies
         __syncthreads();          // ... for every thread, and the rounded state is visible
-        // 2. chunk c + ST - 1's loads go out while this one computes
-        {
-            const i64 cn = c + ST - 1;
-            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, (int)(cn % ST), row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
-        }
-        if (!PRESCAN && a.h != 0) store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
+        // 2. chunk c + ST - 1's loads go out while this one computes (its buffer: c - 1's), and
+        //    h (FWDH_LATE: after W S)
+        auto loads_and_h = [&]() {
+            load(buf == 0 ? ST - 1 : buf - 1, c + ST - 1);
+            if (fast_h) {
+                T* hc = hq + c * hstep;
+#pragma unroll
+                for (int p = 0; p < HPASS; ++p) {
+                    const int r = vr0 + p * VRS;
+                    if (r < KP) *reinterpret_cast<Vec<T, 8>*>(hc + p * VRS * a.V) = *reinterpret_cast<const Vec<T, 8>*>(&sm.s_hi[r][vc8]);
+                }
+            } else if (!PRESCAN && a.h != 0) {
+                store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
+            }
+        };
+        if (!FWDH_LATE) loads_and_h();
 
-        // 3. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
-        //    odd key steps, so that the dependent chains are half as long)
-        const int ntiles_d = (bt / 16) * NTN;
+        // 3. D = U - W S_T over the chunk's 16 x 8 tiles (FWDH_DACC accumulators per tile over
+        //    the key steps in turn, so that the dependent chains are that much shorter)
+        const int ntiles_d = (btc / 16) * NTN;
         const unsigned wbuf = w_s + buf * KSTAGE + a1_lane;
-        float dacc[DUMAX][2][4];
+        float dacc[DUMAX][FWDH_DACC][4];
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dacc[j][0][e] = dacc[j][1][e] = 0.f;
+            for (int q = 0; q < FWDH_DACC; ++q)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dacc[j][q][e] = 0.f;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
@@ -421,18 +588,23 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                     unsigned af[4], bf[2];
                     ldsm_x4(af, aw + kk * 32);
                     ldsm_x2_t(bf, bs + kk * 16 * VROW);
-                    Mma<T>::run(dacc[j][kk & 1], af, bf);
+                    Mma<T>::run(dacc[j][kk % FWDH_DACC], af, bf);
                     if (split) {
                         ldsm_x2_t(bf, bl + kk * 16 * VROW);
-                        Mma<T>::run(dacc[j][kk & 1], af, bf);
+                        Mma<T>::run(dacc[j][kk % FWDH_DACC], af, bf);
                     }
                 }
+#pragma unroll
+                for (int q = 2; q < FWDH_DACC; ++q)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dacc[j][q & 1][e] += dacc[j][q][e];
             }
         }
+        if (FWDH_LATE) loads_and_h();
         // 4. v_new, and a . D rounded into shared memory
         const float* gs = sm.g[buf];
         const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
-        T* vrow = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + ((row0 + c * bt) * a.HV + hv) * a.V + cb.c0 : nullptr;
+        T* vrow = vq != nullptr ? vq + c * btc * vs : nullptr;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
@@ -441,12 +613,16 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 #pragma unroll
                 for (int h2 = 0; h2 < 2; ++h2) {
                     const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
+                    const bool valid = FULL || r < nc;
                     const Vec<T, 2> uu = *reinterpret_cast<const Vec<T, 2>*>(&sm.u[buf][r][col]);
                     const float d0 = widen(uu.v[0]) - (dacc[j][0][2 * h2] + dacc[j][1][2 * h2]);
                     const float d1 = widen(uu.v[1]) - (dacc[j][0][2 * h2 + 1] + dacc[j][1][2 * h2 + 1]);
-                    if (vrow != nullptr && r < nc) store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
-                    const float f = r < nc ? (a.g != 0 ? exp2f(g_last - gs[r]) : 1.f) : 0.f;
-                    const float ad0 = r < nc ? f * d0 : 0.f, ad1 = r < nc ? f * d1 : 0.f;
+                    if (vrow != nullptr && valid) {
+                        if (FULL) *reinterpret_cast<Vec<T, 2>*>(vrow + r * vs + col) = pack2<T>(d0, d1);
+                        else store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
+                    }
+                    const float f = valid ? (a.g != 0 ? exp2f(g_last - gs[r]) : 1.f) : 0.f;
+                    const float ad0 = valid ? f * d0 : 0.f, ad1 = valid ? f * d1 : 0.f;
                     const Vec<T, 2> hi = pack2<T>(ad0, ad1);
                     *reinterpret_cast<Vec<T, 2>*>(&sm.d_hi[r][col]) = hi;
                     if (split) {
@@ -476,7 +652,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
         const unsigned kbuf = k_s + buf * KSTAGE + a2_lane;
 #pragma unroll
         for (int ks = 0; ks < FWDH_BT / 16; ++ks) {
-            if (ks * 16 < bt) {
+            if (ks * 16 < btc) {
 #pragma unroll
                 for (int jm = 0; jm < MPW; ++jm) {
                     const int mt = (warp * SU + jm * TPM) / NTN;
@@ -496,8 +672,21 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                 }
             }
         }
-        // the next iteration's first barrier orders these reads of buffer `buf`, d_hi and s_hi
-        // before they are overwritten
+        // the next step's first barrier orders these reads of buffer `buf`, d_hi and s_hi before
+        // they are overwritten
+    };
+
+    const i64 nfull = fast ? len / FWDH_BT : 0;
+    int buf = 0;
+    unsigned phase = 0;  // parity of the uses of buffer `buf` so far
+    i64 c = 0;
+    for (; c < nfull; ++c) {
+        step(true, c, buf, phase);
+        if (++buf == ST) buf = 0, phase ^= 1;
+    }
+    for (; c < nchunks; ++c) {
+        step(false, c, buf, phase);
+        if (++buf == ST) buf = 0, phase ^= 1;
     }
     cp_async_wait_all();
     if (a.ht != 0) {
@@ -628,7 +817,7 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
 // Kernel entry points of one op (PRESCAN false: fwd_h; true: pre-scan), named
 // `<op>_mma_<dtype>_k<KP>_v<BV>` and `<op>_fma_<f32|f64>`.
 #define FWDH_MMA_KERNEL(OP, PRE, T, TAG, KP, BV) \
-    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, fwdh_min_blocks(KP, BV)) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
         fwd_h_mma<T, KP, BV, PRE>(a); \
     }
 #define FWDH_MMA_KERNELS_T(OP, PRE, T, TAG) \
