@@ -89,21 +89,14 @@ __device__ __forceinline__ void store_final(const FwdHArgs& a, i64 n, i64 hv, i6
 #define FWDH_WARPS 8
 #define FWDH_THREADS (FWDH_WARPS * 32)
 #define FWDH_BT 64  // the largest chunk; smaller chunks use the first rows of every tile
-// Copies of the fast path's full chunks: 1 = one bulk copy (cp.async.bulk completing on the
-// buffer's mbarrier) per row of k, w, u and for gk, issued by one thread each; 0 = 16-byte
-// cp.async pieces from every thread.
-#ifndef FWDH_BULK
-#define FWDH_BULK 0
-#endif
-// Independent accumulator chains per D tile of W S (2 or 4).
-#ifndef FWDH_DACC
-#define FWDH_DACC 2
-#endif
-// 1: the next chunk's loads and the h store go out after W S (before the v_new epilogue)
-// instead of before it.
-#ifndef FWDH_LATE
-#define FWDH_LATE 0
-#endif
+
+// 2^x by the multi-function unit (results below 2^-126 flushed to zero): the gate factors of
+// the tensor-core kernel, without exp2f's subnormal scaling.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned long long a;
@@ -123,32 +116,6 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // Waits until at most P cp.async groups are pending.
 template <int P> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory");
-}
-
-// mbarrier (shared address `bar`) and bulk copies completing on it (sm_90).
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives and adds `bytes` to the transaction count the current phase waits for.
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Waits until the phase of parity `parity` of `bar` has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing on `bar`.
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 // Fragment loads from shared addresses (bytes).
@@ -419,92 +386,57 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     const unsigned b_lane = (lane & 15) * VROW;                                            // S, D rows
 
     // fast-path copy pieces: k / w 16-byte piece (kr0 + p * KRS, kc8), u piece (vr0 + p * VRS,
-    // vc8), fixed for the sequence; sources of chunk 0, advanced by whole chunks
+    // vc8), fixed for the sequence; the sources of the next chunk to load (kn, wn, un, gn, gkn)
+    // advance by one chunk per load, whichever path issued it
     constexpr int KSEG = KP / 8, KRS = FWDH_THREADS / KSEG, KPASS = FWDH_BT / KRS;
     constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG, VPASS = (FWDH_BT + VRS - 1) / VRS;
     constexpr int HPASS = (KP + VRS - 1) / VRS;
     const int kr0 = tid / KSEG, kc8 = (tid % KSEG) * 8;
     const int vr0 = tid / VSEG, vc8 = (tid % VSEG) * 8;
     const i64 ks = a.H * a.K, ws = a.HV * a.K, us = a.HV * a.V;
-    const T* kq = reinterpret_cast<const T*>(a.k) + (row0 + kr0) * ks + kh * a.K + kc8;
-    const T* wq = reinterpret_cast<const T*>(a.w) + (row0 + kr0) * ws + hv * a.K + kc8;
-    const T* uq = reinterpret_cast<const T*>(a.u) + (row0 + vr0) * us + hv * a.V + cb.c0 + vc8;
-    const float* gq = reinterpret_cast<const float*>(a.g) + (row0 + tid) * a.HV + hv;
-    const float* gkq = reinterpret_cast<const float*>(a.gk) + ((row0 + FWDH_BT - 1) * a.HV + hv) * a.K + tid * 4;
+    const T* kn = reinterpret_cast<const T*>(a.k) + (row0 + kr0) * ks + kh * a.K + kc8;
+    const T* wn = reinterpret_cast<const T*>(a.w) + (row0 + kr0) * ws + hv * a.K + kc8;
+    const T* un = reinterpret_cast<const T*>(a.u) + (row0 + vr0) * us + hv * a.V + cb.c0 + vc8;
+    const float* gn = reinterpret_cast<const float*>(a.g) + (row0 + tid) * a.HV + hv;
+    const float* gkn = reinterpret_cast<const float*>(a.gk) + ((row0 + FWDH_BT - 1) * a.HV + hv) * a.K + tid * 4;
+    const i64 kpass = KRS * ks, wpass = KRS * ws, upass = VRS * us;  // elements between passes
     const unsigned kd = k_s + kr0 * KROW + kc8 * sizeof(T), wd = w_s + kr0 * KROW + kc8 * sizeof(T);
     const unsigned ud = smem_u32(&sm.u[0][0][0]) + vr0 * VROW + vc8 * sizeof(T);
     const unsigned gd = smem_u32(&sm.g[0][0]) + tid * 4, gkd = smem_u32(&sm.gk[0][0]) + tid * 16;
-    // bulk copies: thread t < 64 copies k row t, t < 128 w row t - 64, t < 192 u row t - 128,
-    // t = 192 the gate row gk; one mbarrier per buffer (its phase parity flips at every use)
-    __shared__ unsigned long long bars[ST];
-    const unsigned bar_s = smem_u32(&bars[0]);
-    const char* bsrc = nullptr;
-    unsigned bdst = 0, bbytes = 0, bstage = 0;
-    i64 bstep = 0;
-    if (FWDH_BULK) {
-        const int r = tid & (FWDH_BT - 1);
-        if (tid < FWDH_BT) {
-            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const T*>(a.k) + (row0 + r) * ks + kh * a.K);
-            bdst = k_s + r * KROW, bbytes = KP * sizeof(T), bstage = KSTAGE, bstep = FWDH_BT * ks * sizeof(T);
-        } else if (tid < 2 * FWDH_BT) {
-            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const T*>(a.w) + (row0 + r) * ws + hv * a.K);
-            bdst = w_s + r * KROW, bbytes = KP * sizeof(T), bstage = KSTAGE, bstep = FWDH_BT * ws * sizeof(T);
-        } else if (tid < 3 * FWDH_BT) {
-            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const T*>(a.u) + (row0 + r) * us + hv * a.V + cb.c0);
-            bdst = smem_u32(&sm.u[0][0][0]) + r * VROW, bbytes = has_u ? BV * sizeof(T) : 0, bstage = USTAGE;
-            bstep = FWDH_BT * us * sizeof(T);
-        } else if (tid == 3 * FWDH_BT) {
-            bsrc = reinterpret_cast<const char*>(reinterpret_cast<const float*>(a.gk) + ((row0 + FWDH_BT - 1) * a.HV + hv) * a.K);
-            bdst = smem_u32(&sm.gk[0][0]), bbytes = a.gk != 0 ? KP * 4 : 0, bstage = KP * 4, bstep = FWDH_BT * ws * 4;
-        }
-        if (tid == 0) {
-            for (int b = 0; b < ST; ++b) mbar_init(bar_s + b * 8, 1);
-            mbar_init_fence();
-        }
-        __syncthreads();
-    }
-    const unsigned tx_bytes = 2 * FWDH_BT * KP * sizeof(T) + (has_u ? FWDH_BT * BV * sizeof(T) : 0) + (a.gk != 0 ? KP * 4 : 0);
-    // the loads of full chunk cn into buffer b
-    auto load_fast = [&](int b, i64 cn) {
-        const i64 off = cn * FWDH_BT;
-        if (FWDH_BULK) {
-            if (tid == 0) mbar_arrive_expect_tx(bar_s + b * 8, tx_bytes);
-            if (bbytes != 0) bulk_copy(bdst + b * bstage, bsrc + cn * bstep, bbytes, bar_s + b * 8);
-            if (a.g != 0 && tid < FWDH_BT) cp_async4(gd + b * (FWDH_BT * 4), gq + off * a.HV, 4);
-            cp_async_commit();
-            return;
-        }
-        const T* kc = kq + off * ks;
-        const T* wc = wq + off * ws;
+    const bool g_piece = a.g != 0 && tid < FWDH_BT, gk_piece = a.gk != 0 && tid < KP / 4;
+    // the loads of the next chunk (a full one) into buffer b
+    auto load_fast = [&](int b) {
 #pragma unroll
         for (int p = 0; p < KPASS; ++p) {
-            cp_async16(kd + b * KSTAGE + p * KRS * KROW, kc + p * KRS * ks, 16);
-            cp_async16(wd + b * KSTAGE + p * KRS * KROW, wc + p * KRS * ws, 16);
+            cp_async16(kd + b * KSTAGE + p * KRS * KROW, kn + p * kpass, 16);
+            cp_async16(wd + b * KSTAGE + p * KRS * KROW, wn + p * wpass, 16);
         }
         if (has_u) {
-            const T* uc = uq + off * us;
 #pragma unroll
             for (int p = 0; p < VPASS; ++p) {
-                if (vr0 + p * VRS < FWDH_BT) cp_async16(ud + b * USTAGE + p * VRS * VROW, uc + p * VRS * us, 16);
+                if (vr0 + p * VRS < FWDH_BT) cp_async16(ud + b * USTAGE + p * VRS * VROW, un + p * upass, 16);
             }
         }
-        if (a.g != 0 && tid < FWDH_BT) cp_async4(gd + b * (FWDH_BT * 4), gq + off * a.HV, 4);
-        if (a.gk != 0 && tid < KP / 4) cp_async16(gkd + b * (KP * 4), gkq + off * ws, 16);
+        if (g_piece) cp_async4(gd + b * (FWDH_BT * 4), gn, 4);
+        if (gk_piece) cp_async16(gkd + b * (KP * 4), gkn, 16);
         cp_async_commit();
     };
     auto chunk_rows = [&](i64 c) { return (int)max((i64)0, min((i64)bt, len - c * bt)); };
+    // the loads of chunk cn (the next one) into buffer b
     auto load = [&](int b, i64 cn) {
-        if (fast && (cn + 1) * FWDH_BT <= len) load_fast(b, cn);
-        else {
+        if (fast && (cn + 1) * FWDH_BT <= len) {
+            load_fast(b);
+            kn += FWDH_BT * ks, wn += FWDH_BT * ws, un += FWDH_BT * us, gn += FWDH_BT * a.HV, gkn += FWDH_BT * ws;
+        } else {
             load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, b, row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
-            if (FWDH_BULK && tid == 0) mbar_arrive(bar_s + b * 8);  // completes the buffer's phase
         }
     };
     // h rows of chunk c from s_hi: fixed 16-byte pieces on the fast path (key-first states)
     const bool fast_h = !PRESCAN && a.h != 0 && fast && !a.v_first;
     T* hq = fast_h ? reinterpret_cast<T*>(a.h) + (hbase * a.HV + hv) * a.K * a.V + vr0 * a.V + cb.c0 + vc8 : nullptr;
     const i64 hstep = a.HV * a.K * a.V;
-    T* vq = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + (row0 * a.HV + hv) * a.V + cb.c0 : nullptr;
+    // v_new rows of the current chunk (advanced by one chunk per step)
+    T* vrow = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + (row0 * a.HV + hv) * a.V + cb.c0 : nullptr;
 
     // the state tiles, from the incoming state
     float s[SU][4];
@@ -527,7 +459,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 
     // One chunk step (FULL: a full 64-row chunk of the fast path).
     // (inlined at its two calls, FULL a constant at each)
-    auto step = [&](const bool FULL, i64 c, int buf, unsigned phase) {
+    auto step = [&](const bool FULL, i64 c, int buf) {
         const int nc = FULL ? FWDH_BT : chunk_rows(c);
         const int btc = FULL ? FWDH_BT : bt;
         // 1. the rounded state (hi, and lo when split) into shared memory
@@ -546,10 +478,9 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             }
         }
         cp_async_wait<ST - 2>();  // chunk c's group is complete (later chunks may be in flight)
-        if (FWDH_BULK) mbar_wait(bar_s + buf * 8, phase);  // ... and its bulk copies
         __syncthreads();          // ... for every thread, and the rounded state is visible
-        // 2. chunk c + ST - 1's loads go out while this one computes (its buffer: c - 1's), and
-        //    h (FWDH_LATE: after W S)
+        // 2. (issued after W S, whose products are then in flight) chunk c + ST - 1's loads go
+        //    out while this one computes (its buffer: c - 1's), and h is stored
         auto loads_and_h = [&]() {
             load(buf == 0 ? ST - 1 : buf - 1, c + ST - 1);
             if (fast_h) {
@@ -563,19 +494,16 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                 store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
             }
         };
-        if (!FWDH_LATE) loads_and_h();
 
-        // 3. D = U - W S_T over the chunk's 16 x 8 tiles (FWDH_DACC accumulators per tile over
-        //    the key steps in turn, so that the dependent chains are that much shorter)
+        // 3. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
+        //    odd key steps, so that the dependent chains are half as long)
         const int ntiles_d = (btc / 16) * NTN;
         const unsigned wbuf = w_s + buf * KSTAGE + a1_lane;
-        float dacc[DUMAX][FWDH_DACC][4];
+        float dacc[DUMAX][2][4];
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j)
 #pragma unroll
-            for (int q = 0; q < FWDH_DACC; ++q)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dacc[j][q][e] = 0.f;
+            for (int e = 0; e < 4; ++e) dacc[j][0][e] = dacc[j][1][e] = 0.f;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
@@ -588,23 +516,18 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                     unsigned af[4], bf[2];
                     ldsm_x4(af, aw + kk * 32);
                     ldsm_x2_t(bf, bs + kk * 16 * VROW);
-                    Mma<T>::run(dacc[j][kk % FWDH_DACC], af, bf);
+                    Mma<T>::run(dacc[j][kk & 1], af, bf);
                     if (split) {
                         ldsm_x2_t(bf, bl + kk * 16 * VROW);
-                        Mma<T>::run(dacc[j][kk % FWDH_DACC], af, bf);
+                        Mma<T>::run(dacc[j][kk & 1], af, bf);
                     }
                 }
-#pragma unroll
-                for (int q = 2; q < FWDH_DACC; ++q)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) dacc[j][q & 1][e] += dacc[j][q][e];
             }
         }
-        if (FWDH_LATE) loads_and_h();
+        loads_and_h();
         // 4. v_new, and a . D rounded into shared memory
         const float* gs = sm.g[buf];
         const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
-        T* vrow = vq != nullptr ? vq + c * btc * vs : nullptr;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
@@ -621,7 +544,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                         if (FULL) *reinterpret_cast<Vec<T, 2>*>(vrow + r * vs + col) = pack2<T>(d0, d1);
                         else store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
                     }
-                    const float f = valid ? (a.g != 0 ? exp2f(g_last - gs[r]) : 1.f) : 0.f;
+                    const float f = valid ? (a.g != 0 ? ex2_ftz(g_last - gs[r]) : 1.f) : 0.f;
                     const float ad0 = valid ? f * d0 : 0.f, ad1 = valid ? f * d1 : 0.f;
                     const Vec<T, 2> hi = pack2<T>(ad0, ad1);
                     *reinterpret_cast<Vec<T, 2>*>(&sm.d_hi[r][col]) = hi;
@@ -632,14 +555,14 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             }
         }
         // 5. decay of the state (scalar and per-key gates at the chunk's last row)
-        const float gamma = a.g != 0 ? exp2f(g_last) : 1.f;
+        const float gamma = a.g != 0 ? ex2_ftz(g_last) : 1.f;
 #pragma unroll
         for (int jm = 0; jm < MPW; ++jm) {
             const int mt = (warp * SU + jm * TPM) / NTN;
 #pragma unroll
             for (int h2 = 0; h2 < 2; ++h2) {
                 const int r = mt * 16 + gid + h2 * 8;
-                const float f = a.gk != 0 ? gamma * exp2f(sm.gk[buf][r]) : gamma;
+                const float f = a.gk != 0 ? gamma * ex2_ftz(sm.gk[buf][r]) : gamma;
 #pragma unroll
                 for (int jn = 0; jn < TPM; ++jn) {
                     s[jm * TPM + jn][2 * h2] *= f;
@@ -678,15 +601,16 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 
     const i64 nfull = fast ? len / FWDH_BT : 0;
     int buf = 0;
-    unsigned phase = 0;  // parity of the uses of buffer `buf` so far
     i64 c = 0;
     for (; c < nfull; ++c) {
-        step(true, c, buf, phase);
-        if (++buf == ST) buf = 0, phase ^= 1;
+        step(true, c, buf);
+        buf = buf + 1 == ST ? 0 : buf + 1;
+        if (vrow != nullptr) vrow += bt * vs;
     }
     for (; c < nchunks; ++c) {
-        step(false, c, buf, phase);
-        if (++buf == ST) buf = 0, phase ^= 1;
+        step(false, c, buf);
+        buf = buf + 1 == ST ? 0 : buf + 1;
+        if (vrow != nullptr) vrow += bt * vs;
     }
     cp_async_wait_all();
     if (a.ht != 0) {

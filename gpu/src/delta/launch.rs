@@ -142,13 +142,13 @@ pub struct Workload<'a> {
     pub hv: usize,
 }
 
-/// Relative cost of one chunk step of a block by its width (H100, K = 128, run 6 of NOTES.md:
-/// 1.74, 2.6 and 3.6 µs per step for 16, 32 and 64 columns).
+/// Relative cost of one chunk step of a block by its width (H100, K = 128, fwdh2 run 1 of
+/// NOTES.md: 1.28, 1.96 and 2.87 µs per step for 16, 32 and 64 columns).
 fn step_cost(bv: usize) -> f64 {
     match bv {
         16 => 1.0,
-        32 => 1.5,
-        _ => 2.07,
+        32 => 1.53,
+        _ => 2.24,
     }
 }
 
