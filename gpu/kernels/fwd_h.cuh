@@ -495,9 +495,44 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             }
         };
 
-        // 3. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
-        //    odd key steps, so that the dependent chains are half as long)
         const int ntiles_d = (btc / 16) * NTN;
+        // 3. off the products' path (issued before them, done while they are in flight): the
+        //    decay of the state (scalar and per-key gates at the chunk's last row), and u and
+        //    the row factors a_r of this warp's D tiles
+        const float* gs = sm.g[buf];
+        const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
+        const float gamma = a.g != 0 ? ex2_ftz(g_last) : 1.f;
+#pragma unroll
+        for (int jm = 0; jm < MPW; ++jm) {
+            const int mt = (warp * SU + jm * TPM) / NTN;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int r = mt * 16 + gid + h2 * 8;
+                const float f = a.gk != 0 ? gamma * ex2_ftz(sm.gk[buf][r]) : gamma;
+#pragma unroll
+                for (int jn = 0; jn < TPM; ++jn) {
+                    s[jm * TPM + jn][2 * h2] *= f;
+                    s[jm * TPM + jn][2 * h2 + 1] *= f;
+                }
+            }
+        }
+        Vec<T, 2> uu[DUMAX][2];
+        float fa[DUMAX][2];
+#pragma unroll
+        for (int j = 0; j < DUMAX; ++j) {
+            const int u = warp + j * FWDH_WARPS;
+            if (u < ntiles_d) {
+                const int mt = u / NTN, nt = u % NTN;
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
+                    uu[j][h2] = *reinterpret_cast<const Vec<T, 2>*>(&sm.u[buf][r][col]);
+                    fa[j][h2] = (FULL || r < nc) ? (a.g != 0 ? ex2_ftz(g_last - gs[r]) : 1.f) : 0.f;
+                }
+            }
+        }
+        // 4. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
+        //    odd key steps, so that the dependent chains are half as long)
         const unsigned wbuf = w_s + buf * KSTAGE + a1_lane;
         float dacc[DUMAX][2][4];
 #pragma unroll
@@ -525,9 +560,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             }
         }
         loads_and_h();
-        // 4. v_new, and a . D rounded into shared memory
-        const float* gs = sm.g[buf];
-        const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
+        // 5. v_new, and a . D rounded into shared memory
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
@@ -537,36 +570,18 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                 for (int h2 = 0; h2 < 2; ++h2) {
                     const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
                     const bool valid = FULL || r < nc;
-                    const Vec<T, 2> uu = *reinterpret_cast<const Vec<T, 2>*>(&sm.u[buf][r][col]);
-                    const float d0 = widen(uu.v[0]) - (dacc[j][0][2 * h2] + dacc[j][1][2 * h2]);
-                    const float d1 = widen(uu.v[1]) - (dacc[j][0][2 * h2 + 1] + dacc[j][1][2 * h2 + 1]);
+                    const float d0 = widen(uu[j][h2].v[0]) - (dacc[j][0][2 * h2] + dacc[j][1][2 * h2]);
+                    const float d1 = widen(uu[j][h2].v[1]) - (dacc[j][0][2 * h2 + 1] + dacc[j][1][2 * h2 + 1]);
                     if (vrow != nullptr && valid) {
                         if (FULL) *reinterpret_cast<Vec<T, 2>*>(vrow + r * vs + col) = pack2<T>(d0, d1);
                         else store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
                     }
-                    const float f = valid ? (a.g != 0 ? ex2_ftz(g_last - gs[r]) : 1.f) : 0.f;
-                    const float ad0 = valid ? f * d0 : 0.f, ad1 = valid ? f * d1 : 0.f;
+                    const float ad0 = valid ? fa[j][h2] * d0 : 0.f, ad1 = valid ? fa[j][h2] * d1 : 0.f;
                     const Vec<T, 2> hi = pack2<T>(ad0, ad1);
                     *reinterpret_cast<Vec<T, 2>*>(&sm.d_hi[r][col]) = hi;
                     if (split) {
                         *reinterpret_cast<Vec<T, 2>*>(&sm.d_lo[r][col]) = pack2<T>(ad0 - widen(hi.v[0]), ad1 - widen(hi.v[1]));
                     }
-                }
-            }
-        }
-        // 5. decay of the state (scalar and per-key gates at the chunk's last row)
-        const float gamma = a.g != 0 ? ex2_ftz(g_last) : 1.f;
-#pragma unroll
-        for (int jm = 0; jm < MPW; ++jm) {
-            const int mt = (warp * SU + jm * TPM) / NTN;
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int r = mt * 16 + gid + h2 * 8;
-                const float f = a.gk != 0 ? gamma * ex2_ftz(sm.gk[buf][r]) : gamma;
-#pragma unroll
-                for (int jn = 0; jn < TPM; ++jn) {
-                    s[jm * TPM + jn][2 * h2] *= f;
-                    s[jm * TPM + jn][2 * h2 + 1] *= f;
                 }
             }
         }
