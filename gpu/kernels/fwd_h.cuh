@@ -90,6 +90,14 @@ __device__ __forceinline__ void store_final(const FwdHArgs& a, i64 n, i64 hv, i6
 #define FWDH_THREADS (FWDH_WARPS * 32)
 #define FWDH_BT 64  // the largest chunk; smaller chunks use the first rows of every tile
 
+// 2^x by the multi-function unit (results below 2^-126 flushed to zero): the gate factors of
+// the tensor-core kernel, without exp2f's subnormal scaling.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned long long a;
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
@@ -143,10 +151,19 @@ template <> struct Mma<f16> {
 // Shared-memory layout of the mma kernel (element pitches padded by 8 against bank conflicts).
 // STAGES chunk buffers: the loads of chunk c + STAGES - 1 are issued while chunk c computes
 // (two for 256 keys, for the 227 KiB of shared memory).
+#ifndef FWDH_STAGES
+#define FWDH_STAGES 3
+#endif
+// Chunk buffers: two for 256 keys (shared memory); FWDH_STAGES (2 or 3, $ATTN_FWDH_STAGES) for
+// blocks of up to 128 keys and 32 columns, whose two-buffer layout fits two blocks per
+// multiprocessor (launch bounds of two blocks, 128 registers); else three.
+__host__ __device__ constexpr int fwdh_stages(int kp, int bv) { return kp >= 256 ? 2 : (bv <= 32 ? FWDH_STAGES : 3); }
+__host__ __device__ constexpr int fwdh_min_blocks(int kp, int bv) { return kp <= 128 && fwdh_stages(kp, bv) == 2 ? 2 : 1; }
+
 template <typename T, int KP, int BV> struct MmaSmem {
     static constexpr int KPITCH = KP + 8;
     static constexpr int VPITCH = BV + 8;
-    static constexpr int STAGES = KP >= 256 ? 2 : 3;
+    static constexpr int STAGES = fwdh_stages(KP, BV);
     static constexpr unsigned KROW = KPITCH * sizeof(T);  // bytes per row of k / w
     static constexpr unsigned VROW = VPITCH * sizeof(T);  // bytes per row of u / s / d
     T k[STAGES][FWDH_BT][KPITCH];
@@ -323,6 +340,12 @@ __device__ __forceinline__ Vec<T, 2> pack2(float x0, float x1) {
 // of the KP x BV block, row-major over (16-row key tile, 8-column tile): MPW key tiles of TPM
 // column tiles each, and the chunk tiles (16 x 8) of D numbered w, w + 8, ... Fragment
 // addresses are per-thread bases fixed for the whole sequence plus compile-time offsets.
+//
+// Fast path (`fast`: chunk 64, K = KP, V a multiple of 8, a full block of BV columns, fp32 or
+// absent gates): the copies of every full chunk go through per-thread source pointers and
+// shared addresses fixed for the sequence (one add per chunk), h through fixed 16-byte pieces,
+// and the full chunks run a step with every row-validity test removed at compile time; the
+// last, partial chunk and every other call take the general step.
 template <typename T, int KP, int BV, bool PRESCAN>
 __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     using Sm = MmaSmem<T, KP, BV>;
@@ -334,8 +357,9 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     constexpr int MPW = SU / TPM;                     // key tiles per warp
     constexpr int DUMAX = (FWDH_BT / 16) * NTN / FWDH_WARPS > 0 ? (FWDH_BT / 16) * NTN / FWDH_WARPS : 1;
     constexpr int ST = Sm::STAGES;
-    constexpr unsigned KROW = Sm::KROW, VROW = Sm::VROW, KSTAGE = FWDH_BT * KROW;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr unsigned KROW = Sm::KROW, VROW = Sm::VROW, KSTAGE = FWDH_BT * KROW, USTAGE = FWDH_BT * VROW;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, t4 = lane & 3;
 
     const i64 n = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
@@ -349,6 +373,9 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     const int nb = (int)(cb.c_end - cb.c0);
     const bool pair_ok = (a.V % 2) == 0;
     const i64 vs = a.HV * a.V;  // v_new row stride
+    const bool fast = bt == FWDH_BT && a.K == KP && (a.V % 8) == 0 && nb == BV && (a.g == 0 || a.g_dtype == 1) &&
+                      (a.gk == 0 || a.gk_dtype == 1);
+    const bool has_u = !(PRESCAN && cb.m_cols);
 
     // per-thread fragment address bases (bytes in shared memory)
     const unsigned w_s = smem_u32(&sm.w[0][0][0]), k_s = smem_u32(&sm.k[0][0][0]);
@@ -357,6 +384,59 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     const unsigned a1_lane = (lane & 15) * KROW + (lane >> 4) * 16;                        // W rows
     const unsigned a2_lane = ((lane & 7) + (lane >> 4) * 8) * KROW + ((lane >> 3) & 1) * 16;  // K^T
     const unsigned b_lane = (lane & 15) * VROW;                                            // S, D rows
+
+    // fast-path copy pieces: k / w 16-byte piece (kr0 + p * KRS, kc8), u piece (vr0 + p * VRS,
+    // vc8), fixed for the sequence; the sources of the next chunk to load (kn, wn, un, gn, gkn)
+    // advance by one chunk per load, whichever path issued it
+    constexpr int KSEG = KP / 8, KRS = FWDH_THREADS / KSEG, KPASS = FWDH_BT / KRS;
+    constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG, VPASS = (FWDH_BT + VRS - 1) / VRS;
+    constexpr int HPASS = (KP + VRS - 1) / VRS;
+    const int kr0 = tid / KSEG, kc8 = (tid % KSEG) * 8;
+    const int vr0 = tid / VSEG, vc8 = (tid % VSEG) * 8;
+    const i64 ks = a.H * a.K, ws = a.HV * a.K, us = a.HV * a.V;
+    const T* kn = reinterpret_cast<const T*>(a.k) + (row0 + kr0) * ks + kh * a.K + kc8;
+    const T* wn = reinterpret_cast<const T*>(a.w) + (row0 + kr0) * ws + hv * a.K + kc8;
+    const T* un = reinterpret_cast<const T*>(a.u) + (row0 + vr0) * us + hv * a.V + cb.c0 + vc8;
+    const float* gn = reinterpret_cast<const float*>(a.g) + (row0 + tid) * a.HV + hv;
+    const float* gkn = reinterpret_cast<const float*>(a.gk) + ((row0 + FWDH_BT - 1) * a.HV + hv) * a.K + tid * 4;
+    const i64 kpass = KRS * ks, wpass = KRS * ws, upass = VRS * us;  // elements between passes
+    const unsigned kd = k_s + kr0 * KROW + kc8 * sizeof(T), wd = w_s + kr0 * KROW + kc8 * sizeof(T);
+    const unsigned ud = smem_u32(&sm.u[0][0][0]) + vr0 * VROW + vc8 * sizeof(T);
+    const unsigned gd = smem_u32(&sm.g[0][0]) + tid * 4, gkd = smem_u32(&sm.gk[0][0]) + tid * 16;
+    const bool g_piece = a.g != 0 && tid < FWDH_BT, gk_piece = a.gk != 0 && tid < KP / 4;
+    // the loads of the next chunk (a full one) into buffer b
+    auto load_fast = [&](int b) {
+#pragma unroll
+        for (int p = 0; p < KPASS; ++p) {
+            cp_async16(kd + b * KSTAGE + p * KRS * KROW, kn + p * kpass, 16);
+            cp_async16(wd + b * KSTAGE + p * KRS * KROW, wn + p * wpass, 16);
+        }
+        if (has_u) {
+#pragma unroll
+            for (int p = 0; p < VPASS; ++p) {
+                if (vr0 + p * VRS < FWDH_BT) cp_async16(ud + b * USTAGE + p * VRS * VROW, un + p * upass, 16);
+            }
+        }
+        if (g_piece) cp_async4(gd + b * (FWDH_BT * 4), gn, 4);
+        if (gk_piece) cp_async16(gkd + b * (KP * 4), gkn, 16);
+        cp_async_commit();
+    };
+    auto chunk_rows = [&](i64 c) { return (int)max((i64)0, min((i64)bt, len - c * bt)); };
+    // the loads of chunk cn (the next one) into buffer b
+    auto load = [&](int b, i64 cn) {
+        if (fast && (cn + 1) * FWDH_BT <= len) {
+            load_fast(b);
+            kn += FWDH_BT * ks, wn += FWDH_BT * ws, un += FWDH_BT * us, gn += FWDH_BT * a.HV, gkn += FWDH_BT * ws;
+        } else {
+            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, b, row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
+        }
+    };
+    // h rows of chunk c from s_hi: fixed 16-byte pieces on the fast path (key-first states)
+    const bool fast_h = !PRESCAN && a.h != 0 && fast && !a.v_first;
+    T* hq = fast_h ? reinterpret_cast<T*>(a.h) + (hbase * a.HV + hv) * a.K * a.V + vr0 * a.V + cb.c0 + vc8 : nullptr;
+    const i64 hstep = a.HV * a.K * a.V;
+    // v_new rows of the current chunk (advanced by one chunk per step)
+    T* vrow = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + (row0 * a.HV + hv) * a.V + cb.c0 : nullptr;
 
     // the state tiles, from the incoming state
     float s[SU][4];
@@ -369,13 +449,19 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
             s[j][e] = (r < a.K && c < nb) ? initial_value<PRESCAN>(a, n, hv, r, cb.c0 + c) : 0.f;
         }
     }
-    auto chunk_rows = [&](i64 c) { return (int)max((i64)0, min((i64)bt, len - c * bt)); };
+    if (fast && !has_u) {  // pre-scan M columns: u is zero (the fast loads skip it)
+        for (int i = tid; i < ST * FWDH_BT * VSEG; i += FWDH_THREADS) {
+            *reinterpret_cast<Vec<T, 8>*>(&sm.u[i / (FWDH_BT * VSEG)][(i / VSEG) % FWDH_BT][(i % VSEG) * 8]) = Vec<T, 8>{};
+        }
+    }
 #pragma unroll
-    for (int p = 0; p < ST - 1; ++p) load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, p, row0 + p * bt, chunk_rows(p), kh, hv, cb);
+    for (int p = 0; p < ST - 1; ++p) load(p, p);
 
-    for (i64 c = 0; c < nchunks; ++c) {
-        const int buf = (int)(c % ST);
-        const int nc = chunk_rows(c);
+    // One chunk step (FULL: a full 64-row chunk of the fast path).
+    // (inlined at its two calls, FULL a constant at each)
+    auto step = [&](const bool FULL, i64 c, int buf) {
+        const int nc = FULL ? FWDH_BT : chunk_rows(c);
+        const int btc = FULL ? FWDH_BT : bt;
         // 1. the rounded state (hi, and lo when split) into shared memory
 #pragma unroll
         for (int j = 0; j < SU; ++j) {
@@ -393,16 +479,60 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
         }
         cp_async_wait<ST - 2>();  // chunk c's group is complete (later chunks may be in flight)
         __syncthreads();          // ... for every thread, and the rounded state is visible
-        // 2. chunk c + ST - 1's loads go out while this one computes
-        {
-            const i64 cn = c + ST - 1;
-            load_chunk_mma<T, KP, BV, PRESCAN>(a, sm, (int)(cn % ST), row0 + cn * bt, chunk_rows(cn), kh, hv, cb);
-        }
-        if (!PRESCAN && a.h != 0) store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
+        // 2. (issued after W S, whose products are then in flight) chunk c + ST - 1's loads go
+        //    out while this one computes (its buffer: c - 1's), and h is stored
+        auto loads_and_h = [&]() {
+            load(buf == 0 ? ST - 1 : buf - 1, c + ST - 1);
+            if (fast_h) {
+                T* hc = hq + c * hstep;
+#pragma unroll
+                for (int p = 0; p < HPASS; ++p) {
+                    const int r = vr0 + p * VRS;
+                    if (r < KP) *reinterpret_cast<Vec<T, 8>*>(hc + p * VRS * a.V) = *reinterpret_cast<const Vec<T, 8>*>(&sm.s_hi[r][vc8]);
+                }
+            } else if (!PRESCAN && a.h != 0) {
+                store_h<T, KP, BV>(a, sm, hbase + c, hv, cb);
+            }
+        };
 
-        // 3. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
+        const int ntiles_d = (btc / 16) * NTN;
+        // 3. off the products' path (issued before them, done while they are in flight): the
+        //    decay of the state (scalar and per-key gates at the chunk's last row), and u and
+        //    the row factors a_r of this warp's D tiles
+        const float* gs = sm.g[buf];
+        const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
+        const float gamma = a.g != 0 ? ex2_ftz(g_last) : 1.f;
+#pragma unroll
+        for (int jm = 0; jm < MPW; ++jm) {
+            const int mt = (warp * SU + jm * TPM) / NTN;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int r = mt * 16 + gid + h2 * 8;
+                const float f = a.gk != 0 ? gamma * ex2_ftz(sm.gk[buf][r]) : gamma;
+#pragma unroll
+                for (int jn = 0; jn < TPM; ++jn) {
+                    s[jm * TPM + jn][2 * h2] *= f;
+                    s[jm * TPM + jn][2 * h2 + 1] *= f;
+                }
+            }
+        }
+        Vec<T, 2> uu[DUMAX][2];
+        float fa[DUMAX][2];
+#pragma unroll
+        for (int j = 0; j < DUMAX; ++j) {
+            const int u = warp + j * FWDH_WARPS;
+            if (u < ntiles_d) {
+                const int mt = u / NTN, nt = u % NTN;
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
+                    uu[j][h2] = *reinterpret_cast<const Vec<T, 2>*>(&sm.u[buf][r][col]);
+                    fa[j][h2] = (FULL || r < nc) ? (a.g != 0 ? ex2_ftz(g_last - gs[r]) : 1.f) : 0.f;
+                }
+            }
+        }
+        // 4. D = U - W S_T over the chunk's 16 x 8 tiles (two accumulators per tile: even and
         //    odd key steps, so that the dependent chains are half as long)
-        const int ntiles_d = (bt / 16) * NTN;
         const unsigned wbuf = w_s + buf * KSTAGE + a1_lane;
         float dacc[DUMAX][2][4];
 #pragma unroll
@@ -429,10 +559,8 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                 }
             }
         }
-        // 4. v_new, and a . D rounded into shared memory
-        const float* gs = sm.g[buf];
-        const float g_last = a.g != 0 ? gs[nc - 1] : 0.f;
-        T* vrow = !PRESCAN && a.v_new != 0 ? reinterpret_cast<T*>(a.v_new) + ((row0 + c * bt) * a.HV + hv) * a.V + cb.c0 : nullptr;
+        loads_and_h();
+        // 5. v_new, and a . D rounded into shared memory
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
@@ -441,12 +569,14 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 #pragma unroll
                 for (int h2 = 0; h2 < 2; ++h2) {
                     const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
-                    const Vec<T, 2> uu = *reinterpret_cast<const Vec<T, 2>*>(&sm.u[buf][r][col]);
-                    const float d0 = widen(uu.v[0]) - (dacc[j][0][2 * h2] + dacc[j][1][2 * h2]);
-                    const float d1 = widen(uu.v[1]) - (dacc[j][0][2 * h2 + 1] + dacc[j][1][2 * h2 + 1]);
-                    if (vrow != nullptr && r < nc) store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
-                    const float f = r < nc ? (a.g != 0 ? exp2f(g_last - gs[r]) : 1.f) : 0.f;
-                    const float ad0 = r < nc ? f * d0 : 0.f, ad1 = r < nc ? f * d1 : 0.f;
+                    const bool valid = FULL || r < nc;
+                    const float d0 = widen(uu[j][h2].v[0]) - (dacc[j][0][2 * h2] + dacc[j][1][2 * h2]);
+                    const float d1 = widen(uu[j][h2].v[1]) - (dacc[j][0][2 * h2 + 1] + dacc[j][1][2 * h2 + 1]);
+                    if (vrow != nullptr && valid) {
+                        if (FULL) *reinterpret_cast<Vec<T, 2>*>(vrow + r * vs + col) = pack2<T>(d0, d1);
+                        else store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
+                    }
+                    const float ad0 = valid ? fa[j][h2] * d0 : 0.f, ad1 = valid ? fa[j][h2] * d1 : 0.f;
                     const Vec<T, 2> hi = pack2<T>(ad0, ad1);
                     *reinterpret_cast<Vec<T, 2>*>(&sm.d_hi[r][col]) = hi;
                     if (split) {
@@ -455,28 +585,12 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                 }
             }
         }
-        // 5. decay of the state (scalar and per-key gates at the chunk's last row)
-        const float gamma = a.g != 0 ? exp2f(g_last) : 1.f;
-#pragma unroll
-        for (int jm = 0; jm < MPW; ++jm) {
-            const int mt = (warp * SU + jm * TPM) / NTN;
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int r = mt * 16 + gid + h2 * 8;
-                const float f = a.gk != 0 ? gamma * exp2f(sm.gk[buf][r]) : gamma;
-#pragma unroll
-                for (int jn = 0; jn < TPM; ++jn) {
-                    s[jm * TPM + jn][2 * h2] *= f;
-                    s[jm * TPM + jn][2 * h2 + 1] *= f;
-                }
-            }
-        }
         __syncthreads();  // a . D is visible
         // 6. S += K^T (a . D): per key step, one key fragment for TPM independent tiles
         const unsigned kbuf = k_s + buf * KSTAGE + a2_lane;
 #pragma unroll
         for (int ks = 0; ks < FWDH_BT / 16; ++ks) {
-            if (ks * 16 < bt) {
+            if (ks * 16 < btc) {
 #pragma unroll
                 for (int jm = 0; jm < MPW; ++jm) {
                     const int mt = (warp * SU + jm * TPM) / NTN;
@@ -496,8 +610,22 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                 }
             }
         }
-        // the next iteration's first barrier orders these reads of buffer `buf`, d_hi and s_hi
-        // before they are overwritten
+        // the next step's first barrier orders these reads of buffer `buf`, d_hi and s_hi before
+        // they are overwritten
+    };
+
+    const i64 nfull = fast ? len / FWDH_BT : 0;
+    int buf = 0;
+    i64 c = 0;
+    for (; c < nfull; ++c) {
+        step(true, c, buf);
+        buf = buf + 1 == ST ? 0 : buf + 1;
+        if (vrow != nullptr) vrow += bt * vs;
+    }
+    for (; c < nchunks; ++c) {
+        step(false, c, buf);
+        buf = buf + 1 == ST ? 0 : buf + 1;
+        if (vrow != nullptr) vrow += bt * vs;
     }
     cp_async_wait_all();
     if (a.ht != 0) {
@@ -628,7 +756,7 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
 // Kernel entry points of one op (PRESCAN false: fwd_h; true: pre-scan), named
 // `<op>_mma_<dtype>_k<KP>_v<BV>` and `<op>_fma_<f32|f64>`.
 #define FWDH_MMA_KERNEL(OP, PRE, T, TAG, KP, BV) \
-    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, fwdh_min_blocks(KP, BV)) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
         fwd_h_mma<T, KP, BV, PRE>(a); \
     }
 #define FWDH_MMA_KERNELS_T(OP, PRE, T, TAG) \

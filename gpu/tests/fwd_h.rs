@@ -272,15 +272,21 @@ fn every_tensor_core_tile_variant_matches_reference() {
         (256, 16),
         (256, 32),
     ] {
-        for (k, v, dtype) in [(kp / 2 + 4, 100, Dtype::BF16), (kp, 64, Dtype::F16)] {
-            let lay = layout(1, 0, (1, 2), k, v, 32, Some(&[0, 77, 77, 300]));
+        // chunk 64 with K = kp and whole column blocks: the fast path's full chunks and its
+        // partial last chunks (77 = 64 + 13, 223 = 3 x 64 + 31)
+        for (k, v, dtype, bt) in [
+            (kp / 2 + 4, 100, Dtype::BF16, 32),
+            (kp, 64, Dtype::F16, 32),
+            (kp, 128, Dtype::BF16, 64),
+        ] {
+            let lay = layout(1, 0, (1, 2), k, v, bt, Some(&[0, 77, 77, 300]));
             let inp = realistic(&mut rng, &lay, Gates::Both, false);
             let state = random_state(&mut rng, &lay, false);
             let o = Opts {
                 dtype,
                 gate_dtype: Dtype::F32,
                 state: Some(Dtype::F32),
-                params: params(32, 3),
+                params: params(bt, 3),
             };
             check(
                 gpu,

@@ -70,8 +70,8 @@ impl KernelChoice {
         match self {
             KernelChoice::Mma { kp, bv } => {
                 let (kpitch, vpitch) = (kp + 8, bv + 8);
-                // chunk buffers (`MmaSmem::STAGES`)
-                let st = if kp >= 256 { 2 } else { 3 };
+                // chunk buffers (`fwdh_stages`)
+                let st = stages(kp, bv);
                 let tiles = st * 2 * MAX_BT * kpitch * 2 + st * MAX_BT * vpitch * 2;
                 let gates = st * MAX_BT * 4 + st * kp * 4;
                 let state = 2 * kp * vpitch * 2 + 2 * MAX_BT * vpitch * 2;
@@ -90,6 +90,18 @@ impl KernelChoice {
             KernelChoice::Mma { kp, bv } => format!("{op}_mma_{}_k{kp}_v{bv}", dtype.name_tag()),
             KernelChoice::Fma => format!("{op}_fma_{}", dtype.name_tag()),
         }
+    }
+}
+
+/// Chunk buffers of a tensor-core block (`fwdh_stages` of fwd_h.cuh): two for 256 keys,
+/// `$ATTN_FWDH_STAGES` (default 3) for up to 128 keys and 32 columns, else three.
+fn stages(kp: usize, bv: usize) -> usize {
+    if kp >= 256 {
+        2
+    } else if bv <= 32 {
+        crate::knobs::fwd_h_stages().unwrap_or(3)
+    } else {
+        3
     }
 }
 
@@ -130,13 +142,13 @@ pub struct Workload<'a> {
     pub hv: usize,
 }
 
-/// Relative cost of one chunk step of a block by its width (H100, K = 128, run 6 of NOTES.md:
-/// 1.74, 2.6 and 3.6 µs per step for 16, 32 and 64 columns).
+/// Relative cost of one chunk step of a block by its width (H100, K = 128, fwdh2 run 1 of
+/// NOTES.md: 1.28, 1.96 and 2.87 µs per step for 16, 32 and 64 columns).
 fn step_cost(bv: usize) -> f64 {
     match bv {
         16 => 1.0,
-        32 => 1.5,
-        _ => 2.07,
+        32 => 1.53,
+        _ => 2.24,
     }
 }
 
