@@ -84,12 +84,12 @@ fn reference(up: &Uploaded, cu: Option<&[i64]>, p: &FwdHParams) -> Got {
     }
 }
 
-/// Spec 5.7: half 1e-2, float32 5e-5.
+/// Spec 5.7: half 1e-2, float32 5e-5, float64 1e-10.
 fn split_threshold(dtype: Dtype) -> f64 {
-    if dtype == Dtype::F32 {
-        5e-5
-    } else {
-        1e-2
+    match dtype {
+        Dtype::F64 => 1e-10,
+        Dtype::F32 => 5e-5,
+        _ => 1e-2,
     }
 }
 
@@ -180,7 +180,7 @@ fn explicit_splits_match_reference() {
         return;
     };
     let mut rng = Rng::new(0x5eed_1401);
-    let dtypes = [Dtype::BF16, Dtype::F32, Dtype::F16];
+    let dtypes = [Dtype::BF16, Dtype::F32, Dtype::F16, Dtype::F64];
     let heads = [(1, 1), (2, 2), (1, 4), (2, 4)];
     let ks = [60, 128, 256];
     for (i, case) in explicit_cases().into_iter().enumerate() {
@@ -198,7 +198,7 @@ fn explicit_splits_match_reference() {
             let cuts: Vec<Vec<usize>> = case.cuts.iter().map(|c| c.to_vec()).collect();
             let cut_refs: Vec<&[usize]> = cuts.iter().map(Vec::as_slice).collect();
             let pieces = split_by_chunks(&lens, &cut_refs, bt);
-            let dtype = dtypes[(i + round) % 3];
+            let dtype = dtypes[(i + round) % 4];
             let hv = heads[(i + round) % 4];
             let gates = GATES[(i + 2 * round) % 4];
             let cu = cu_of(&lens);
@@ -225,7 +225,12 @@ fn explicit_splits_match_reference() {
             };
             let inp = realistic(&mut rng, &lay, gates, false);
             let h0 = (round != 2).then(|| random_state(&mut rng, &lay, p.state_v_first));
-            let up = Uploaded::new(gpu, &inp, h0.as_ref(), dtype, Dtype::F32, Dtype::F32);
+            let wide = if dtype == Dtype::F64 {
+                Dtype::F64
+            } else {
+                Dtype::F32
+            };
+            let up = Uploaded::new(gpu, &inp, h0.as_ref(), dtype, wide, wide);
             let cu_arg = lay.cu.as_deref();
             let plan =
                 FwdHSplitPlan::new(gpu, &up.tensors(), cu_arg, SplitMode::Pieces(&pieces), &p)

@@ -21,4 +21,6 @@ pub use launch::{kernel_choice, KernelChoice, Workload};
 pub use merge::{check_fwd_h_merge, fwd_h_merge, FwdHMergeDeviceOutputs, FwdHMergePlan};
 pub use policy::{split_policy, SplitDecision, SplitQuery};
 pub use prescan::{check_fwd_h_pre_scan, fwd_h_pre_scan, FwdHPreScanPlan};
-pub use split::{chunk_gated_delta_rule_fwd_h_split, FwdHSplitPlan, FwdHSplitWorkspace, SplitMode};
+pub use split::{
+    chunk_gated_delta_rule_fwd_h_split, FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage,
+};

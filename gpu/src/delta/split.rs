@@ -48,6 +48,21 @@ pub enum SplitMode<'a> {
     Pieces(&'a [i64]),
 }
 
+/// The stages of a split run, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitStage {
+    /// `fwd_h_pre_scan` of every piece but the last of each split sequence.
+    PreScan,
+    /// The chain of summaries into every piece's initial state.
+    Merge,
+    /// The recurrence on every piece, and the final-state copy.
+    Rerun,
+}
+
+impl SplitStage {
+    pub const ALL: [SplitStage; 3] = [SplitStage::PreScan, SplitStage::Merge, SplitStage::Rerun];
+}
+
 /// Mirror of `SplitMergeArgs` (fwd_h_split.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -66,8 +81,10 @@ struct SplitMergeArgs {
 // SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
 unsafe impl DeviceRepr for SplitMergeArgs {}
 
-/// State columns per merge block (`SPLIT_MERGE_BV`).
-const MERGE_BV: usize = 32;
+/// State columns per merge block (`SPLIT_MERGE_BV`) and M columns per shared tile
+/// (`SPLIT_MERGE_LT`).
+const MERGE_BV: usize = 8;
+const MERGE_LT: usize = 32;
 
 /// The device tables of a split: see fwd_h_split.cu for the piece numbering.
 #[derive(Debug)]
@@ -222,6 +239,20 @@ impl FwdHSplitPlan {
         ws: &mut FwdHSplitWorkspace,
         out: &mut FwdHDeviceOutputs,
     ) -> GpuResult<()> {
+        self.run_stages(gpu, inputs, ws, out, &SplitStage::ALL)
+    }
+
+    /// Runs only the given stages of a split plan (benchmarks time them one by one; the
+    /// outputs are complete only when every stage runs, in order). A serial plan runs its
+    /// kernel whatever `stages` asks.
+    pub fn run_stages(
+        &self,
+        gpu: &Gpu,
+        inputs: &FwdHTensors<'_>,
+        ws: &mut FwdHSplitWorkspace,
+        out: &mut FwdHDeviceOutputs,
+        stages: &[SplitStage],
+    ) -> GpuResult<()> {
         let Some(s) = &self.split else {
             return self.serial.run(gpu, inputs, out);
         };
@@ -281,15 +312,20 @@ impl FwdHSplitPlan {
             ..base
         };
         let blocks = g.v.div_ceil(bv) + g.k.div_ceil(bv);
-        queue(
-            gpu,
-            Module::FwdHPreScan,
-            s.pre_choice,
-            self.dtype,
-            s.q * g.hv,
-            blocks,
-            &pre,
-        )?;
+        let on = |st: SplitStage| stages.contains(&st);
+        on(SplitStage::PreScan)
+            .then(|| {
+                queue(
+                    gpu,
+                    Module::FwdHPreScan,
+                    s.pre_choice,
+                    self.dtype,
+                    s.q * g.hv,
+                    blocks,
+                    &pre,
+                )
+            })
+            .transpose()?;
         // 2. merge into every piece's initial state
         let sd = state_dtype(self.dtype);
         let merge = SplitMergeArgs {
@@ -309,14 +345,16 @@ impl FwdHSplitPlan {
         } else {
             ("fwd_h_split_merge_f32", 4)
         };
-        gpu.queue_with_smem(
-            Module::FwdHSplit,
-            kernel,
-            (grid_x(s.n * g.hv)?, g.v.div_ceil(MERGE_BV) as u32),
-            256,
-            (256 * (MERGE_BV + 1) * size) as u32,
-            &merge,
-        )?;
+        if on(SplitStage::Merge) {
+            gpu.queue_with_smem(
+                Module::FwdHSplit,
+                kernel,
+                (grid_x(s.n * g.hv)?, g.v.div_ceil(MERGE_BV) as u32),
+                256,
+                (256 * (MERGE_BV + MERGE_LT) * size) as u32,
+                &merge,
+            )?;
+        }
         // 3. every piece from its initial state
         let bv = s.run_choice.bv();
         let run = FwdHArgs {
@@ -331,17 +369,23 @@ impl FwdHSplitPlan {
             nb_b: g.v.div_ceil(bv) as i64,
             ..base
         };
-        queue(
-            gpu,
-            Module::ChunkGatedDeltaRuleFwdH,
-            s.run_choice,
-            self.dtype,
-            s.s * g.hv,
-            g.v.div_ceil(bv),
-            &run,
-        )?;
+        on(SplitStage::Rerun)
+            .then(|| {
+                queue(
+                    gpu,
+                    Module::ChunkGatedDeltaRuleFwdH,
+                    s.run_choice,
+                    self.dtype,
+                    s.s * g.hv,
+                    g.v.div_ceil(bv),
+                    &run,
+                )
+            })
+            .transpose()?;
         // 4. the last pieces' exit states (rows 0 .. N) are the final states
-        if let (Some(ht), Some(fs)) = (&ws.ht, out.final_state.as_mut()) {
+        if let (true, Some(ht), Some(fs)) =
+            (on(SplitStage::Rerun), &ws.ht, out.final_state.as_mut())
+        {
             let bytes = fs.num_bytes();
             if bytes > 0 {
                 let src = ht.buffer().slice(0..bytes);
