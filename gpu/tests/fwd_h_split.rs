@@ -250,8 +250,8 @@ fn explicit_splits_match_reference() {
 }
 
 #[test]
-fn long_cases_match_reference_and_the_serial_kernel() {
-    let Some(gpu) = gpu_or_skip("long_cases_match_reference_and_the_serial_kernel") else {
+fn long_sequences_match_reference_and_the_serial_kernel() {
+    let Some(gpu) = gpu_or_skip("long_sequences_match_reference_and_the_serial_kernel") else {
         return;
     };
     let mut rng = Rng::new(0x5eed_1402);
@@ -303,8 +303,8 @@ fn long_cases_match_reference_and_the_serial_kernel() {
 }
 
 #[test]
-fn auto_policy_equals_the_serial_kernel() {
-    let Some(gpu) = gpu_or_skip("auto_policy_equals_the_serial_kernel") else {
+fn auto_policy_on_long_sequences_equals_the_serial_kernel() {
+    let Some(gpu) = gpu_or_skip("auto_policy_on_long_sequences_equals_the_serial_kernel") else {
         return;
     };
     let mut rng = Rng::new(0x5eed_1403);
@@ -357,8 +357,8 @@ fn auto_policy_equals_the_serial_kernel() {
 }
 
 #[test]
-fn hundred_split_launches_are_bit_identical() {
-    let Some(gpu) = gpu_or_skip("hundred_split_launches_are_bit_identical") else {
+fn split_hundred_launches_are_bit_identical() {
+    let Some(gpu) = gpu_or_skip("split_hundred_launches_are_bit_identical") else {
         return;
     };
     let mut rng = Rng::new(0x5eed_1404);

@@ -21,9 +21,12 @@
 //! does not lose where the gain is small.
 //!
 //! Measured constants (H100 80GB HBM3, 132 SMs, bf16, K = V = 128; NOTES.md "Issue 11" run 6
-//! and "Issue 14"): the chunk step of a block of 16 / 32 / 64 columns takes 1.74 / 2.6 / 3.6 µs;
-//! a pre-scan block of `M` columns (hi + lo operands) 1.3 times that of a `b` block (fits the
-//! 1.04 ms pre-scan of 32 pieces of 64 chunks at H = 4). Not measured: other `K` (the step is
+//! and "Issue 14" runs 2-3): the chunk step of a block of 16 / 32 / 64 columns takes
+//! 1.74 / 2.6 / 3.6 µs; a pre-scan block of `M` columns (hi + lo operands) 1.3 times that of a
+//! `b` block (fits the 1.04 ms pre-scan of 32 pieces of 64 chunks at H = 4, and the pre-scan
+//! stage of every split row within 10%); a merge step about 5 µs; 20 µs of launches. With
+//! them the estimates of both paths fell within ±10% of the measured times, hence
+//! [`GUARD`] = 0.9. Not measured: other `K` (the step is
 //! scaled by `(1 + KP/128) / 2`), the fp32/fp64 FMA kernel (taken as the 64-column step:
 //! only the ratio of the two paths matters for the decision), other devices (the model takes
 //! the device's SM count; the per-step times are the H100's).
@@ -34,8 +37,10 @@ use attn_reference::{Dtype, Error, Result};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// Auto splits only when the split is estimated at most this fraction of the serial time.
-pub const GUARD: f64 = 0.8;
+/// Auto splits only when the split is estimated at most this fraction of the serial time (the
+/// model's error on the H100 rows of NOTES.md "Issue 14" run 2 was within ±10% once the merge
+/// was measured).
+pub const GUARD: f64 = 0.9;
 /// Most pieces per sequence (the merge chain's length).
 pub const MAX_PIECES: usize = 32;
 /// Candidate piece lengths, in chunks.
@@ -46,10 +51,11 @@ const SMEM_PER_SM: usize = 227 * 1024;
 const STEP_US: [(usize, f64); 3] = [(16, 1.74), (32, 2.6), (64, 3.6)];
 /// A pre-scan block of `M` columns (hi + lo operands) against a `b` block.
 const PRESCAN_M_FACTOR: f64 = 1.3;
-/// One merge step of a (sequence, head, 32 columns) block at `K = 128` (µs; scaled by `K²`).
-const MERGE_STEP_US: f64 = 3.0;
+/// One merge step at `K = 128` (µs; scaled by `K / 128`: the step is a chain of `K / 64`
+/// tile round trips through L2, not arithmetic).
+const MERGE_STEP_US: f64 = 5.0;
 /// Launch and queue overhead of the three extra launches and the final-state copy (µs).
-const SPLIT_OVERHEAD_US: f64 = 15.0;
+const SPLIT_OVERHEAD_US: f64 = 20.0;
 /// Above this many blocks a launch is estimated by its average load instead of simulated.
 const SIMULATED_BLOCKS: usize = 50_000;
 
@@ -217,8 +223,7 @@ fn split_us(q: &SplitQuery<'_>, nts: &[usize], counts: &[usize]) -> f64 {
     let mut rerun: Vec<usize> = pieces.iter().map(|p| p[p.len() - 1]).collect();
     rerun.extend(&summaries);
     let chain = pieces.iter().map(Vec::len).max().unwrap_or(1) - 1;
-    let kf = (q.k as f64 / 128.0).powi(2);
-    let merge = chain as f64 * MERGE_STEP_US * kf.max(0.1);
+    let merge = chain as f64 * MERGE_STEP_US * (q.k as f64 / 128.0).max(0.5);
     recurrence_us(q, &summaries, true) + merge + recurrence_us(q, &rerun, false) + SPLIT_OVERHEAD_US
 }
 
