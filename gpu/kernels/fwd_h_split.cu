@@ -25,9 +25,9 @@
 #define SPLIT_MERGE_BV 8
 #define SPLIT_MERGE_THREADS 256
 #define SPLIT_MERGE_RG (SPLIT_MERGE_THREADS / SPLIT_MERGE_BV)  // row groups (32)
-#define SPLIT_MERGE_LT 64                                        // M columns per tile
+#define SPLIT_MERGE_LT 32                                        // M columns per tile
 #define SPLIT_MERGE_RPT (256 / SPLIT_MERGE_RG)                   // rows per thread at K = 256 (8)
-#define SPLIT_MERGE_PF (256 * SPLIT_MERGE_LT / SPLIT_MERGE_THREADS)  // tile elements per thread (64)
+#define SPLIT_MERGE_PF (256 * SPLIT_MERGE_LT / SPLIT_MERGE_THREADS)  // tile elements per thread (32)
 
 struct SplitMergeArgs {
     u64 hm;        // const Acc* [Q, HV, K, V + K]
@@ -81,27 +81,17 @@ __device__ __forceinline__ void fwd_h_split_merge(const SplitMergeArgs& a) {
     }
     const int nt = (K + SPLIT_MERGE_LT - 1) / SPLIT_MERGE_LT;
     const i64 total = (m - 1) * nt;
-    // the prefetch of tile t (step t / nt, columns l0 = (t % nt) * LT) into registers, with the
-    // step's b rows when t starts a step
+    // the prefetch of tile t (step t / nt, columns l0 = (t % nt) * LT) into registers
     Acc pf[SPLIT_MERGE_PF];
-    Acc pb[SPLIT_MERGE_RPT];
     auto fetch = [&](i64 t) {
         const i64 q = s0 + t / nt;
         const int l0 = (int)(t % nt) * SPLIT_MERGE_LT;
-        const Acc* bq = hm + (q * a.HV + hv) * a.K * pitch;
-        const Acc* mq = bq + a.V + l0;
+        const Acc* mq = hm + (q * a.HV + hv) * a.K * pitch + a.V + l0;
 #pragma unroll
         for (int e = 0; e < SPLIT_MERGE_PF; ++e) {
             const int idx = tid + e * SPLIT_MERGE_THREADS;
             const int r = idx / SPLIT_MERGE_LT, l = idx % SPLIT_MERGE_LT;
             pf[e] = (r < K && l0 + l < K) ? mq[r * pitch + l] : Acc(0);
-        }
-        if (l0 == 0) {
-#pragma unroll
-            for (int i = 0; i < SPLIT_MERGE_RPT; ++i) {
-                const int r = rg + i * SPLIT_MERGE_RG;
-                pb[i] = (r < K && col_ok) ? bq[r * pitch + c] : Acc(0);
-            }
         }
     };
     if (total > 0) fetch(0);
@@ -110,8 +100,12 @@ __device__ __forceinline__ void fwd_h_split_merge(const SplitMergeArgs& a) {
         const i64 step = t / nt;
         const int tl = (int)(t % nt);
         if (tl == 0) {
+            const Acc* bq = hm + ((s0 + step) * a.HV + hv) * a.K * pitch;
 #pragma unroll
-            for (int i = 0; i < SPLIT_MERGE_RPT; ++i) acc[i] = pb[i];
+            for (int i = 0; i < SPLIT_MERGE_RPT; ++i) {
+                const int r = rg + i * SPLIT_MERGE_RG;
+                acc[i] = (r < K && col_ok) ? bq[r * pitch + c] : Acc(0);
+            }
         }
         __syncthreads();  // the previous tile (and X's last update) is no longer being read / is visible
 #pragma unroll

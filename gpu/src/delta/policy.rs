@@ -21,10 +21,10 @@
 //! does not lose where the gain is small.
 //!
 //! Measured constants (H100 80GB HBM3, 132 SMs, bf16, K = V = 128; NOTES.md "Issue 11" run 6
-//! and "Issue 14" runs 2-3): the chunk step of a block of 16 / 32 / 64 columns takes
+//! and "Issue 14" run 2): the chunk step of a block of 16 / 32 / 64 columns takes
 //! 1.74 / 2.6 / 3.6 µs; a pre-scan block of `M` columns (hi + lo operands) 1.3 times that of a
 //! `b` block (fits the 1.04 ms pre-scan of 32 pieces of 64 chunks at H = 4, and the pre-scan
-//! stage of every split row within 10%); a merge step about 5 µs; 20 µs of launches. With
+//! stage of every split row within 10%); a merge step 9 µs; 20 µs of launches. With
 //! them the estimates of both paths fell within ±10% of the measured times, hence
 //! [`GUARD`] = 0.9. Not measured: other `K` (the step is
 //! scaled by `(1 + KP/128) / 2`), the fp32/fp64 FMA kernel (taken as the 64-column step:
@@ -51,9 +51,9 @@ const SMEM_PER_SM: usize = 227 * 1024;
 const STEP_US: [(usize, f64); 3] = [(16, 1.74), (32, 2.6), (64, 3.6)];
 /// A pre-scan block of `M` columns (hi + lo operands) against a `b` block.
 const PRESCAN_M_FACTOR: f64 = 1.3;
-/// One merge step at `K = 128` (µs; scaled by `K / 128`: the step is a chain of `K / 64`
+/// One merge step at `K = 128` (µs; scaled by `K / 128`: the step is a chain of `K / 32`
 /// tile round trips through L2, not arithmetic).
-const MERGE_STEP_US: f64 = 5.0;
+const MERGE_STEP_US: f64 = 9.0;
 /// Launch and queue overhead of the three extra launches and the final-state copy (µs).
 const SPLIT_OVERHEAD_US: f64 = 20.0;
 /// Above this many blocks a launch is estimated by its average load instead of simulated.

@@ -84,7 +84,7 @@ unsafe impl DeviceRepr for SplitMergeArgs {}
 /// State columns per merge block (`SPLIT_MERGE_BV`) and M columns per shared tile
 /// (`SPLIT_MERGE_LT`).
 const MERGE_BV: usize = 8;
-const MERGE_LT: usize = 64;
+const MERGE_LT: usize = 32;
 
 /// The device tables of a split: see fwd_h_split.cu for the piece numbering.
 #[derive(Debug)]
