@@ -10,7 +10,9 @@ Bytes count each input element read once and each output element written once. T
 ceiling is a 1 GiB `Tensor.copy_` (2 GiB moved) timed the same way.
 
 The delta-rule rows (FWD_H) time FLA 0.6.0's serial `chunk_gated_delta_rule_fwd_h` and its
-`intracard_pre_scan` on random bf16 inputs of the spec's anchor shapes.
+`intracard_pre_scan` on random bf16 inputs of the spec's anchor shapes; the split rows
+(FWD_H_SPLIT) time FLA's serial path and its intra-card split (`FLA_INTRACARD_CP=1` under
+`torch.inference_mode()`) next to our serial, auto and forced-split times.
 
 Usage: bench_anchors.py [--json OUT.json] [--ours bench_gpu.json] [--filter SUBSTR[,SUBSTR]]
 With --ours, prints: case, ours (ms), anchor (ms), speedup (anchor / ours), the shares of each
@@ -59,6 +61,80 @@ FWD_H = {
     "fwd_h_pre_scan_h4_131072_32pieces": (4, [131072], "fla_prescan", None, None),
 }
 DK = DV = 128
+
+# The intra-card split rows (`fwd_h_split_h{H}_{shape}` of bench_gpu's split.rs): FLA 0.6.0 serial
+# and FLA's own split (`FLA_INTRACARD_CP=1` under `torch.inference_mode()`), same inputs as FWD_H.
+K1 = 1024
+SPLIT_SHAPES = {
+    "4096": [4096], "32768": [32 * K1], "65536": [64 * K1], "131072": [128 * K1],
+    "131072+10x1024": [128 * K1] + [K1] * 10, "131072+1024": [128 * K1, K1],
+    "131072+2x1024": [128 * K1] + [K1] * 2, "131072+5x1024": [128 * K1] + [K1] * 5,
+    "65536+512+256+128": [64 * K1, 512, 256, 128], "28672+4096": [28 * K1, 4 * K1],
+    "8x4096": [4 * K1] * 8, "4x8192": [8 * K1] * 4, "2x16384": [16 * K1] * 2,
+    "24576+8192": [24 * K1, 8 * K1], "32768+256+256": [32 * K1, 256, 256],
+    "40960+1024+8192": [40 * K1, K1, 8 * K1],
+}
+FWD_H_SPLIT = {f"fwd_h_split_h{h}_{n}": (h, s) for h in (4, 8) for n, s in SPLIT_SHAPES.items()}
+FWD_H_SPLIT.update({"fwd_h_split_h16_131072": (16, [128 * K1]), "fwd_h_split_h32_32768": (32, [32 * K1]),
+                    "fwd_h_split_h32_8x8192": (32, [8 * K1] * 8)})
+# issue 14's targets: auto / FLA serial (every row: auto >= 0.98x our serial and faster than FLA split)
+SPLIT_TARGETS = {"fwd_h_split_h4_131072": 4.0, "fwd_h_split_h4_131072+10x1024": 4.0,
+                 "fwd_h_split_h4_65536": 2.5, "fwd_h_split_h8_131072": 2.0}
+
+
+def split_anchor(name):
+    """(FLA serial ms, FLA split ms) for a split row."""
+    import os
+
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    heads, seqs = FWD_H_SPLIT[name]
+    t = sum(seqs)
+    dev = "cuda"
+    k = ((torch.rand(1, t, heads, DK, device=dev) * 2 - 1) * 0.02).to(torch.bfloat16)
+    w = ((torch.rand(1, t, heads, DK, device=dev) * 2 - 1) * 0.02).to(torch.bfloat16)
+    u = (torch.rand(1, t, heads, DV, device=dev) * 2 - 1).to(torch.bfloat16)
+    gk = -0.1 * torch.rand(1, t, heads, DK, device=dev)
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(seqs)), device=dev, dtype=torch.long)
+    h0 = torch.rand(len(seqs), heads, DK, DV, device=dev) * 2 - 1
+
+    def fn():
+        return chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=None, gk=gk, initial_state=h0,
+                                            output_final_state=True, chunk_size=64,
+                                            save_new_value=True, cu_seqlens=cu)
+    out = []
+    for cp in ("0", "1"):
+        os.environ["FLA_INTRACARD_CP"] = cp
+        try:
+            with torch.inference_mode():
+                fn()
+                out.append(bench(fn))
+        finally:
+            os.environ.pop("FLA_INTRACARD_CP", None)
+    return out
+
+
+def split_table(ours, rows, filt):
+    """Ours (serial, auto, forced split) against FLA (serial, split) for the split rows."""
+    mine = [c for c in ours["cases"] if c["name"].startswith("fwd_h_split_") and any(f in c["name"] for f in filt)]
+    if not mine:
+        return
+    print()
+    hdr = (f"{'case':<36} {'ours ser':>9} {'ours auto':>9} {'split?':>6} {'forced':>9} {'FLA ser':>9} {'FLA split':>9}"
+           f" {'auto/ser':>8} {'auto/FLA':>8} {'auto/FLAsp':>10}  target")
+    print(hdr)
+    print("-" * len(hdr))
+    for c in mine:
+        a = rows.get(c["name"], {})
+        fs, fc = a.get("fla_serial_ms"), a.get("fla_split_ms")
+        auto, ser = c["median_ms"], c["serial_ms"]
+        guard = auto * 0.98 <= ser
+        tgt = SPLIT_TARGETS.get(c["name"])
+        ok = guard and (fc is None or auto < fc) and (tgt is None or fs is None or fs / auto >= tgt)
+        f = lambda v: f"{v:9.4f}" if v else f"{'n/a':>9}"
+        r = lambda x, y: f"{x / y:.2f}x" if x and y else "n/a"
+        print(f"{c['name']:<36} {f(ser)} {f(auto)} {('yes' if c['auto_split'] else 'no'):>6} {f(c['split_ms'])} {f(fs)} {f(fc)}"
+              f" {r(ser, auto):>8} {r(fs, auto):>8} {r(fc, auto):>10}  "
+              f"{'>=' + str(tgt) + 'x FLA, ' if tgt else ''}>=0.98x ours, < FLA split {'ok' if ok else 'MISS'}")
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -173,6 +249,17 @@ def main():
             rows[name] = {"anchor": anchor[0], "error": repr(e)}
             print(f"  {name:<50} {anchor[0]:<16} failed: {e!r}")
         torch.cuda.empty_cache()
+    for name in FWD_H_SPLIT:
+        if not any(f in name for f in args.filter.split(",")) or args.decode_only:
+            continue
+        try:
+            fs, fc = split_anchor(name)
+            rows[name] = {"anchor": "fla_fwd_h", "fla_serial_ms": fs, "fla_split_ms": fc}
+            print(f"  {name:<50} FLA serial {fs:9.4f} ms, FLA split {fc:9.4f} ms")
+        except Exception as e:  # an anchor that cannot run is reported, not fatal
+            rows[name] = {"anchor": "fla_fwd_h", "error": repr(e)}
+            print(f"  {name:<50} failed: {e!r}")
+        torch.cuda.empty_cache()
     doc = {"device": dev, "torch": torch.__version__, "triton": triton.__version__, "ceiling_gbps": ceiling,
            "copy_ms": copy_ms, "cases": rows}
     if args.json:
@@ -198,7 +285,8 @@ def main():
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(doc, f, indent=2)
-        ours["cases"] = [c for c in ours["cases"] if not c["name"].startswith(("decode_", "nsa_"))]
+        split_rows = [c for c in ours["cases"] if c["name"].startswith("fwd_h_split_")]
+        ours["cases"] = [c for c in ours["cases"] if not c["name"].startswith(("decode_", "nsa_", "fwd_h_split_"))]
         print()
         print(f"ours on {ours['device']} (copy ceiling {ours['ceiling_gbps']:.0f} GB/s), anchors on {dev} (copy ceiling {ceiling:.0f} GB/s)")
         hdr = f"{'case':<40} {'ours ms':>9} {'anchor ms':>10} {'speedup':>8} {'ours %ceil':>10} {'anchor %ceil':>12}  target"
@@ -229,6 +317,8 @@ def main():
                 if am:
                     more += f" (FLA {c['longest_seq_step_us'] * am / c['median_ms']:.3f} us)"
             print(f"{c['name']:<40} {c['median_ms']:9.4f} {amt:>10} {sp:>8} {100 * c['share']:9.1f}% {ash:>12}  {tgt} {'ok' if ok else 'MISS'}{more}")
+        if not args.decode_only:
+            split_table({"cases": split_rows}, rows, args.filter.split(","))
 
 
 if __name__ == "__main__":

@@ -273,6 +273,20 @@ impl Gpu {
         smem: u32,
         params: &P,
     ) -> GpuResult<()> {
+        self.start_3d(module, kernel, grid, block, smem, params)?;
+        self.wait_if_checked(kernel)
+    }
+
+    /// Queues one launch (shared memory opt-in, launch errors checked), without waiting.
+    fn start_3d<P: DeviceRepr>(
+        &self,
+        module: Module,
+        kernel: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        params: &P,
+    ) -> GpuResult<()> {
         let f = self.function(module, kernel)?;
         if smem > 48 * 1024 {
             // beyond the default 48 KiB a kernel must opt in (up to the device's limit)
@@ -294,10 +308,29 @@ impl Gpu {
         // SAFETY: `P` is the `#[repr(C)]` mirror of the kernel's parameter struct, and every
         // pointer in it was sized and validated by the calling op.
         unsafe { b.launch(cfg) }.map_err(GpuError::driver(format!("launch of `{kernel}`")))?;
+        Ok(())
+    }
+
+    /// [`Gpu::launch_with_smem`] without waiting for the kernel, checked or not: for ops that
+    /// queue several kernels back to back and call [`Gpu::wait_if_checked`] once at the end.
+    pub(crate) fn queue_with_smem<P: DeviceRepr>(
+        &self,
+        module: Module,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        params: &P,
+    ) -> GpuResult<()> {
+        self.start_3d(module, kernel, (grid.0, grid.1, 1), block, smem, params)
+    }
+
+    /// When checked, waits for the queued work and reports a failure against `what`.
+    pub(crate) fn wait_if_checked(&self, what: &str) -> GpuResult<()> {
         if self.checked.load(std::sync::atomic::Ordering::Relaxed) {
             self.stream
                 .synchronize()
-                .map_err(GpuError::driver(format!("execution of `{kernel}`")))?;
+                .map_err(GpuError::driver(format!("execution of `{what}`")))?;
         }
         Ok(())
     }

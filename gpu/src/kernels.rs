@@ -26,6 +26,7 @@ pub enum Module {
     ChunkGatedDeltaRuleFwdH,
     FwdHPreScan,
     FwdHMerge,
+    FwdHSplit,
 }
 
 impl Module {
@@ -44,6 +45,7 @@ impl Module {
             Module::ChunkGatedDeltaRuleFwdH => "chunk_gated_delta_rule_fwd_h",
             Module::FwdHPreScan => "fwd_h_pre_scan",
             Module::FwdHMerge => "fwd_h_merge",
+            Module::FwdHSplit => "chunk_gated_delta_rule_fwd_h_split",
         }
     }
 
@@ -64,6 +66,7 @@ impl Module {
             }
             Module::FwdHPreScan => include_str!("../kernels/fwd_h_pre_scan.cu"),
             Module::FwdHMerge => include_str!("../kernels/fwd_h_merge.cu"),
+            Module::FwdHSplit => include_str!("../kernels/fwd_h_split.cu"),
         }
     }
 
@@ -71,7 +74,10 @@ impl Module {
     pub fn source(self) -> String {
         let mut s = String::from(COMMON);
         match self {
-            Module::ChunkGatedDeltaRuleFwdH | Module::FwdHPreScan | Module::FwdHMerge => {
+            Module::ChunkGatedDeltaRuleFwdH
+            | Module::FwdHPreScan
+            | Module::FwdHMerge
+            | Module::FwdHSplit => {
                 s.push_str(FWD_H);
                 s.push_str(self.op_source());
                 return s;
@@ -94,7 +100,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 13] = [
+    pub const ALL: [Module; 14] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -108,5 +114,6 @@ impl Module {
         Module::ChunkGatedDeltaRuleFwdH,
         Module::FwdHPreScan,
         Module::FwdHMerge,
+        Module::FwdHSplit,
     ];
 }

@@ -29,7 +29,8 @@ pub use decode::{
     DecodeFlag, DecodeOutputs, DecodeParams, DecodeWorkspace, KvCache, NewTokens,
 };
 pub use delta::{
-    chunk_gated_delta_rule_fwd_h, fwd_h_merge, fwd_h_pre_scan, FwdHDeviceOutputs, FwdHTensors,
+    chunk_gated_delta_rule_fwd_h, chunk_gated_delta_rule_fwd_h_split, fwd_h_merge, fwd_h_pre_scan,
+    FwdHDeviceOutputs, FwdHTensors, SplitMode,
 };
 pub use device::Gpu;
 pub use error::{GpuError, GpuResult};

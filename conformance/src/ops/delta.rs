@@ -1,7 +1,7 @@
 //! The delta-rule ops of spec `ops-delta-rule.md`: `chunk_gated_delta_rule_fwd_h`,
 //! `fwd_h_pre_scan`, `fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`
 //! (its recurrent definition) and `gdn_fwd` (its recurrent definition). Each op's registry entry,
-//! its float64 CPU runner (`<op>_cpu`) and, for the first three, its GPU runner (`<op>_gpu`:
+//! its float64 CPU runner (`<op>_cpu`) and, for the first four, its GPU runner (`<op>_gpu`:
 //! `attn-gpu`'s kernels on the case's inputs in their own dtypes), side by side, then the output
 //! classes and thresholds they share.
 
@@ -143,6 +143,14 @@ fn chunk_gated_delta_rule_fwd_h_gpu(inputs: &Tensors, p: &Params) -> Result<Tens
         cu.as_deref(),
         &fwd_h_params(p)?,
     )?;
+    fwd_h_downloads(gpu, o)
+}
+
+/// `h`, `v_new`, `final_state` of a GPU run, downloaded.
+fn fwd_h_downloads(
+    gpu: &attn_gpu::Gpu,
+    o: attn_gpu::FwdHDeviceOutputs,
+) -> Result<Tensors, Problem> {
     let mut out = Tensors::new();
     out.insert("h".into(), download(gpu, &o.h)?);
     for (name, t) in [("v_new", o.v_new), ("final_state", o.final_state)] {
@@ -281,7 +289,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
     params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
     outputs: &SPLIT_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_split_cpu,
-    gpu: None,
+    gpu: Some(chunk_gated_delta_rule_fwd_h_split_gpu),
 };
 
 /// Section 2's outputs through the split of spec section 5.
@@ -299,6 +307,29 @@ fn chunk_gated_delta_rule_fwd_h_split_cpu(
         &fwd_h_params(p)?,
     )?;
     Ok(fwd_h_outputs(o))
+}
+
+/// Section 2's outputs through the GPU split: the case's `subseq_cu_seqlens` when it has them,
+/// the auto policy (split or serial) otherwise.
+fn chunk_gated_delta_rule_fwd_h_split_gpu(
+    inputs: &Tensors,
+    p: &Params,
+) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let t = FwdHDevice::upload(inputs)?;
+    let cu = opt_indices(inputs, "cu_seqlens")?;
+    let subseq = opt_indices(inputs, "subseq_cu_seqlens")?;
+    let mode = subseq
+        .as_deref()
+        .map_or(attn_gpu::SplitMode::Auto, attn_gpu::SplitMode::Pieces);
+    let o = attn_gpu::chunk_gated_delta_rule_fwd_h_split(
+        gpu,
+        &t.tensors(),
+        cu.as_deref(),
+        mode,
+        &fwd_h_params(p)?,
+    )?;
+    fwd_h_downloads(gpu, o)
 }
 
 const KDA_INTRA: OpSpec = OpSpec {

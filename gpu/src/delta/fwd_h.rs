@@ -241,7 +241,7 @@ impl FwdHPlan {
 
     /// Checks `out` against the plan: every output present as the parameters ask, with the
     /// plan's shapes and dtypes.
-    fn check_outputs(&self, out: &FwdHDeviceOutputs) -> attn_reference::Result<()> {
+    pub(crate) fn check_outputs(&self, out: &FwdHDeviceOutputs) -> attn_reference::Result<()> {
         let g = &self.geo;
         let p = &self.params;
         let want = |arg: &str, t: Option<&DeviceTensor>, on: bool, shape: &[usize], d: Dtype| match (
@@ -328,7 +328,7 @@ impl FwdHPlan {
     }
 
     /// Re-validates `inputs` with the plan's own sequences (its `cu_seqlens` when varlen).
-    fn recheck(&self, inputs: &FwdHTensors<'_>) -> attn_reference::Result<Geometry> {
+    pub(crate) fn recheck(&self, inputs: &FwdHTensors<'_>) -> attn_reference::Result<Geometry> {
         let cu: Vec<i64> = std::iter::once(0)
             .chain(self.geo.seqs.iter().map(|s| s.eos as i64))
             .collect();

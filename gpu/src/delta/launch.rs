@@ -231,6 +231,20 @@ pub(crate) fn launch(
     blocks: usize,
     args: &FwdHArgs,
 ) -> GpuResult<()> {
+    queue(gpu, module, choice, dtype, tasks, blocks, args)?;
+    gpu.wait_if_checked(&choice.kernel_name(module.name(), dtype))
+}
+
+/// [`launch`] without waiting for the kernel (the split queues its stages back to back).
+pub(crate) fn queue(
+    gpu: &Gpu,
+    module: Module,
+    choice: KernelChoice,
+    dtype: Dtype,
+    tasks: usize,
+    blocks: usize,
+    args: &FwdHArgs,
+) -> GpuResult<()> {
     if tasks == 0 || blocks == 0 {
         return Ok(());
     }
@@ -238,7 +252,7 @@ pub(crate) fn launch(
         .ok()
         .filter(|&x| x <= i32::MAX as u32)
         .ok_or_else(|| Error::shape("u", "N * HV < 2^31", vec![tasks]))?;
-    gpu.launch_with_smem(
+    gpu.queue_with_smem(
         module,
         &choice.kernel_name(module.name(), dtype),
         (grid_x, blocks as u32),

@@ -1,6 +1,7 @@
-//! The gated delta-rule state recurrence on the GPU (spec `ops-delta-rule.md` sections 2-4):
-//! [`chunk_gated_delta_rule_fwd_h`](fwd_h), its affine summary [`fwd_h_pre_scan`](prescan) and
-//! the summary chain [`fwd_h_merge`](merge).
+//! The gated delta-rule state recurrence on the GPU (spec `ops-delta-rule.md` sections 2-5):
+//! [`chunk_gated_delta_rule_fwd_h`](fwd_h), its affine summary [`fwd_h_pre_scan`](prescan), the
+//! summary chain [`fwd_h_merge`](merge), and the intra-card split built from them
+//! ([`chunk_gated_delta_rule_fwd_h_split`](split), with its [`policy`]).
 //!
 //! bf16/f16 inputs run on tensor cores (`mma.sync`, fp32 accumulation, the rounding points of
 //! spec 2.5); float32 inputs run an IEEE fp32 FMA kernel (spec threshold 1e-5); float64 main
@@ -9,11 +10,17 @@
 pub mod fwd_h;
 mod launch;
 pub mod merge;
+pub mod policy;
 pub mod prescan;
+pub mod split;
 
 pub use fwd_h::{
     check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,
 };
 pub use launch::{kernel_choice, KernelChoice, Workload};
 pub use merge::{check_fwd_h_merge, fwd_h_merge, FwdHMergeDeviceOutputs, FwdHMergePlan};
+pub use policy::{split_policy, SplitDecision, SplitQuery};
 pub use prescan::{check_fwd_h_pre_scan, fwd_h_pre_scan, FwdHPreScanPlan};
+pub use split::{
+    chunk_gated_delta_rule_fwd_h_split, FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage,
+};

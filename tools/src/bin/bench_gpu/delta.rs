@@ -57,10 +57,10 @@ pub fn cases() -> Vec<DeltaCase> {
 
 const K: usize = 128;
 const V: usize = 128;
-const BT: usize = 64;
+pub const BT: usize = 64;
 
 /// One input set.
-struct Set {
+pub struct Set {
     k: DeviceTensor,
     w: DeviceTensor,
     u: DeviceTensor,
@@ -69,7 +69,7 @@ struct Set {
 }
 
 impl Set {
-    fn tensors(&self, with_state: bool) -> FwdHTensors<'_> {
+    pub fn tensors(&self, with_state: bool) -> FwdHTensors<'_> {
         FwdHTensors {
             k: &self.k,
             w: &self.w,
@@ -79,6 +79,33 @@ impl Set {
             initial_state: with_state.then_some(&self.h0),
         }
     }
+}
+
+/// Random input sets for `h` heads over sequences `seqs`: enough to exceed 3x the L2 (at least
+/// 2) where memory allows.
+pub fn sets(gpu: &Gpu, h: usize, seqs: &[usize], l2: usize, free: usize) -> GpuResult<Vec<Set>> {
+    let t: usize = seqs.iter().sum();
+    let n = seqs.len();
+    let chunks: usize = seqs.iter().map(|s| s.div_ceil(BT)).sum();
+    let tok = t * h;
+    let in_bytes = tok * (2 * K + V) * 2 + tok * K * 4;
+    let state = n * h * K * V * 4;
+    let mut sets = (3 * l2).div_ceil(in_bytes).max(2);
+    let out_bytes = chunks * h * K * V * 2 + tok * V * 2 + state;
+    while sets > 1 && sets * (in_bytes + state) + out_bytes > free * 3 / 4 {
+        sets -= 1;
+    }
+    (0..sets as u64)
+        .map(|i| {
+            Ok(Set {
+                k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -0.02, 0.02, 10 * i + 1)?,
+                w: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -0.02, 0.02, 10 * i + 2)?,
+                u: random_tensor(gpu, &[1, t, h, V], Dtype::BF16, -1.0, 1.0, 10 * i + 3)?,
+                gk: random_tensor(gpu, &[1, t, h, K], Dtype::F32, -0.1, 0.0, 10 * i + 4)?,
+                h0: random_tensor(gpu, &[n, h, K, V], Dtype::F32, -1.0, 1.0, 10 * i + 5)?,
+            })
+        })
+        .collect()
 }
 
 /// Times `case` (`iters` launches, inputs rotated over enough sets to exceed 3x the L2) and
@@ -102,22 +129,9 @@ pub fn run(
     let tok = t * h;
     let in_bytes = tok * (2 * K + V) * 2 + tok * K * 4;
     let state = n * h * K * V * 4;
-    let mut sets = (3 * l2).div_ceil(in_bytes).max(2);
     let out_bytes = chunks * h * K * V * 2 + tok * V * 2 + state;
-    while sets > 1 && sets * (in_bytes + state) + out_bytes > free * 3 / 4 {
-        sets -= 1;
-    }
-    let data = (0..sets as u64)
-        .map(|i| {
-            Ok(Set {
-                k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -0.02, 0.02, 10 * i + 1)?,
-                w: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -0.02, 0.02, 10 * i + 2)?,
-                u: random_tensor(gpu, &[1, t, h, V], Dtype::BF16, -1.0, 1.0, 10 * i + 3)?,
-                gk: random_tensor(gpu, &[1, t, h, K], Dtype::F32, -0.1, 0.0, 10 * i + 4)?,
-                h0: random_tensor(gpu, &[n, h, K, V], Dtype::F32, -1.0, 1.0, 10 * i + 5)?,
-            })
-        })
-        .collect::<GpuResult<Vec<_>>>()?;
+    let data = sets(gpu, h, &case.seqs, l2, free)?;
+    let sets = data.len();
     let (ms, bytes, extra, choice) = match case.pieces {
         None => {
             let p = FwdHParams {

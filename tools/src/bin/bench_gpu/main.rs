@@ -11,7 +11,9 @@
 //! decode cases (`decode_attention` plain and as CUDA-graph replays, bytes = the valid K and V)
 //! in [`decode`].
 //! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
-//! the delta-rule cases (`chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`) in [`delta`].
+//! the delta-rule cases (`chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`) in [`delta`], the
+//! intra-card split (`chunk_gated_delta_rule_fwd_h_split`: serial, auto, forced split) in
+//! [`split`].
 //!
 //! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
 //! contains any of the substrings). Prints a table; `--json`
@@ -20,6 +22,7 @@
 mod decode;
 mod delta;
 mod nsa;
+mod split;
 
 use attn_gpu::{
     chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into,
@@ -354,6 +357,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     dgpu.synchronize()?;
     for case in delta::cases().into_iter().filter(|c| wanted(c.name)) {
         rows.push(delta::run(gpu, &case, iters, l2, free, ceiling)?);
+    }
+    for case in split::cases().into_iter().filter(|c| wanted(&c.name)) {
+        rows.push(split::run(gpu, &case, iters, l2, free)?);
     }
     gpu.set_checked(true);
     gpu.synchronize()?;

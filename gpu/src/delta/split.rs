@@ -1,0 +1,516 @@
+//! `chunk_gated_delta_rule_fwd_h_split` on the GPU (spec section 5): the result of
+//! `chunk_gated_delta_rule_fwd_h`, computed by cutting long sequences at chunk boundaries into
+//! pieces, summarising every piece but the last of each split sequence (`fwd_h_pre_scan`:
+//! `S_out = M S_in + b`), chaining the summaries into the pieces' initial states (the merge:
+//! `X ← M X + b` from `initial_state[n]`), and running the recurrence on every piece from its
+//! initial state, all pieces at once. Because inner boundaries are chunk-aligned the pieces
+//! hold exactly the original chunks in the original packed order: `h` and `v_new` are written
+//! in place, and the exit state of each sequence's last piece is its `final_state`.
+//!
+//! The entry point is [`chunk_gated_delta_rule_fwd_h_split`] with a [`SplitMode`]: `Auto` (the
+//! policy of [`super::policy`] decides: serial or split, whichever it estimates faster, with a
+//! margin), `Serial`, `Split` (the policy's best split whatever its estimate) or `Pieces` (an
+//! explicit `subseq_cu_seqlens`, validated per spec 5.2). Like every op of this crate it takes
+//! `cu_seqlens` on the host: the policy and the piece tables are computed there, once per
+//! [`FwdHSplitPlan`]. A caller whose boundaries live only on the device must copy them to the
+//! host first (one synchronisation) or call with `SplitMode::Serial`, which needs nothing the
+//! serial op does not.
+//!
+//! The three stages (pre-scan, merge, re-run) and the final-state copy are queued back to back
+//! on the stream with no host synchronisation between them (a checked [`Gpu`] waits once, at
+//! the end). A plan allocates its small tables once; a run allocates nothing: its scratch is one
+//! [`FwdHSplitWorkspace`] the caller may reuse.
+
+use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
+use super::launch::{code, kernel_choice, queue, state_dtype, FwdHArgs, KernelChoice, Workload};
+use super::policy::{split_policy, SplitDecision, SplitQuery};
+use crate::device::Gpu;
+use crate::error::{GpuError, GpuResult};
+use crate::kernels::Module;
+use crate::params::dtype_code;
+use crate::tensor::DeviceTensor;
+use attn_reference::delta::{subseq_offsets, FwdHParams, Geometry};
+use attn_reference::{Dtype, Error};
+use cudarc::driver::DeviceRepr;
+
+/// How [`FwdHSplitPlan`] chooses between the serial and the split path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitMode<'a> {
+    /// The policy's choice (the fastest path by its estimate; never a split it does not
+    /// estimate at least 20% faster).
+    Auto,
+    /// Always the serial kernel.
+    Serial,
+    /// The policy's best split even where it estimates no gain (serial when no sequence has
+    /// 32 chunks to cut).
+    Split,
+    /// This `subseq_cu_seqlens` (spec 5.1: boundaries over the flattened tokens).
+    Pieces(&'a [i64]),
+}
+
+/// The stages of a split run, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitStage {
+    /// `fwd_h_pre_scan` of every piece but the last of each split sequence.
+    PreScan,
+    /// The chain of summaries into every piece's initial state.
+    Merge,
+    /// The recurrence on every piece, and the final-state copy.
+    Rerun,
+}
+
+impl SplitStage {
+    pub const ALL: [SplitStage; 3] = [SplitStage::PreScan, SplitStage::Merge, SplitStage::Rerun];
+}
+
+/// Mirror of `SplitMergeArgs` (fwd_h_split.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct SplitMergeArgs {
+    hm: u64,
+    table: u64,
+    h0: u64,
+    init: u64,
+    n: i64,
+    value_heads: i64,
+    k_dim: i64,
+    v_dim: i64,
+    h0_dtype: i64,
+    v_first: i64,
+}
+// SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
+unsafe impl DeviceRepr for SplitMergeArgs {}
+
+/// State columns per merge block (`SPLIT_MERGE_BV`) and M columns per shared tile
+/// (`SPLIT_MERGE_LT`).
+const MERGE_BV: usize = 8;
+const MERGE_LT: usize = 32;
+
+/// The device tables of a split: see fwd_h_split.cu for the piece numbering.
+#[derive(Debug)]
+struct Split {
+    /// The `subseq_cu_seqlens` used.
+    pieces: Vec<i64>,
+    /// Sequences `N`, pieces `S`, summarised pieces `Q = S − N`.
+    n: usize,
+    s: usize,
+    q: usize,
+    pre_choice: KernelChoice,
+    /// `[Q, 3]` rows (first token row, length, unused) of the summarised pieces.
+    pre_seqs: DeviceTensor,
+    /// `[N, 2]`: pieces of sequence `n`, its first summary row.
+    merge_table: DeviceTensor,
+    run_choice: KernelChoice,
+    /// `[S, 3]` rows (first token row, length, first `h` row) of the re-run.
+    run_seqs: DeviceTensor,
+}
+
+/// The scratch of a split run: summaries, the pieces' initial states, their exit states.
+#[derive(Debug)]
+pub struct FwdHSplitWorkspace {
+    hm: Option<DeviceTensor>,
+    init: Option<DeviceTensor>,
+    ht: Option<DeviceTensor>,
+}
+
+/// A validated call with its path chosen and its tables on the device.
+#[derive(Debug)]
+pub struct FwdHSplitPlan {
+    serial: FwdHPlan,
+    params: FwdHParams,
+    dtype: Dtype,
+    decision: Option<SplitDecision>,
+    split: Option<Split>,
+}
+
+impl FwdHSplitPlan {
+    /// Validates the call (spec 5.6), chooses the path by `mode` and uploads the piece tables.
+    pub fn new(
+        gpu: &Gpu,
+        inputs: &FwdHTensors<'_>,
+        cu_seqlens: Option<&[i64]>,
+        mode: SplitMode<'_>,
+        params: &FwdHParams,
+    ) -> GpuResult<FwdHSplitPlan> {
+        let serial = FwdHPlan::new(gpu, inputs, cu_seqlens, params)?;
+        let geo = serial.geometry().clone();
+        let dtype = inputs.k.dtype();
+        let flat = flat_bounds(&geo);
+        let query = SplitQuery {
+            cu_seqlens: &flat,
+            h: geo.h,
+            hv: geo.hv,
+            k: geo.k,
+            v: geo.v,
+            chunk_size: geo.bt,
+            dtype,
+            sm_count: gpu.sm_count(),
+        };
+        let (decision, pieces) = match mode {
+            SplitMode::Serial => (None, None),
+            SplitMode::Pieces(p) => (None, Some(p.to_vec())),
+            SplitMode::Auto | SplitMode::Split => {
+                let d = split_policy(&query)?;
+                let p = if mode == SplitMode::Auto {
+                    d.auto()
+                } else {
+                    d.forced()
+                };
+                let p = p.map(<[i64]>::to_vec);
+                (Some(d), p)
+            }
+        };
+        let split = match pieces {
+            Some(p) => Split::new(gpu, &geo, cu_seqlens.is_some(), dtype, p)?,
+            None => None,
+        };
+        Ok(FwdHSplitPlan {
+            serial,
+            params: *params,
+            dtype,
+            decision,
+            split,
+        })
+    }
+
+    /// The split used (`subseq_cu_seqlens`), or `None` when the plan runs the serial kernel.
+    pub fn pieces(&self) -> Option<&[i64]> {
+        self.split.as_ref().map(|s| s.pieces.as_slice())
+    }
+
+    /// The policy's estimates (for `Auto` and `Split`).
+    pub fn decision(&self) -> Option<&SplitDecision> {
+        self.decision.as_ref()
+    }
+
+    /// The kernels of the pre-scan and of the re-run (the serial kernel twice when not split).
+    pub fn choices(&self) -> (KernelChoice, KernelChoice) {
+        match &self.split {
+            Some(s) => (s.pre_choice, s.run_choice),
+            None => (self.serial.choice(), self.serial.choice()),
+        }
+    }
+
+    /// The validated geometry.
+    pub fn geometry(&self) -> &Geometry {
+        self.serial.geometry()
+    }
+
+    /// Fresh (unwritten) outputs of the plan's shapes and dtypes (section 2's).
+    pub fn alloc_outputs(&self, gpu: &Gpu) -> GpuResult<FwdHDeviceOutputs> {
+        self.serial.alloc_outputs(gpu)
+    }
+
+    /// A workspace for [`FwdHSplitPlan::run`] (empty when the plan is serial).
+    pub fn alloc_workspace(&self, gpu: &Gpu) -> GpuResult<FwdHSplitWorkspace> {
+        let Some(s) = &self.split else {
+            return Ok(FwdHSplitWorkspace {
+                hm: None,
+                init: None,
+                ht: None,
+            });
+        };
+        let g = self.geometry();
+        let sd = state_dtype(self.dtype);
+        let state = |rows: usize| {
+            if self.params.state_v_first {
+                [rows, g.hv, g.v, g.k]
+            } else {
+                [rows, g.hv, g.k, g.v]
+            }
+        };
+        Ok(FwdHSplitWorkspace {
+            hm: Some(DeviceTensor::alloc(gpu, &[s.q, g.hv, g.k, g.v + g.k], sd)?),
+            init: Some(DeviceTensor::alloc(gpu, &state(s.s), sd)?),
+            ht: self
+                .params
+                .output_final_state
+                .then(|| DeviceTensor::alloc(gpu, &state(s.s), sd))
+                .transpose()?,
+        })
+    }
+
+    /// Runs the call on `inputs` (the shapes the plan was made for) into `out`, with `ws` from
+    /// [`FwdHSplitPlan::alloc_workspace`] of this plan.
+    pub fn run(
+        &self,
+        gpu: &Gpu,
+        inputs: &FwdHTensors<'_>,
+        ws: &mut FwdHSplitWorkspace,
+        out: &mut FwdHDeviceOutputs,
+    ) -> GpuResult<()> {
+        self.run_stages(gpu, inputs, ws, out, &SplitStage::ALL)
+    }
+
+    /// Runs only the given stages of a split plan (benchmarks time them one by one; the
+    /// outputs are complete only when every stage runs, in order). A serial plan runs its
+    /// kernel whatever `stages` asks.
+    pub fn run_stages(
+        &self,
+        gpu: &Gpu,
+        inputs: &FwdHTensors<'_>,
+        ws: &mut FwdHSplitWorkspace,
+        out: &mut FwdHDeviceOutputs,
+        stages: &[SplitStage],
+    ) -> GpuResult<()> {
+        let Some(s) = &self.split else {
+            return self.serial.run(gpu, inputs, out);
+        };
+        let geo = self.serial.recheck(inputs)?;
+        if &geo != self.geometry() || inputs.k.dtype() != self.dtype {
+            return Err(Error::shape(
+                "k",
+                "the shapes and dtype the plan was made for",
+                inputs.k.shape(),
+            )
+            .into());
+        }
+        self.serial.check_outputs(out)?;
+        let (hm, init) = match (&mut ws.hm, &mut ws.init) {
+            (Some(hm), Some(init))
+                if hm.shape()[0] == s.q
+                    && init.shape()[0] == s.s
+                    && ws.ht.is_some() == self.params.output_final_state =>
+            {
+                (hm, init)
+            }
+            _ => {
+                return Err(Error::missing(
+                    "workspace",
+                    "the workspace of this plan (alloc_workspace)",
+                    "another one",
+                )
+                .into())
+            }
+        };
+        let g = &geo;
+        let p = &self.params;
+        let base = FwdHArgs {
+            k: inputs.k.ptr(gpu),
+            w: inputs.w.ptr(gpu),
+            u: inputs.u.ptr(gpu),
+            g: inputs.g.map_or(0, |t| t.ptr(gpu)),
+            gk: inputs.gk.map_or(0, |t| t.ptr(gpu)),
+            heads: g.h as i64,
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            v_dim: g.v as i64,
+            bt: g.bt as i64,
+            g_dtype: code(inputs.g),
+            gk_dtype: code(inputs.gk),
+            h0_dtype: -1,
+            ..FwdHArgs::default()
+        };
+        // 1. pre-scan of the summarised pieces into hm
+        let bv = s.pre_choice.bv();
+        let pre = FwdHArgs {
+            seqs: s.pre_seqs.ptr(gpu),
+            ht: hm.ptr_mut(gpu),
+            cols: (g.v + g.k) as i64,
+            nb_b: g.v.div_ceil(bv) as i64,
+            split: crate::knobs::prescan_split() as i64,
+            ..base
+        };
+        let blocks = g.v.div_ceil(bv) + g.k.div_ceil(bv);
+        let on = |st: SplitStage| stages.contains(&st);
+        on(SplitStage::PreScan)
+            .then(|| {
+                queue(
+                    gpu,
+                    Module::FwdHPreScan,
+                    s.pre_choice,
+                    self.dtype,
+                    s.q * g.hv,
+                    blocks,
+                    &pre,
+                )
+            })
+            .transpose()?;
+        // 2. merge into every piece's initial state
+        let sd = state_dtype(self.dtype);
+        let merge = SplitMergeArgs {
+            hm: hm.ptr(gpu),
+            table: s.merge_table.ptr(gpu),
+            h0: inputs.initial_state.map_or(0, |t| t.ptr(gpu)),
+            init: init.ptr_mut(gpu),
+            n: s.n as i64,
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            v_dim: g.v as i64,
+            h0_dtype: code(inputs.initial_state),
+            v_first: p.state_v_first as i64,
+        };
+        let (kernel, size) = if sd == Dtype::F64 {
+            ("fwd_h_split_merge_f64", 8)
+        } else {
+            ("fwd_h_split_merge_f32", 4)
+        };
+        if on(SplitStage::Merge) {
+            gpu.queue_with_smem(
+                Module::FwdHSplit,
+                kernel,
+                (grid_x(s.n * g.hv)?, g.v.div_ceil(MERGE_BV) as u32),
+                256,
+                (256 * (MERGE_BV + MERGE_LT) * size) as u32,
+                &merge,
+            )?;
+        }
+        // 3. every piece from its initial state
+        let bv = s.run_choice.bv();
+        let run = FwdHArgs {
+            h0: init.ptr(gpu),
+            h0_dtype: dtype_code(sd),
+            seqs: s.run_seqs.ptr(gpu),
+            h: out.h.ptr_mut(gpu),
+            v_new: out.v_new.as_mut().map_or(0, |t| t.ptr_mut(gpu)),
+            ht: ws.ht.as_mut().map_or(0, |t| t.ptr_mut(gpu)),
+            cols: g.v as i64,
+            v_first: p.state_v_first as i64,
+            nb_b: g.v.div_ceil(bv) as i64,
+            ..base
+        };
+        on(SplitStage::Rerun)
+            .then(|| {
+                queue(
+                    gpu,
+                    Module::ChunkGatedDeltaRuleFwdH,
+                    s.run_choice,
+                    self.dtype,
+                    s.s * g.hv,
+                    g.v.div_ceil(bv),
+                    &run,
+                )
+            })
+            .transpose()?;
+        // 4. the last pieces' exit states (rows 0 .. N) are the final states
+        if let (true, Some(ht), Some(fs)) =
+            (on(SplitStage::Rerun), &ws.ht, out.final_state.as_mut())
+        {
+            let bytes = fs.num_bytes();
+            if bytes > 0 {
+                let src = ht.buffer().slice(0..bytes);
+                let mut dst = fs.buffer_mut().slice_mut(0..bytes);
+                gpu.stream()
+                    .memcpy_dtod(&src, &mut dst)
+                    .map_err(GpuError::driver("final-state copy"))?;
+            }
+        }
+        gpu.wait_if_checked("chunk_gated_delta_rule_fwd_h_split")
+    }
+}
+
+impl Split {
+    /// Validates `pieces` against the sequences (spec 5.2) and builds the tables; `None` when
+    /// no sequence is cut (the serial kernel is then the same computation).
+    fn new(
+        gpu: &Gpu,
+        geo: &Geometry,
+        varlen: bool,
+        dtype: Dtype,
+        pieces: Vec<i64>,
+    ) -> GpuResult<Option<Split>> {
+        let bounds: Vec<(usize, usize)> = geo
+            .seqs
+            .iter()
+            .map(|s| (s.batch * geo.t + s.bos, s.batch * geo.t + s.eos))
+            .collect();
+        let offs = subseq_offsets(&pieces, &bounds, geo.bt)?;
+        let n = geo.n();
+        let s_count = pieces.len() - 1;
+        if s_count == n {
+            return Ok(None);
+        }
+        let nt = geo.nt(varlen);
+        let starts = geo.chunk_starts(varlen);
+        // (first token row, length, first h row) of piece j of sequence `seq`
+        let row = |seq: usize, j: usize| {
+            let sq = &geo.seqs[seq];
+            let (a, e) = (pieces[j] as usize, pieces[j + 1] as usize);
+            let hbase = sq.batch * nt + starts[sq.n] + (a - bounds[seq].0) / geo.bt;
+            [a as i64, (e - a) as i64, hbase as i64]
+        };
+        let mut last = Vec::with_capacity(n * 3);
+        let mut others = Vec::new();
+        let mut table = Vec::with_capacity(n * 2);
+        let (mut pre_chunks, mut run_chunks) = (Vec::new(), Vec::new());
+        for seq in 0..n {
+            let (j0, j1) = (offs[seq] as usize, offs[seq + 1] as usize);
+            table.extend([(j1 - j0) as i64, (others.len() / 3) as i64]);
+            for j in j0..j1 - 1 {
+                let r = row(seq, j);
+                pre_chunks.push((r[1] as usize).div_ceil(geo.bt));
+                others.extend(r);
+            }
+            let r = row(seq, j1 - 1);
+            run_chunks.push((r[1] as usize).div_ceil(geo.bt));
+            last.extend(r);
+        }
+        run_chunks.extend(&pre_chunks);
+        let q = others.len() / 3;
+        let pre_choice = kernel_choice(
+            &Workload {
+                dtype,
+                k: geo.k,
+                col_groups: &[geo.v, geo.k],
+                seq_chunks: &pre_chunks,
+                hv: geo.hv,
+            },
+            gpu.sm_count(),
+        );
+        let run_choice = kernel_choice(
+            &Workload {
+                dtype,
+                k: geo.k,
+                col_groups: &[geo.v],
+                seq_chunks: &run_chunks,
+                hv: geo.hv,
+            },
+            gpu.sm_count(),
+        );
+        let pre_seqs = DeviceTensor::from_slice(gpu, &others)?;
+        last.extend(others);
+        Ok(Some(Split {
+            pieces,
+            n,
+            s: n + q,
+            q,
+            pre_choice,
+            pre_seqs,
+            merge_table: DeviceTensor::from_slice(gpu, &table)?,
+            run_choice,
+            run_seqs: DeviceTensor::from_slice(gpu, &last)?,
+        }))
+    }
+}
+
+/// The sequence boundaries over the flattened `B · T` tokens (`cu_seqlens`, or `[0, T, 2T, …]`).
+fn flat_bounds(geo: &Geometry) -> Vec<i64> {
+    std::iter::once(0)
+        .chain(geo.seqs.iter().map(|s| (s.batch * geo.t + s.eos) as i64))
+        .collect()
+}
+
+/// A grid extent, refused beyond `2^31 − 1` blocks.
+fn grid_x(tasks: usize) -> GpuResult<u32> {
+    u32::try_from(tasks)
+        .ok()
+        .filter(|&x| x <= i32::MAX as u32)
+        .ok_or_else(|| Error::shape("u", "N * HV < 2^31", vec![tasks]).into())
+}
+
+/// `chunk_gated_delta_rule_fwd_h` computed the fastest way `mode` allows, into new outputs
+/// (spec 2.3 / 5.1): the user-facing entry point. `mode = SplitMode::Pieces(subseq_cu_seqlens)`
+/// is the spec's explicit split, `SplitMode::Auto` its "implementation chooses".
+pub fn chunk_gated_delta_rule_fwd_h_split(
+    gpu: &Gpu,
+    inputs: &FwdHTensors<'_>,
+    cu_seqlens: Option<&[i64]>,
+    mode: SplitMode<'_>,
+    params: &FwdHParams,
+) -> GpuResult<FwdHDeviceOutputs> {
+    let plan = FwdHSplitPlan::new(gpu, inputs, cu_seqlens, mode, params)?;
+    let mut ws = plan.alloc_workspace(gpu)?;
+    let mut out = plan.alloc_outputs(gpu)?;
+    plan.run(gpu, inputs, &mut ws, &mut out)?;
+    Ok(out)
+}
