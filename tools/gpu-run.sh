@@ -15,7 +15,8 @@
 # determinism delta-rule tests and the NSA 2^31-element and 100-launch tests; long_lane), ATTN_TEST_THREADS / ATTN_TEST_TIMEOUT /
 # ATTN_SANITIZE_TIMEOUT (2 threads, 420 s, 400 s), ATTN_BENCH_FILTER (bench_gpu --filter and the
 # anchors' --filter; all), ATTN_ANCHORS_DECODE_ONLY=1 (only the decode anchors).
-# `ptx` (not in `all`): ptxas -v register and spill report of the decode kernels.
+# `ptx` (not in `all`): ptxas -v register and spill report of the modules in $ATTN_PTX_MODULES
+# (default: the decode kernels).
 set -u -o pipefail
 S=${1:?usage: run.sh STAGE_DIR [parts]}
 shift
@@ -84,7 +85,7 @@ fi
 if [[ " $PARTS " == *" ptx "* ]]; then
   mkdir -p /tmp/ptx
   ATTN_PTX_DIR=/tmp/ptx "$S/bin/test_compile" >/dev/null 2>&1
-  for m in decode_attention kv_cache_update; do
+  for m in ${ATTN_PTX_MODULES:-decode_attention kv_cache_update}; do
     /usr/local/cuda/bin/ptxas -arch=sm_90 -v /tmp/ptx/$m.ptx -o /tmp/ptx/$m.cubin 2>&1 |
       grep -E "Compiling entry|registers|spill" | paste - - - | sed -E 's/ptxas info *: //g' >"$OUT/ptx_$m.txt"
     say "ptxas $m: $(grep -c . "$OUT/ptx_$m.txt") kernels, $(grep -vc ' 0 bytes spill stores' "$OUT/ptx_$m.txt") with spills"

@@ -7,6 +7,7 @@ const STRIDED: &str = include_str!("../kernels/strided.cuh");
 const ROWS: &str = include_str!("../kernels/rows.cuh");
 const TILE: &str = include_str!("../kernels/tile.cuh");
 const NSA: &str = include_str!("../kernels/nsa.cuh");
+const NSA_ATTEND: &str = include_str!("../kernels/nsa_attend.cuh");
 const DECODE: &str = include_str!("../kernels/decode.cuh");
 const FWD_H: &str = include_str!("../kernels/fwd_h.cuh");
 
@@ -21,6 +22,9 @@ pub enum Module {
     NsaCompressKv,
     NsaGateCombine,
     NsaSelectBlocks,
+    NsaCompressionAttention,
+    NsaSelectionAttention,
+    NsaFwd,
     KvCacheUpdate,
     DecodeAttention,
     ChunkGatedDeltaRuleFwdH,
@@ -39,6 +43,9 @@ impl Module {
             Module::NsaCompressKv => "nsa_compress_kv",
             Module::NsaGateCombine => "nsa_gate_combine",
             Module::NsaSelectBlocks => "nsa_select_blocks",
+            Module::NsaCompressionAttention => "nsa_compression_attention",
+            Module::NsaSelectionAttention => "nsa_selection_attention",
+            Module::NsaFwd => "nsa_fwd",
             Module::KvCacheUpdate => "kv_cache_update",
             Module::DecodeAttention => "decode_attention",
             Module::ChunkGatedDeltaRuleFwdH => "chunk_gated_delta_rule_fwd_h",
@@ -57,6 +64,11 @@ impl Module {
             Module::NsaCompressKv => include_str!("../kernels/nsa_compress_kv.cu"),
             Module::NsaGateCombine => include_str!("../kernels/nsa_gate_combine.cu"),
             Module::NsaSelectBlocks => include_str!("../kernels/nsa_select_blocks.cu"),
+            Module::NsaCompressionAttention => {
+                include_str!("../kernels/nsa_compression_attention.cu")
+            }
+            Module::NsaSelectionAttention => include_str!("../kernels/nsa_selection_attention.cu"),
+            Module::NsaFwd => include_str!("../kernels/nsa_fwd.cu"),
             Module::KvCacheUpdate => include_str!("../kernels/kv_cache_update.cu"),
             Module::DecodeAttention => include_str!("../kernels/decode_attention.cu"),
             Module::ChunkGatedDeltaRuleFwdH => {
@@ -73,6 +85,11 @@ impl Module {
         match self {
             Module::ChunkGatedDeltaRuleFwdH | Module::FwdHPreScan | Module::FwdHMerge => {
                 s.push_str(FWD_H);
+                s.push_str(self.op_source());
+                return s;
+            }
+            Module::NsaCompressionAttention | Module::NsaSelectionAttention | Module::NsaFwd => {
+                s.push_str(NSA_ATTEND);
                 s.push_str(self.op_source());
                 return s;
             }
@@ -94,7 +111,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 13] = [
+    pub const ALL: [Module; 16] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -103,6 +120,9 @@ impl Module {
         Module::NsaCompressKv,
         Module::NsaGateCombine,
         Module::NsaSelectBlocks,
+        Module::NsaCompressionAttention,
+        Module::NsaSelectionAttention,
+        Module::NsaFwd,
         Module::KvCacheUpdate,
         Module::DecodeAttention,
         Module::ChunkGatedDeltaRuleFwdH,
