@@ -264,166 +264,283 @@ __device__ __forceinline__ bool att_next(const AttendArgs& a, const AttRow& r, A
     return true;
 }
 
-// cp.async of a tile's K rows [16][K] and V rows [16][V] into padded shared rows (rows past the
-// range zero-filled).
-template <typename T, int K, int V>
-__device__ __forceinline__ void att_stage(const T* __restrict__ kb, const T* __restrict__ vb, i64 ks, i64 vs,
-                                          const AttCursor& u, T* kd, T* vd, int lane) {
-    constexpr int KP = K + 8, VP = V + 8, KC = K / 8, VC = V / 8;
-    const i64 n = min((i64)16, u.len - u.kb), r0 = u.start + u.kb;
+// cp.async of the 16 rows r0 .. r0 + 15 of a [rows, D] operand (row stride `stride`) into
+// padded shared rows at shared address dst, rows n .. 15 zero-filled, by NT threads (thread
+// `tid`): thread i copies the 16-byte column i % (D / 8) of rows i / (D / 8) + j * (8 NT / D).
+template <typename T, int D, int NT>
+__device__ __forceinline__ void att_stage_rows(const T* __restrict__ base, i64 stride, i64 r0, i64 n, unsigned dst,
+                                               int tid) {
+    constexpr int C = D / 8, R = NT / C, DP = D + 8, PASSES = R >= 16 ? 1 : 16 / R;
+    const int row0 = tid / C, col = (tid % C) * 8;
+    const T* src0 = base + r0 * stride + col;
+    const T* src = src0 + row0 * stride;
+    const i64 step = R * stride;
+    const unsigned d0 = dst + (unsigned)((row0 * DP + col) * sizeof(T));
 #pragma unroll
-    for (int c = lane; c < 16 * KC; c += 32) {
-        const int row = c / KC, col = c % KC;
+    for (int i = 0; i < PASSES; ++i) {
+        const int row = row0 + i * R;
+        if (row >= 16) break;
         const bool ok = row < n;
-        att_cp16(att_smem(kd + row * KP + col * 8), kb + (r0 + (ok ? row : 0)) * ks + col * 8, ok ? 16 : 0);
-    }
-#pragma unroll
-    for (int c = lane; c < 16 * VC; c += 32) {
-        const int row = c / VC, col = c % VC;
-        const bool ok = row < n;
-        att_cp16(att_smem(vd + row * VP + col * 8), vb + (r0 + (ok ? row : 0)) * vs + col * 8, ok ? 16 : 0);
+        att_cp16(d0 + (unsigned)(i * R * DP * sizeof(T)), ok ? src + i * step : src0, ok ? 16 : 0);
     }
 }
 
+// One m tile (16 query heads of a group) of one warp: the Q fragments, the output accumulator
+// (columns of V in n8 tiles), and the running max (log2 domain) and sum of rows group and
+// group + 8.
+template <int KS, int VN> struct AttState {
+    unsigned qa[KS][4];
+    float acc[2 * VN][4];
+    float mx[2], ls[2];
+};
+
+// Loads the Q fragments of heads g0 = m0 + group and g0 + 8 of token row `qrow` (rows past G
+// are zero) and clears the state.
+template <typename T, int KS, int VN>
+__device__ __forceinline__ void att_begin(AttState<KS, VN>& st, const T* __restrict__ qrow, i64 g0, i64 G, int quad) {
+    constexpr int K = 16 * KS;
+    const i64 g1 = g0 + 8;
+    const T* q0 = qrow + g0 * K + quad * 2;
+    const T* q1 = q0 + 8 * K;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+        st.qa[s][0] = g0 < G ? *reinterpret_cast<const unsigned*>(q0 + s * 16) : 0u;
+        st.qa[s][1] = g1 < G ? *reinterpret_cast<const unsigned*>(q1 + s * 16) : 0u;
+        st.qa[s][2] = g0 < G ? *reinterpret_cast<const unsigned*>(q0 + s * 16 + 8) : 0u;
+        st.qa[s][3] = g1 < G ? *reinterpret_cast<const unsigned*>(q1 + s * 16 + 8) : 0u;
+    }
+#pragma unroll
+    for (int n = 0; n < 2 * VN; ++n) st.acc[n][0] = st.acc[n][1] = st.acc[n][2] = st.acc[n][3] = 0.f;
+    st.mx[0] = st.mx[1] = att_ninf<float>();
+    st.ls[0] = st.ls[1] = 0.f;
+}
+
+// One staged tile of 16 keys: columns lo .. hi - 1 of it are this warp's keys (at least one).
+// kaddr / vaddr: this lane's ldmatrix row addresses in the tile's K and V rows.
+template <typename T, int KS, int VN>
+__device__ __forceinline__ void att_tile(AttState<KS, VN>& st, unsigned kaddr, unsigned vaddr, int lo, int hi, float sl2,
+                                         int quad) {
+    const float ninf = att_ninf<float>();
+    // S = Q K^T: two n8 tiles of keys (0..7, 8..15)
+    float sc[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+        unsigned b[4];
+        att_ldsm(b, kaddr + s * 32);
+        AttMma<T>::run(sc[0], st.qa[s], b[0], b[1]);
+        AttMma<T>::run(sc[1], st.qa[s], b[2], b[3]);
+    }
+    // online softmax of rows group (e = 0, 1) and group + 8 (e = 2, 3), log2 domain
+    float tmax[2] = {ninf, ninf};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + quad * 2 + (e & 1);
+            sc[n][e] = col >= lo && col < hi ? sc[n][e] * sl2 : ninf;
+            tmax[e >> 1] = max(tmax[e >> 1], sc[n][e]);
+        }
+    float alpha[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        tmax[x] = max(tmax[x], __shfl_xor_sync(0xffffffffu, tmax[x], 1));
+        tmax[x] = max(tmax[x], __shfl_xor_sync(0xffffffffu, tmax[x], 2));
+        const float mn = max(st.mx[x], tmax[x]);  // finite: the tile has a key
+        alpha[x] = att_ex2(st.mx[x] - mn);
+        st.mx[x] = mn;
+        st.ls[x] *= alpha[x];
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sc[n][e] = att_ex2(sc[n][e] - st.mx[e >> 1]);
+            st.ls[e >> 1] += sc[n][e];
+        }
+    // the running max rarely moves once a few tiles are in: rescale only when it did
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int n = 0; n < 2 * VN; ++n) {
+            st.acc[n][0] *= alpha[0];
+            st.acc[n][1] *= alpha[0];
+            st.acc[n][2] *= alpha[1];
+            st.acc[n][3] *= alpha[1];
+        }
+    }
+    // O += P V: P (16 heads x 16 keys) as the A fragment, V^T fragments by ldmatrix.trans
+    const unsigned pa[4] = {AttMma<T>::pack(sc[0][0], sc[0][1]), AttMma<T>::pack(sc[0][2], sc[0][3]),
+                            AttMma<T>::pack(sc[1][0], sc[1][1]), AttMma<T>::pack(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int j = 0; j < VN; ++j) {
+        unsigned b[4];
+        att_ldsm_t(b, vaddr + j * 32);
+        AttMma<T>::run(st.acc[2 * j], pa, b[0], b[1]);
+        AttMma<T>::run(st.acc[2 * j + 1], pa, b[2], b[3]);
+    }
+}
+
+// o = acc / l (rounded once) and lse = ln-domain max + ln l for heads g0 and g0 + 8 (< G) of
+// token t; no key: o = 0, lse = empty_lse.
+template <typename T, int KS, int VN>
+__device__ __forceinline__ void att_end(AttState<KS, VN>& st, const AttendArgs& a, i64 t, i64 h, i64 G, i64 g0,
+                                        int quad) {
+    constexpr int V = 16 * VN;
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        st.ls[x] += __shfl_xor_sync(0xffffffffu, st.ls[x], 1);
+        st.ls[x] += __shfl_xor_sync(0xffffffffu, st.ls[x], 2);
+    }
+    T* o = reinterpret_cast<T*>(a.o) + (t * a.hq + h * G) * V + quad * 2;
+    float* lse = reinterpret_cast<float*>(a.lse) + t * a.hq + h * G;
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const i64 g = g0 + 8 * x;
+        if (g >= G) continue;
+        const bool empty = st.ls[x] == 0.f;
+        const float inv = empty ? 0.f : 1.f / st.ls[x];
+#pragma unroll
+        for (int n = 0; n < 2 * VN; ++n) {
+            Vec<T, 2> y;
+            y.v[0] = Narrow<T>::from(st.acc[n][2 * x] * inv);
+            y.v[1] = Narrow<T>::from(st.acc[n][2 * x + 1] * inv);
+            *reinterpret_cast<Vec<T, 2>*>(o + g * V + n * 8) = y;
+        }
+        if (a.lse && quad == 0) lse[g] = empty ? a.empty_lse : (st.mx[x] + __log2f(st.ls[x])) * ATT_LN2;
+    }
+}
+
+// This lane's ldmatrix row offsets (bytes) in a staged tile: K non-transposed (key, feature),
+// V transposed.
+template <typename T, int K, int V>
+__device__ __forceinline__ void att_lane_rows(int lane, unsigned& koff, unsigned& voff) {
+    const int mi = lane >> 3, rr = lane & 7;
+    koff = (unsigned)(((rr + (mi >> 1) * 8) * (K + 8) + (mi & 1) * 8) * sizeof(T));
+    voff = (unsigned)((16 * (K + 8) + (rr + (mi & 1) * 8) * (V + 8) + (mi >> 1) * 8) * sizeof(T));
+}
+
+// Per-warp kernel: each warp its own token, its own double-buffered stages.
 template <typename T, int KS, int VN, int KIND>
 __device__ __forceinline__ void attend_mma(const AttendArgs& a) {
     constexpr int K = 16 * KS, V = 16 * VN, KP = K + 8, VP = V + 8;
-    constexpr int STAGE = 16 * (KP + VP);  // elements of one stage
+    constexpr unsigned STAGE = 16 * (KP + VP) * sizeof(T);  // bytes of one stage
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int group = lane >> 2, quad = lane & 3;
     const i64 t = (i64)blockIdx.x * ATT_MMA_WARPS + w, h = blockIdx.y;
     if (t >= a.rows) return;
-    T* sm = reinterpret_cast<T*>(smem) + (i64)w * 2 * STAGE;
+    const unsigned sm = att_smem(smem) + w * 2 * STAGE;
     const i64 G = a.hq / a.h;
     const AttRow r = att_row<KIND>(a, t, h);
     const T* kb = reinterpret_cast<const T*>(a.k) + h * K;
     const T* vb = reinterpret_cast<const T*>(a.v) + h * V;
     const i64 ks = a.h * K, vs = a.h * V;
-    const float sl2 = (float)a.scale * ATT_LOG2E, ninf = att_ninf<float>();
-    // ldmatrix row addresses of this lane: K non-transposed (key, feature), V transposed
-    const int mi = lane >> 3, rr = lane & 7;
-    const int k_key = rr + (mi >> 1) * 8, k_feat = (mi & 1) * 8;
-    const int v_key = rr + (mi & 1) * 8, v_feat = (mi >> 1) * 8;
+    const float sl2 = (float)a.scale * ATT_LOG2E;
+    unsigned koff, voff;
+    att_lane_rows<T, K, V>(lane, koff, voff);
+    const T* qrow = reinterpret_cast<const T*>(a.q) + (t * a.hq + h * G) * K;
     for (i64 m0 = 0; m0 < G; m0 += 16) {
-        const i64 g0 = m0 + group, g1 = g0 + 8;
-        const T* q0 = reinterpret_cast<const T*>(a.q) + (t * a.hq + h * G + g0) * K + quad * 2;
-        const T* q1 = q0 + 8 * K;
-        unsigned qa[KS][4];
-#pragma unroll
-        for (int s = 0; s < KS; ++s) {
-            qa[s][0] = g0 < G ? *reinterpret_cast<const unsigned*>(q0 + s * 16) : 0u;
-            qa[s][1] = g1 < G ? *reinterpret_cast<const unsigned*>(q1 + s * 16) : 0u;
-            qa[s][2] = g0 < G ? *reinterpret_cast<const unsigned*>(q0 + s * 16 + 8) : 0u;
-            qa[s][3] = g1 < G ? *reinterpret_cast<const unsigned*>(q1 + s * 16 + 8) : 0u;
-        }
-        float acc[2 * VN][4];
-#pragma unroll
-        for (int n = 0; n < 2 * VN; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-        float mx[2] = {ninf, ninf}, ls[2] = {0.f, 0.f};
+        AttState<KS, VN> st;
+        att_begin<T, KS, VN>(st, qrow, m0 + group, G, quad);
         AttCursor u{-1, 0, 0, -16};
         bool have = att_next<KIND>(a, r, u);
-        if (have) att_stage<T, K, V>(kb, vb, ks, vs, u, sm, sm + 16 * KP, lane);
+        if (have) {
+            const i64 n = min((i64)16, u.len - u.kb);
+            att_stage_rows<T, K, 32>(kb, ks, u.start + u.kb, n, sm, lane);
+            att_stage_rows<T, V, 32>(vb, vs, u.start + u.kb, n, sm + 16 * KP * (unsigned)sizeof(T), lane);
+        }
         att_commit();
         int stage = 0;
         while (have) {
             AttCursor nu = u;
             const bool next = att_next<KIND>(a, r, nu);
-            T* cur = sm + stage * STAGE;
             if (next) {
-                T* nx = sm + (stage ^ 1) * STAGE;
-                att_stage<T, K, V>(kb, vb, ks, vs, nu, nx, nx + 16 * KP, lane);
+                const unsigned nx = sm + (stage ^ 1) * STAGE;
+                const i64 n = min((i64)16, nu.len - nu.kb);
+                att_stage_rows<T, K, 32>(kb, ks, nu.start + nu.kb, n, nx, lane);
+                att_stage_rows<T, V, 32>(vb, vs, nu.start + nu.kb, n, nx + 16 * KP * (unsigned)sizeof(T), lane);
             }
             att_commit();
             att_wait<1>();
             __syncwarp();
-            const int nvalid = (int)min((i64)16, u.len - u.kb);
-            // S = Q K^T: two n8 tiles of keys (0..7, 8..15)
-            float sc[2][4];
-#pragma unroll
-            for (int n = 0; n < 2; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-            const unsigned kaddr = att_smem(cur + k_key * KP + k_feat);
-#pragma unroll
-            for (int s = 0; s < KS; ++s) {
-                unsigned b[4];
-                att_ldsm(b, kaddr + s * 32);
-                AttMma<T>::run(sc[0], qa[s], b[0], b[1]);
-                AttMma<T>::run(sc[1], qa[s], b[2], b[3]);
-            }
-            // online softmax of rows group (e = 0, 1) and group + 8 (e = 2, 3), log2 domain
-            float tmax[2] = {ninf, ninf};
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = n * 8 + quad * 2 + (e & 1);
-                    sc[n][e] = col < nvalid ? sc[n][e] * sl2 : ninf;
-                    tmax[e >> 1] = max(tmax[e >> 1], sc[n][e]);
-                }
-            float alpha[2];
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                tmax[x] = max(tmax[x], __shfl_xor_sync(0xffffffffu, tmax[x], 1));
-                tmax[x] = max(tmax[x], __shfl_xor_sync(0xffffffffu, tmax[x], 2));
-                const float mn = max(mx[x], tmax[x]);  // finite: the tile has a key
-                alpha[x] = att_ex2(mx[x] - mn);
-                mx[x] = mn;
-                ls[x] *= alpha[x];
-            }
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    sc[n][e] = att_ex2(sc[n][e] - mx[e >> 1]);
-                    ls[e >> 1] += sc[n][e];
-                }
-#pragma unroll
-            for (int n = 0; n < 2 * VN; ++n) {
-                acc[n][0] *= alpha[0];
-                acc[n][1] *= alpha[0];
-                acc[n][2] *= alpha[1];
-                acc[n][3] *= alpha[1];
-            }
-            // O += P V: P (16 heads x 16 keys) as the A fragment, V^T fragments by ldmatrix.trans
-            const unsigned pa[4] = {AttMma<T>::pack(sc[0][0], sc[0][1]), AttMma<T>::pack(sc[0][2], sc[0][3]),
-                                    AttMma<T>::pack(sc[1][0], sc[1][1]), AttMma<T>::pack(sc[1][2], sc[1][3])};
-            const unsigned vaddr = att_smem(cur + 16 * KP + v_key * VP + v_feat);
-#pragma unroll
-            for (int j = 0; j < VN; ++j) {
-                unsigned b[4];
-                att_ldsm_t(b, vaddr + j * 32);
-                AttMma<T>::run(acc[2 * j], pa, b[0], b[1]);
-                AttMma<T>::run(acc[2 * j + 1], pa, b[2], b[3]);
-            }
+            const unsigned cur = sm + stage * STAGE;
+            att_tile<T, KS, VN>(st, cur + koff, cur + voff, 0, (int)min((i64)16, u.len - u.kb), sl2, quad);
             __syncwarp();  // this stage is refilled two tiles on
             u = nu;
             have = next;
             stage ^= 1;
         }
         att_wait<0>();
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            ls[x] += __shfl_xor_sync(0xffffffffu, ls[x], 1);
-            ls[x] += __shfl_xor_sync(0xffffffffu, ls[x], 2);
-        }
-        T* o = reinterpret_cast<T*>(a.o) + (t * a.hq + h * G) * V + quad * 2;
-        float* lse = reinterpret_cast<float*>(a.lse) + t * a.hq + h * G;
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            const i64 g = x == 0 ? g0 : g1;
-            if (g >= G) continue;
-            const bool empty = ls[x] == 0.f;
-            const float inv = empty ? 0.f : 1.f / ls[x];
-#pragma unroll
-            for (int n = 0; n < 2 * VN; ++n) {
-                Vec<T, 2> y;
-                y.v[0] = Narrow<T>::from(acc[n][2 * x] * inv);
-                y.v[1] = Narrow<T>::from(acc[n][2 * x + 1] * inv);
-                *reinterpret_cast<Vec<T, 2>*>(o + g * V + n * 8) = y;
-            }
-            if (a.lse && quad == 0) lse[g] = empty ? a.empty_lse : (mx[x] + __log2f(ls[x])) * ATT_LN2;
-        }
+        att_end<T, KS, VN>(st, a, t, h, G, m0 + group, quad);
     }
+}
+
+// One-range kinds (0: compressed blocks, 2: the window) with G <= 16: the ATT_MMA_WARPS
+// consecutive tokens of a block read nearly the same rows, so the block stages the union of
+// their ranges once (all its threads copy, double-buffered, a barrier per tile) and each warp
+// takes the columns of its own range from every tile that holds some. The union is contiguous:
+// sequences are packed in token order and both ends of a range never decrease with the token,
+// so it runs from the first token's first row to the last token's last.
+template <typename T, int KS, int VN, int KIND>
+__device__ __forceinline__ void attend_mma_shared(const AttendArgs& a) {
+    constexpr int K = 16 * KS, V = 16 * VN, KP = K + 8;
+    constexpr int NT = ATT_MMA_WARPS * 32;
+    constexpr unsigned STAGE = 16 * (KP + V + 8) * sizeof(T);
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int group = lane >> 2, quad = lane & 3;
+    const i64 t0 = (i64)blockIdx.x * ATT_MMA_WARPS, h = blockIdx.y;
+    const i64 tl = min(t0 + ATT_MMA_WARPS - 1, a.rows - 1), t = t0 + w;
+    const bool live = t < a.rows;
+    const i64 G = a.hq / a.h;
+    i64 ustart, ulen, ulast, mine_start = 0, mine_len = 0;
+    {
+        const AttRow rf = att_row<KIND>(a, t0, h), rl = att_row<KIND>(a, tl, h);
+        i64 s0, l0;
+        att_range<KIND>(a, rf, 0, ustart, l0);
+        att_range<KIND>(a, rl, 0, s0, ulast);
+        ulen = s0 + ulast - ustart;
+        if (live) att_range<KIND>(a, att_row<KIND>(a, t, h), 0, mine_start, mine_len);
+    }
+    const T* kb = reinterpret_cast<const T*>(a.k) + h * K;
+    const T* vb = reinterpret_cast<const T*>(a.v) + h * V;
+    const i64 ks = a.h * K, vs = a.h * V;
+    const float sl2 = (float)a.scale * ATT_LOG2E;
+    const unsigned sm = att_smem(smem);
+    unsigned koff, voff;
+    att_lane_rows<T, K, V>(lane, koff, voff);
+    AttState<KS, VN> st;
+    if (live) att_begin<T, KS, VN>(st, reinterpret_cast<const T*>(a.q) + (t * a.hq + h * G) * K, group, G, quad);
+    // this warp's keys as offsets into the union
+    const i64 lo = mine_start - ustart, hi = lo + mine_len;
+    if (ulen > 0) {
+        const i64 n = min((i64)16, ulen);
+        att_stage_rows<T, K, NT>(kb, ks, ustart, n, sm, tid);
+        att_stage_rows<T, V, NT>(vb, vs, ustart, n, sm + 16 * KP * (unsigned)sizeof(T), tid);
+    }
+    att_commit();
+    int stage = 0;
+    for (i64 kb0 = 0; kb0 < ulen; kb0 += 16) {
+        if (kb0 + 16 < ulen) {
+            const unsigned nx = sm + (stage ^ 1) * STAGE;
+            const i64 n = min((i64)16, ulen - kb0 - 16);
+            att_stage_rows<T, K, NT>(kb, ks, ustart + kb0 + 16, n, nx, tid);
+            att_stage_rows<T, V, NT>(vb, vs, ustart + kb0 + 16, n, nx + 16 * KP * (unsigned)sizeof(T), tid);
+        }
+        att_commit();
+        att_wait<1>();
+        __syncthreads();
+        const i64 clo = max(lo - kb0, (i64)0), chi = min(hi - kb0, (i64)16);
+        if (live && clo < chi) {
+            const unsigned cur = sm + stage * STAGE;
+            att_tile<T, KS, VN>(st, cur + koff, cur + voff, (int)clo, (int)chi, sl2, quad);
+        }
+        __syncthreads();  // this stage is refilled two tiles on
+        stage ^= 1;
+    }
+    att_wait<0>();
+    if (live) att_end<T, KS, VN>(st, a, t, h, G, group, quad);
 }
 
 // Kernels of one KIND: NAME_mma_k{16 KS}_v{16 VN}_{bf16,f16} for the built (K, V), and
@@ -440,6 +557,15 @@ __device__ __forceinline__ void attend_mma(const AttendArgs& a) {
     extern "C" __global__ void __launch_bounds__(ATT_FMA_WARPS * 32) NAME##_##IN(const AttendArgs a) { \
         attend_fma<TIN, ACC, KIND>(a);                                                                 \
     }
+// NAME_mma_shared_k{16 KS}_v{16 VN}_{bf16,f16}: the block-shared variant of a one-range KIND.
+#define ATT_SHARED_KERNEL(NAME, KIND, TIN, IN, KS, VN)                                               \
+    extern "C" __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) NAME##_mma_shared_k##KS##_v##VN##_##IN(const AttendArgs a) { \
+        attend_mma_shared<TIN, KS / 16, VN / 16, KIND>(a);                                             \
+    }
+#define ATT_SHARED_SHAPES(NAME, KIND, TIN, IN)                                                          \
+    ATT_SHARED_KERNEL(NAME, KIND, TIN, IN, 32, 32) ATT_SHARED_KERNEL(NAME, KIND, TIN, IN, 32, 64)       \
+    ATT_SHARED_KERNEL(NAME, KIND, TIN, IN, 64, 32) ATT_SHARED_KERNEL(NAME, KIND, TIN, IN, 64, 64)       \
+    ATT_SHARED_KERNEL(NAME, KIND, TIN, IN, 128, 128)
 #define ATT_KERNELS(NAME, KIND)                                                                         \
     ATT_MMA_SHAPES(NAME, KIND, bf16, bf16) ATT_MMA_SHAPES(NAME, KIND, f16, f16)                         \
     ATT_FMA_KERNEL(NAME, KIND, float, float, f32) ATT_FMA_KERNEL(NAME, KIND, double, double, f64)       \

@@ -6,6 +6,8 @@
 // is given, A_swa = g_swa * o_swa when the window ran (pointer 0: the term is absent).
 
 ATT_KERNELS(nsa_window_attention, 2)
+ATT_SHARED_SHAPES(nsa_window_attention, 2, bf16, bf16)
+ATT_SHARED_SHAPES(nsa_window_attention, 2, f16, f16)
 
 struct FwdCombineArgs {
     u64 o_slc, o_cmp, o_swa;  // const T* [rows, V] (o_cmp, o_swa: 0 when absent)

@@ -495,7 +495,7 @@ fn fwd_matches_the_reference() {
         return;
     };
     let mut rng = Rng::new(0xf0d);
-    let n = cases(24).cases as usize;
+    let n = cases(25).cases as usize;
     // G 1, 4 (CPU and GPU only) and 16
     let shapes = [
         (4, 4, 64, 64),

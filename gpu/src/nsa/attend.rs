@@ -8,6 +8,8 @@
 //! bf16/f16 with `(K, V)` in {(32, 32), (32, 64), (64, 32), (64, 64), (128, 128)} run on tensor cores (`mma.sync` m16n8k16,
 //! fp32 accumulation): a warp per (token, KV head), the `G` query heads as the M dimension, so
 //! each K/V tile is loaded once per group when `G <= 16` (once per 16 heads above). Every other
+//! The compressed branch and the window with `G <= 16` share their staged rows among the 4
+//! consecutive tokens of a block (their key ranges nearly coincide). Every other
 //! shape and fp32/fp64 run on CUDA cores: a warp per (token, query head), fp32 (fp64) FMAs.
 //!
 //! Kernel limits (typed errors, checked by [`check_dims`]): `K <= 256` and `V <= 256`.
@@ -88,6 +90,10 @@ pub(super) struct Launch<'a> {
     pub q: &'a DeviceTensor,
     pub k: &'a DeviceTensor,
     pub v: &'a DeviceTensor,
+    /// A one-range branch (compressed blocks, the window), whose consecutive tokens share
+    /// their rows: with `G <= 16` on tensor cores a block stages the union of its 4 tokens'
+    /// rows once (`_mma_shared_`).
+    pub shared_rows: bool,
 }
 
 impl Launch<'_> {
@@ -119,9 +125,15 @@ impl Launch<'_> {
         let dtype = self.q.dtype();
         let half = matches!(dtype, Dtype::BF16 | Dtype::F16);
         if half && MMA_SHAPES.contains(&(kd, vd)) {
-            // two stages of 16 padded K and V rows per warp
-            let smem = MMA_WARPS * 2 * 16 * (kd + 8 + vd + 8) * dtype.size_bytes();
-            let name = format!("{}_mma_k{kd}_v{vd}_{}", self.name, tag(dtype));
+            // two stages of 16 padded K and V rows, per warp or (shared rows) per block
+            let stage = 2 * 16 * (kd + 8 + vd + 8) * dtype.size_bytes();
+            let shared = self.shared_rows && hq / h <= 16;
+            let (smem, kind) = if shared {
+                (stage, "mma_shared")
+            } else {
+                (MMA_WARPS * stage, "mma")
+            };
+            let name = format!("{}_{kind}_k{kd}_v{vd}_{}", self.name, tag(dtype));
             let grid = (rows.div_ceil(MMA_WARPS) as u32, h as u32);
             return gpu.launch_with_smem(
                 self.module,

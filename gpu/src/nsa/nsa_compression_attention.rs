@@ -158,6 +158,7 @@ pub(super) fn launch(
         q: x.q,
         k: x.k_cmp,
         v: x.v_cmp,
+        shared_rows: true,
     };
     l.run(gpu, args, o, lse)
 }

@@ -269,6 +269,7 @@ pub fn nsa_fwd(
                 q: x.q,
                 k: x.k,
                 v: x.v,
+                shared_rows: true,
             };
             l.run(gpu, args, &mut ow, None)?;
             Some(ow)

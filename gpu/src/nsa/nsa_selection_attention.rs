@@ -207,6 +207,7 @@ pub(super) fn launch(
         q: x.q,
         k: x.k,
         v: x.v,
+        shared_rows: false,
     };
     l.run(gpu, args, o, lse)
 }
