@@ -77,7 +77,7 @@ if [[ " $PARTS " == *" tune "* ]]; then
       echo "== variant [$v] pass $pass" >>"$OUT/tune.txt"
       eval "env $v timeout 120 \"\$S/bin/bench_gpu\"" --filter "${ATTN_TUNE_FILTER:-chunk_local,kda_gate}" >"$OUT/tune_one.txt" 2>&1
       cat "$OUT/tune_one.txt" >>"$OUT/tune.txt"
-      grep -E "^(chunk|kda|decode)" "$OUT/tune_one.txt" | awk -v v="[$v] p$pass" '{printf "%-58s %-40s %8s ms %6s\n", v, $1, $2, $4}' | tee -a "$SUM"
+      grep -E "^(chunk|kda|decode|nsa)" "$OUT/tune_one.txt" | awk -v v="[$v] p$pass" '{printf "%-58s %-40s %8s ms %6s\n", v, $1, $2, $4}' | tee -a "$SUM"
     done
   done
 fi

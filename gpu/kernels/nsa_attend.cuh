@@ -201,8 +201,17 @@ __device__ __forceinline__ unsigned att_smem(const void* p) {
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(x) : "l"(p));
     return (unsigned)x;
 }
+// Tile loads bypass L1 (.cg) unless built with -DATTN_NSA_CP_CA=1 (through ATTN_NVRTC_OPTS, for
+// tuning): .ca keeps them in L1 too, where warps of one SM reading the same rows could hit.
+#ifndef ATTN_NSA_CP_CA
+#define ATTN_NSA_CP_CA 0
+#endif
 __device__ __forceinline__ void att_cp16(unsigned dst, const void* src, int bytes) {
+#if ATTN_NSA_CP_CA
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
 }
 __device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int P> __device__ __forceinline__ void att_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory"); }
