@@ -201,18 +201,20 @@ __device__ __forceinline__ unsigned att_smem(const void* p) {
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(x) : "l"(p));
     return (unsigned)x;
 }
-// Tile loads bypass L1 (.cg) unless built with -DATTN_NSA_CP_CA=1 (through ATTN_NVRTC_OPTS, for
-// tuning): .ca keeps them in L1 too, where warps of one SM reading the same rows could hit.
-#ifndef ATTN_NSA_CP_CA
-#define ATTN_NSA_CP_CA 0
-#endif
-__device__ __forceinline__ void att_cp16(unsigned dst, const void* src, int bytes) {
-#if ATTN_NSA_CP_CA
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-#endif
+// 16 bytes global -> shared (bytes 0: zero-filled). CA: through L1 (.ca), where the warps of one
+// SM reading the same rows hit (the per-warp kernel: measured 1.49x on the selected branch of
+// the benchmark, NOTES.md); else L2 only (.cg: the block-shared kernel reads each row once).
+template <bool CA> __device__ __forceinline__ void att_cp16(unsigned dst, const void* src, int bytes) {
+    if (CA) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    } else {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    }
 }
+// The per-warp kernel's cache operator; -DATTN_NSA_CP_CA=0 (ATTN_NVRTC_OPTS) for .cg, to tune.
+#ifndef ATTN_NSA_CP_CA
+#define ATTN_NSA_CP_CA 1
+#endif
 __device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int P> __device__ __forceinline__ void att_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory"); }
 __device__ __forceinline__ void att_ldsm(unsigned (&r)[4], unsigned addr) {
@@ -276,7 +278,7 @@ __device__ __forceinline__ bool att_next(const AttendArgs& a, const AttRow& r, A
 // cp.async of the 16 rows r0 .. r0 + 15 of a [rows, D] operand (row stride `stride`) into
 // padded shared rows at shared address dst, rows n .. 15 zero-filled, by NT threads (thread
 // `tid`): thread i copies the 16-byte column i % (D / 8) of rows i / (D / 8) + j * (8 NT / D).
-template <typename T, int D, int NT>
+template <typename T, int D, int NT, bool CA>
 __device__ __forceinline__ void att_stage_rows(const T* __restrict__ base, i64 stride, i64 r0, i64 n, unsigned dst,
                                                int tid) {
     constexpr int C = D / 8, R = NT / C, DP = D + 8, PASSES = R >= 16 ? 1 : 16 / R;
@@ -290,7 +292,7 @@ __device__ __forceinline__ void att_stage_rows(const T* __restrict__ base, i64 s
         const int row = row0 + i * R;
         if (row >= 16) break;
         const bool ok = row < n;
-        att_cp16(d0 + (unsigned)(i * R * DP * sizeof(T)), ok ? src + i * step : src0, ok ? 16 : 0);
+        att_cp16<CA>(d0 + (unsigned)(i * R * DP * sizeof(T)), ok ? src + i * step : src0, ok ? 16 : 0);
     }
 }
 
@@ -456,8 +458,8 @@ __device__ __forceinline__ void attend_mma(const AttendArgs& a) {
         bool have = att_next<KIND>(a, r, u);
         if (have) {
             const i64 n = min((i64)16, u.len - u.kb);
-            att_stage_rows<T, K, 32>(kb, ks, u.start + u.kb, n, sm, lane);
-            att_stage_rows<T, V, 32>(vb, vs, u.start + u.kb, n, sm + 16 * KP * (unsigned)sizeof(T), lane);
+            att_stage_rows<T, K, 32, ATTN_NSA_CP_CA>(kb, ks, u.start + u.kb, n, sm, lane);
+            att_stage_rows<T, V, 32, ATTN_NSA_CP_CA>(vb, vs, u.start + u.kb, n, sm + 16 * KP * (unsigned)sizeof(T), lane);
         }
         att_commit();
         int stage = 0;
@@ -467,8 +469,8 @@ __device__ __forceinline__ void attend_mma(const AttendArgs& a) {
             if (next) {
                 const unsigned nx = sm + (stage ^ 1) * STAGE;
                 const i64 n = min((i64)16, nu.len - nu.kb);
-                att_stage_rows<T, K, 32>(kb, ks, nu.start + nu.kb, n, nx, lane);
-                att_stage_rows<T, V, 32>(vb, vs, nu.start + nu.kb, n, nx + 16 * KP * (unsigned)sizeof(T), lane);
+                att_stage_rows<T, K, 32, ATTN_NSA_CP_CA>(kb, ks, nu.start + nu.kb, n, nx, lane);
+                att_stage_rows<T, V, 32, ATTN_NSA_CP_CA>(vb, vs, nu.start + nu.kb, n, nx + 16 * KP * (unsigned)sizeof(T), lane);
             }
             att_commit();
             att_wait<1>();
@@ -525,8 +527,8 @@ __device__ __forceinline__ void attend_mma_shared(const AttendArgs& a) {
     const i64 lo = mine_start - ustart, hi = lo + mine_len;
     if (ulen > 0) {
         const i64 n = min((i64)16, ulen);
-        att_stage_rows<T, K, NT>(kb, ks, ustart, n, sm, tid);
-        att_stage_rows<T, V, NT>(vb, vs, ustart, n, sm + 16 * KP * (unsigned)sizeof(T), tid);
+        att_stage_rows<T, K, NT, false>(kb, ks, ustart, n, sm, tid);
+        att_stage_rows<T, V, NT, false>(vb, vs, ustart, n, sm + 16 * KP * (unsigned)sizeof(T), tid);
     }
     att_commit();
     int stage = 0;
@@ -534,8 +536,8 @@ __device__ __forceinline__ void attend_mma_shared(const AttendArgs& a) {
         if (kb0 + 16 < ulen) {
             const unsigned nx = sm + (stage ^ 1) * STAGE;
             const i64 n = min((i64)16, ulen - kb0 - 16);
-            att_stage_rows<T, K, NT>(kb, ks, ustart + kb0 + 16, n, nx, tid);
-            att_stage_rows<T, V, NT>(vb, vs, ustart + kb0 + 16, n, nx + 16 * KP * (unsigned)sizeof(T), tid);
+            att_stage_rows<T, K, NT, false>(kb, ks, ustart + kb0 + 16, n, nx, tid);
+            att_stage_rows<T, V, NT, false>(vb, vs, ustart + kb0 + 16, n, nx + 16 * KP * (unsigned)sizeof(T), tid);
         }
         att_commit();
         att_wait<1>();

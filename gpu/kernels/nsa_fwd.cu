@@ -27,7 +27,7 @@ template <typename T, typename Acc> __device__ __forceinline__ void fwd_combine(
     const T* gw = reinterpret_cast<const T*>(a.g_swa);
     T* out = reinterpret_cast<T*>(a.o);
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        const i64 r = i / a.v;
+        const i64 r = div_fast(i, a.v);
         Acc y = (Acc)widen(os[i]);
         if (gs) y *= (Acc)widen(gs[r]);
         if (oc) y += (Acc)widen(gc[r]) * (Acc)widen(oc[i]);
