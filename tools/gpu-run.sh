@@ -10,12 +10,13 @@
 # "ATTN_TILE_RP=16;ATTN_NVRTC_OPTS='-DATTN_TILE_CS=0 -DATTN_MIN_BLOCKS=4'";
 # "-" is the default build), each run $ATTN_TUNE_PASSES times (default 1), a process per run.
 # Narrowing (environment): ATTN_TESTS (test binaries, a glob over the names after test_; all),
-# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates decode fwd_h fwd_h_summaries fwd_h_split nsa"),
+# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates decode fwd_h fwd_h_summaries fwd_h_split nsa nsa_attention"),
 # ATTN_SANITIZE_SKIP (a test name substring to skip there, besides the long, 100-launch and
 # determinism delta-rule tests and the NSA 2^31-element and 100-launch tests; long_lane), ATTN_TEST_THREADS / ATTN_TEST_TIMEOUT /
 # ATTN_SANITIZE_TIMEOUT (2 threads, 420 s, 400 s), ATTN_BENCH_FILTER (bench_gpu --filter and the
 # anchors' --filter; all), ATTN_ANCHORS_DECODE_ONLY=1 (only the decode anchors).
-# `ptx` (not in `all`): ptxas -v register and spill report of the decode kernels.
+# `ptx` (not in `all`): ptxas -v register and spill report of the modules in $ATTN_PTX_MODULES
+# (default: the decode kernels).
 set -u -o pipefail
 S=${1:?usage: run.sh STAGE_DIR [parts]}
 shift
@@ -71,7 +72,7 @@ if want sanitizer; then
   # a reduced set of cases: the sanitizer slows kernels down by orders of magnitude
   export ATTN_TEST_CASES=4
   for tool in memcheck racecheck; do
-    for t in ${ATTN_SANITIZE:-scans gates decode fwd_h fwd_h_summaries fwd_h_split nsa}; do
+    for t in ${ATTN_SANITIZE:-scans gates decode fwd_h fwd_h_summaries fwd_h_split nsa nsa_attention}; do
       timeout "${ATTN_SANITIZE_TIMEOUT:-400}" compute-sanitizer --tool $tool --error-exitcode 3 "$S/bin/test_$t" --test-threads 1 \
         --skip "${ATTN_SANITIZE_SKIP:-long_lane}" --skip long_sequences --skip hundred_launches \
         --skip deterministic --skip past_2_31 --skip repeated_launches >>"$OUT/sanitizer.log" 2>&1
@@ -90,7 +91,7 @@ if [[ " $PARTS " == *" tune "* ]]; then
       echo "== variant [$v] pass $pass" >>"$OUT/tune.txt"
       eval "env $v timeout 120 \"\$S/bin/bench_gpu\"" --filter "${ATTN_TUNE_FILTER:-chunk_local,kda_gate}" >"$OUT/tune_one.txt" 2>&1
       cat "$OUT/tune_one.txt" >>"$OUT/tune.txt"
-      grep -E "^(chunk|kda|decode|fwd_h)" "$OUT/tune_one.txt" | awk -v v="[$v] p$pass" '{printf "%-58s %-40s %8s ms %6s\n", v, $1, $2, $4}' | tee -a "$SUM"
+      grep -E "^(chunk|kda|decode|fwd_h|nsa)" "$OUT/tune_one.txt" | awk -v v="[$v] p$pass" '{printf "%-58s %-40s %8s ms %6s\n", v, $1, $2, $4}' | tee -a "$SUM"
     done
   done
 fi
@@ -98,7 +99,7 @@ fi
 if [[ " $PARTS " == *" ptx "* ]]; then
   mkdir -p /tmp/ptx
   ATTN_PTX_DIR=/tmp/ptx "$S/bin/test_compile" >/dev/null 2>&1
-  for m in decode_attention kv_cache_update; do
+  for m in ${ATTN_PTX_MODULES:-decode_attention kv_cache_update}; do
     /usr/local/cuda/bin/ptxas -arch=sm_90 -v /tmp/ptx/$m.ptx -o /tmp/ptx/$m.cubin 2>&1 |
       grep -E "Compiling entry|registers|spill" | paste - - - | sed -E 's/ptxas info *: //g' >"$OUT/ptx_$m.txt"
     say "ptxas $m: $(grep -c . "$OUT/ptx_$m.txt") kernels, $(grep -vc ' 0 bytes spill stores' "$OUT/ptx_$m.txt") with spills"

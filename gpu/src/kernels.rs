@@ -7,6 +7,7 @@ const STRIDED: &str = include_str!("../kernels/strided.cuh");
 const ROWS: &str = include_str!("../kernels/rows.cuh");
 const TILE: &str = include_str!("../kernels/tile.cuh");
 const NSA: &str = include_str!("../kernels/nsa.cuh");
+const NSA_ATTEND: &str = include_str!("../kernels/nsa_attend.cuh");
 const DECODE: &str = include_str!("../kernels/decode.cuh");
 const FWD_H: &str = include_str!("../kernels/fwd_h.cuh");
 
@@ -21,6 +22,9 @@ pub enum Module {
     NsaCompressKv,
     NsaGateCombine,
     NsaSelectBlocks,
+    NsaCompressionAttention,
+    NsaSelectionAttention,
+    NsaFwd,
     KvCacheUpdate,
     DecodeAttention,
     ChunkGatedDeltaRuleFwdH,
@@ -40,6 +44,9 @@ impl Module {
             Module::NsaCompressKv => "nsa_compress_kv",
             Module::NsaGateCombine => "nsa_gate_combine",
             Module::NsaSelectBlocks => "nsa_select_blocks",
+            Module::NsaCompressionAttention => "nsa_compression_attention",
+            Module::NsaSelectionAttention => "nsa_selection_attention",
+            Module::NsaFwd => "nsa_fwd",
             Module::KvCacheUpdate => "kv_cache_update",
             Module::DecodeAttention => "decode_attention",
             Module::ChunkGatedDeltaRuleFwdH => "chunk_gated_delta_rule_fwd_h",
@@ -59,6 +66,11 @@ impl Module {
             Module::NsaCompressKv => include_str!("../kernels/nsa_compress_kv.cu"),
             Module::NsaGateCombine => include_str!("../kernels/nsa_gate_combine.cu"),
             Module::NsaSelectBlocks => include_str!("../kernels/nsa_select_blocks.cu"),
+            Module::NsaCompressionAttention => {
+                include_str!("../kernels/nsa_compression_attention.cu")
+            }
+            Module::NsaSelectionAttention => include_str!("../kernels/nsa_selection_attention.cu"),
+            Module::NsaFwd => include_str!("../kernels/nsa_fwd.cu"),
             Module::KvCacheUpdate => include_str!("../kernels/kv_cache_update.cu"),
             Module::DecodeAttention => include_str!("../kernels/decode_attention.cu"),
             Module::ChunkGatedDeltaRuleFwdH => {
@@ -82,6 +94,11 @@ impl Module {
                 s.push_str(self.op_source());
                 return s;
             }
+            Module::NsaCompressionAttention | Module::NsaSelectionAttention | Module::NsaFwd => {
+                s.push_str(NSA_ATTEND);
+                s.push_str(self.op_source());
+                return s;
+            }
             Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
             _ => {
                 s.push_str(GATE);
@@ -100,7 +117,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 14] = [
+    pub const ALL: [Module; 17] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -109,6 +126,9 @@ impl Module {
         Module::NsaCompressKv,
         Module::NsaGateCombine,
         Module::NsaSelectBlocks,
+        Module::NsaCompressionAttention,
+        Module::NsaSelectionAttention,
+        Module::NsaFwd,
         Module::KvCacheUpdate,
         Module::DecodeAttention,
         Module::ChunkGatedDeltaRuleFwdH,

@@ -39,9 +39,11 @@ pub use gate::{
 };
 pub use graph::{capture, CapturedGraph};
 pub use nsa::{
-    nsa_compress_kv, nsa_compress_kv_into, nsa_gate_combine, nsa_gate_combine_into,
-    nsa_select_blocks, nsa_select_blocks_into, CombineInputs, CompressInputs, GateForm,
-    SelectInputs,
+    nsa_compress_kv, nsa_compress_kv_into, nsa_compression_attention,
+    nsa_compression_attention_into, nsa_fwd, nsa_gate_combine, nsa_gate_combine_into,
+    nsa_select_blocks, nsa_select_blocks_into, nsa_selection_attention,
+    nsa_selection_attention_into, CmpAttnInputs, CmpAttnParams, CombineInputs, CompressInputs,
+    FwdInputs, FwdOut, GateForm, SelAttnInputs, SelectInputs,
 };
 pub use seq_scan::{
     chunk_global_cumsum, chunk_global_cumsum_into, chunk_local_cumsum, chunk_local_cumsum_into,

@@ -1,7 +1,7 @@
 //! Native sparse attention, spec `ops-nsa.md`: `nsa_compress_kv`, `nsa_compression_attention`,
 //! `nsa_select_blocks`, `nsa_selection_attention`, `nsa_gate_combine`, `nsa_fwd`. Each op's
-//! registry entry, its float64 CPU runner (`<op>_cpu`) and, for `nsa_compress_kv`,
-//! `nsa_select_blocks` and `nsa_gate_combine`, its GPU runner (`<op>_gpu`), side by side.
+//! registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`), side by
+//! side.
 //!
 //! Comparison (§9): float outputs by the README rule (`lse`'s `-inf` positions must match both
 //! ways, which the rule's non-finite check already demands); `block_indices` by the index rule
@@ -257,7 +257,7 @@ const NSA_COMPRESSION_ATTENTION: OpSpec = OpSpec {
     ],
     outputs: &[s::output("o", |i, _| super::class_of(i, "q"), o_rule), LSE],
     cpu: nsa_compression_attention_cpu,
-    gpu: None,
+    gpu: Some(nsa_compression_attention_gpu),
 };
 
 /// `(o, lse) = nsa_compression_attention(...)` in float64.
@@ -280,6 +280,30 @@ fn nsa_compression_attention_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors
     Ok(Tensors::from([
         f64_out("o", r.o.into_dyn()),
         f64_out("lse", r.lse.into_dyn()),
+    ]))
+}
+
+/// `nsa_compression_attention` on the GPU (`o` in `q`'s dtype, `lse` float32).
+fn nsa_compression_attention_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let [q, k_cmp, v_cmp] = ["q", "k_cmp", "v_cmp"].map(|n| upload(gpu, input(inputs, n)?));
+    let (q, k_cmp, v_cmp) = (q?, k_cmp?, v_cmp?);
+    let x = attn_gpu::CmpAttnInputs {
+        q: &q,
+        k_cmp: &k_cmp,
+        v_cmp: &v_cmp,
+    };
+    let params = attn_gpu::CmpAttnParams {
+        block_size: p.int("block_size")?,
+        scale: p.opt_f64("scale")?,
+        visibility: Visibility::from_str(p.str("visibility")?)?,
+        partial_block: PartialBlock::from_str(p.str("partial_block")?)?,
+        empty_lse: EmptyLse::from_str(p.str("empty_lse")?)?,
+    };
+    let (o, lse) = attn_gpu::nsa_compression_attention(gpu, &x, cu(inputs)?.as_deref(), &params)?;
+    Ok(Tensors::from([
+        ("o".to_string(), download(gpu, &o)?),
+        ("lse".to_string(), download(gpu, &lse)?),
     ]))
 }
 
@@ -385,7 +409,7 @@ const NSA_SELECTION_ATTENTION: OpSpec = OpSpec {
     params: &[P_BLOCK_SIZE, P_SCALE, P_COUNTS],
     outputs: &[s::output("o", |i, _| super::class_of(i, "q"), o_rule), LSE],
     cpu: nsa_selection_attention_cpu,
-    gpu: None,
+    gpu: Some(nsa_selection_attention_gpu),
 };
 
 /// `(o, lse) = nsa_selection_attention(...)` in float64.
@@ -414,6 +438,37 @@ fn nsa_selection_attention_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, 
     Ok(Tensors::from([
         f64_out("o", r.o.into_dyn()),
         f64_out("lse", r.lse.into_dyn()),
+    ]))
+}
+
+/// `nsa_selection_attention` on the GPU (`block_indices` uploaded in their own integer dtype,
+/// the `block_counts` tensor checked on the host).
+fn nsa_selection_attention_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let [q, k, v, idx] = ["q", "k", "v", "block_indices"].map(|n| upload(gpu, input(inputs, n)?));
+    let (q, k, v, idx) = (q?, k?, v?, idx?);
+    let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
+    let bc = BlockCounts::from_parts(
+        p.opt_int("block_counts")?,
+        counts.as_ref().map(|c| c.view()),
+    )?;
+    let x = attn_gpu::SelAttnInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        block_indices: &idx,
+    };
+    let (o, lse) = attn_gpu::nsa_selection_attention(
+        gpu,
+        &x,
+        bc,
+        cu(inputs)?.as_deref(),
+        p.int("block_size")?,
+        p.opt_f64("scale")?,
+    )?;
+    Ok(Tensors::from([
+        ("o".to_string(), download(gpu, &o)?),
+        ("lse".to_string(), download(gpu, &lse)?),
     ]))
 }
 
@@ -563,7 +618,7 @@ const NSA_FWD: OpSpec = OpSpec {
         },
     ],
     cpu: nsa_fwd_cpu,
-    gpu: None,
+    gpu: Some(nsa_fwd_gpu),
 };
 
 /// `(o, block_indices) = nsa_fwd(...)` in float64; `block_indices` (with its scores) only when
@@ -606,6 +661,47 @@ fn nsa_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
             i32_out("block_indices", bi.into_dyn()),
             f64_out("block_indices.scores", sc.into_dyn()),
         ]);
+    }
+    Ok(out)
+}
+
+/// `nsa_fwd` on the GPU: `o`, and the computed selection's `block_indices` (int32) when there
+/// was one.
+fn nsa_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let [q, k, v] = ["q", "k", "v"].map(|n| upload(gpu, input(inputs, n)?));
+    let (q, k, v) = (q?, k?, v?);
+    let names = ["g_cmp", "g_slc", "g_swa", "block_indices"];
+    let up: Vec<_> = names
+        .iter()
+        .map(|n| opt_upload(gpu, inputs, n))
+        .collect::<Result<_, _>>()?;
+    let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
+    let bc = BlockCounts::from_parts(
+        p.opt_int("block_counts")?,
+        counts.as_ref().map(|c| c.view()),
+    )?;
+    let x = attn_gpu::FwdInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g_cmp: up[0].as_ref(),
+        g_slc: up[1].as_ref(),
+        g_swa: up[2].as_ref(),
+        block_indices: up[3].as_ref(),
+    };
+    let r = attn_gpu::nsa_fwd(
+        gpu,
+        &x,
+        bc,
+        cu(inputs)?.as_deref(),
+        p.int("block_size")?,
+        p.int("window_size")?,
+        p.opt_f64("scale")?,
+    )?;
+    let mut out = Tensors::from([("o".to_string(), download(gpu, &r.o)?)]);
+    if let Some(bi) = r.block_indices {
+        out.insert("block_indices".into(), download(gpu, &bi)?);
     }
     Ok(out)
 }

@@ -1,18 +1,32 @@
-//! Native sparse attention on the GPU (spec ops-nsa.md), part 1: [`nsa_compress_kv`] (one pass
-//! over `k` and `v`, varlen inside the kernel), [`nsa_gate_combine`] and [`nsa_select_blocks`].
+//! Native sparse attention on the GPU (spec ops-nsa.md): [`nsa_compress_kv`] (one pass over `k`
+//! and `v`, varlen inside the kernel), [`nsa_gate_combine`], [`nsa_select_blocks`], the two
+//! attention branches [`nsa_compression_attention`] and [`nsa_selection_attention`] (one
+//! flash-style kernel family, `attend`), and the whole forward [`nsa_fwd`].
 //!
 //! Sequences are always handed to the kernels as packed rows with device offset arrays: fixed
 //! length `[B, T, ...]` is the packing of `B` sequences of `T` tokens, so one launch serves any
 //! batch. The host keeps `cu_seqlens` (it sizes the outputs) and uploads the offsets per call.
 //! Validation follows the reference's rules and names the argument, before any launch.
 
+mod attend;
 mod nsa_compress_kv;
+mod nsa_compression_attention;
+mod nsa_fwd;
 mod nsa_gate_combine;
 mod nsa_select_blocks;
+mod nsa_selection_attention;
 
+pub use attend::MAX_DIM;
 pub use nsa_compress_kv::{nsa_compress_kv, nsa_compress_kv_into, CompressInputs};
+pub use nsa_compression_attention::{
+    nsa_compression_attention, nsa_compression_attention_into, CmpAttnInputs, CmpAttnParams,
+};
+pub use nsa_fwd::{nsa_fwd, FwdInputs, FwdOut};
 pub use nsa_gate_combine::{nsa_gate_combine, nsa_gate_combine_into, CombineInputs, GateForm};
 pub use nsa_select_blocks::{nsa_select_blocks, nsa_select_blocks_into, SelectInputs};
+pub use nsa_selection_attention::{
+    nsa_selection_attention, nsa_selection_attention_into, SelAttnInputs,
+};
 
 use crate::device::Gpu;
 use crate::error::GpuResult;

@@ -75,19 +75,19 @@ fn mma_tiles(k: usize, g: usize) -> Option<(usize, usize)> {
 }
 
 /// A validated call.
-struct Plan {
+pub(super) struct Plan {
     layout: CmpLayout,
     g: usize,
     scale: f64,
     /// Slots per row (`S` or `S_m`).
     s: usize,
-    out_shape: Vec<usize>,
+    pub out_shape: Vec<usize>,
     /// Query tiles per sequence (`"mslk_tile_mean"`).
     tiles: Vec<usize>,
 }
 
 #[allow(clippy::too_many_arguments)]
-fn plan(
+pub(super) fn plan(
     x: &SelectInputs<'_>,
     block_counts: Option<BlockCounts<'_>>,
     cu_seqlens: Option<&[i64]>,

@@ -10,7 +10,7 @@ use ndarray::ArrayView4;
 use std::ops::Range;
 
 /// Validates `k` `[B, T, H, K]` and `v` `[B, T, H, V]` against `q` `[B, T, HQ, K]`; returns `G`.
-pub(crate) fn check_kv(q: &[usize], k: &[usize], v: &[usize]) -> Result<usize> {
+pub fn check_kv(q: &[usize], k: &[usize], v: &[usize]) -> Result<usize> {
     check_features("q", q)?;
     if k[0] != q[0] || k[1] != q[1] || k[3] != q[3] {
         return Err(Error::shape(

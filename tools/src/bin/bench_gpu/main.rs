@@ -7,7 +7,9 @@
 //! Bytes moved = every input element read once + every output element written once. The copy
 //! ceiling is a `cuMemcpyDtoDAsync` of 1 GiB (2 GiB moved).
 //!
-//! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`]; the
+//! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
+//! the NSA attention cases (`nsa_compression_attention`, `nsa_selection_attention`, `nsa_fwd`)
+//! in [`nsa_attn`]; the
 //! decode cases (`decode_attention` plain and as CUDA-graph replays, bytes = the valid K and V)
 //! in [`decode`].
 //! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
@@ -23,6 +25,7 @@ mod decode;
 mod delta;
 mod nsa;
 mod split;
+mod nsa_attn;
 
 use attn_gpu::{
     chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into,
@@ -331,6 +334,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for case in nsa::cases().into_iter().filter(|c| wanted(c.name)) {
         rows.push(nsa::run(gpu, &case, iters, ceiling)?);
+    }
+    for case in nsa_attn::cases().into_iter().filter(|c| wanted(&c.name)) {
+        rows.push(nsa_attn::run(gpu, &case, iters, ceiling)?);
     }
     // decode: on a forked handle (graph capture needs a stream of its own)
     let dgpu = gpu.fork()?;
