@@ -24,8 +24,8 @@
 mod decode;
 mod delta;
 mod nsa;
-mod split;
 mod nsa_attn;
+mod split;
 
 use attn_gpu::{
     chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into,
