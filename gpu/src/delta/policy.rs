@@ -363,6 +363,58 @@ mod tests {
         }
     }
 
+    /// The rows of NOTES.md "Issue 14" run 2 (H100): auto splits the rows where the measured
+    /// forced split beat the serial kernel by about 10% or more, and stays serial where it lost
+    /// or gained under 5% (the rows in between, H = 8 × 32K / 64K, are left to the model).
+    #[test]
+    fn choices_on_the_measured_h100_rows() {
+        let k1 = 1024;
+        let long = |k: usize| [vec![128 * k1], vec![k1; k]].concat();
+        let split: Vec<(usize, Vec<usize>)> = vec![
+            (4, vec![32 * k1]),
+            (4, vec![64 * k1]),
+            (4, vec![128 * k1]),
+            (4, long(1)),
+            (4, long(2)),
+            (4, long(5)),
+            (4, long(10)),
+            (4, vec![64 * k1, 512, 256, 128]),
+            (4, vec![28 * k1, 4 * k1]),
+            (4, vec![24 * k1, 8 * k1]),
+            (4, vec![32 * k1, 256, 256]),
+            (4, vec![40 * k1, k1, 8 * k1]),
+            (8, vec![128 * k1]),
+            (8, long(1)),
+            (8, long(2)),
+            (8, long(5)),
+            (8, long(10)),
+        ];
+        let serial: Vec<(usize, Vec<usize>)> = vec![
+            (4, vec![4 * k1]),
+            (4, vec![4 * k1; 8]),
+            (4, vec![8 * k1; 4]),
+            (4, vec![16 * k1; 2]),
+            (8, vec![4 * k1]),
+            (8, vec![28 * k1, 4 * k1]),
+            (8, vec![4 * k1; 8]),
+            (8, vec![8 * k1; 4]),
+            (8, vec![16 * k1; 2]),
+            (8, vec![24 * k1, 8 * k1]),
+            (8, vec![32 * k1, 256, 256]),
+            (8, vec![40 * k1, k1, 8 * k1]),
+            (16, vec![128 * k1]),
+            (32, vec![32 * k1]),
+            (32, vec![8 * k1; 8]),
+        ];
+        for (want, rows) in [(true, split), (false, serial)] {
+            for (h, lens) in rows {
+                let c = cu(&lens);
+                let d = split_policy(&query(&c, h, 132)).unwrap();
+                assert_eq!(d.auto().is_some(), want, "H = {h} {lens:?}: {d:?}");
+            }
+        }
+    }
+
     #[test]
     fn forced_split_exists_when_a_sequence_has_32_chunks() {
         let c = cu(&[2048, 100]);

@@ -399,25 +399,28 @@ impl FwdHSplitPlan {
     }
 }
 
-impl Split {
-    /// Validates `pieces` against the sequences (spec 5.2) and builds the tables; `None` when
-    /// no sequence is cut (the serial kernel is then the same computation).
-    fn new(
-        gpu: &Gpu,
-        geo: &Geometry,
-        varlen: bool,
-        dtype: Dtype,
-        pieces: Vec<i64>,
-    ) -> GpuResult<Option<Split>> {
+/// The host tables of a split (see fwd_h_split.cu for the numbering): `pre` `[Q, 3]` and `run`
+/// `[S, 3]` rows of (first token row of the flattened `B · T`, length, first `h` row), `merge`
+/// `[N, 2]` rows of (pieces, first summary row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Tables {
+    pre: Vec<i64>,
+    merge: Vec<i64>,
+    run: Vec<i64>,
+}
+
+impl Tables {
+    /// Validates `pieces` against the sequences of `geo` (spec 5.2) and numbers them; `None`
+    /// when no sequence is cut (the serial kernel is then the same computation).
+    fn new(geo: &Geometry, varlen: bool, pieces: &[i64]) -> attn_reference::Result<Option<Tables>> {
         let bounds: Vec<(usize, usize)> = geo
             .seqs
             .iter()
             .map(|s| (s.batch * geo.t + s.bos, s.batch * geo.t + s.eos))
             .collect();
-        let offs = subseq_offsets(&pieces, &bounds, geo.bt)?;
+        let offs = subseq_offsets(pieces, &bounds, geo.bt)?;
         let n = geo.n();
-        let s_count = pieces.len() - 1;
-        if s_count == n {
+        if pieces.len() - 1 == n {
             return Ok(None);
         }
         let nt = geo.nt(varlen);
@@ -429,56 +432,64 @@ impl Split {
             let hbase = sq.batch * nt + starts[sq.n] + (a - bounds[seq].0) / geo.bt;
             [a as i64, (e - a) as i64, hbase as i64]
         };
-        let mut last = Vec::with_capacity(n * 3);
-        let mut others = Vec::new();
-        let mut table = Vec::with_capacity(n * 2);
-        let (mut pre_chunks, mut run_chunks) = (Vec::new(), Vec::new());
+        let mut run = Vec::with_capacity(n * 3);
+        let mut pre = Vec::new();
+        let mut merge = Vec::with_capacity(n * 2);
         for seq in 0..n {
             let (j0, j1) = (offs[seq] as usize, offs[seq + 1] as usize);
-            table.extend([(j1 - j0) as i64, (others.len() / 3) as i64]);
+            merge.extend([(j1 - j0) as i64, (pre.len() / 3) as i64]);
             for j in j0..j1 - 1 {
-                let r = row(seq, j);
-                pre_chunks.push((r[1] as usize).div_ceil(geo.bt));
-                others.extend(r);
+                pre.extend(row(seq, j));
             }
-            let r = row(seq, j1 - 1);
-            run_chunks.push((r[1] as usize).div_ceil(geo.bt));
-            last.extend(r);
+            run.extend(row(seq, j1 - 1));
         }
-        run_chunks.extend(&pre_chunks);
-        let q = others.len() / 3;
-        let pre_choice = kernel_choice(
-            &Workload {
-                dtype,
-                k: geo.k,
-                col_groups: &[geo.v, geo.k],
-                seq_chunks: &pre_chunks,
-                hv: geo.hv,
-            },
-            gpu.sm_count(),
-        );
-        let run_choice = kernel_choice(
-            &Workload {
-                dtype,
-                k: geo.k,
-                col_groups: &[geo.v],
-                seq_chunks: &run_chunks,
-                hv: geo.hv,
-            },
-            gpu.sm_count(),
-        );
-        let pre_seqs = DeviceTensor::from_slice(gpu, &others)?;
-        last.extend(others);
+        run.extend(&pre);
+        Ok(Some(Tables { pre, merge, run }))
+    }
+
+    /// The chunks of every row of a `[rows, 3]` table.
+    fn chunks(rows: &[i64], bt: usize) -> Vec<usize> {
+        rows.chunks(3)
+            .map(|r| (r[1] as usize).div_ceil(bt))
+            .collect()
+    }
+}
+
+impl Split {
+    /// The device side of [`Tables::new`] with the kernels of both launches.
+    fn new(
+        gpu: &Gpu,
+        geo: &Geometry,
+        varlen: bool,
+        dtype: Dtype,
+        pieces: Vec<i64>,
+    ) -> GpuResult<Option<Split>> {
+        let Some(t) = Tables::new(geo, varlen, &pieces)? else {
+            return Ok(None);
+        };
+        let choice = |groups: &[usize], rows: &[i64]| {
+            kernel_choice(
+                &Workload {
+                    dtype,
+                    k: geo.k,
+                    col_groups: groups,
+                    seq_chunks: &Tables::chunks(rows, geo.bt),
+                    hv: geo.hv,
+                },
+                gpu.sm_count(),
+            )
+        };
+        let (n, q) = (geo.n(), t.pre.len() / 3);
         Ok(Some(Split {
             pieces,
             n,
             s: n + q,
             q,
-            pre_choice,
-            pre_seqs,
-            merge_table: DeviceTensor::from_slice(gpu, &table)?,
-            run_choice,
-            run_seqs: DeviceTensor::from_slice(gpu, &last)?,
+            pre_choice: choice(&[geo.v, geo.k], &t.pre),
+            pre_seqs: DeviceTensor::from_slice(gpu, &t.pre)?,
+            merge_table: DeviceTensor::from_slice(gpu, &t.merge)?,
+            run_choice: choice(&[geo.v], &t.run),
+            run_seqs: DeviceTensor::from_slice(gpu, &t.run)?,
         }))
     }
 }
@@ -513,4 +524,108 @@ pub fn chunk_gated_delta_rule_fwd_h_split(
     let mut out = plan.alloc_outputs(gpu)?;
     plan.run(gpu, inputs, &mut ws, &mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_reference::delta::{validate_chunk_gated_delta_rule_fwd_h, FwdHShapes};
+    use proptest::prelude::*;
+
+    /// The geometry of `lens` (varlen) or of `B = lens.len()` rows of `lens[0]` tokens.
+    fn geometry(lens: &[usize], varlen: bool, bt: usize) -> Geometry {
+        let (b, t) = if varlen {
+            (1, lens.iter().sum())
+        } else {
+            (lens.len(), lens[0])
+        };
+        let cu: Vec<i64> = std::iter::once(0)
+            .chain(lens.iter().scan(0i64, |a, &l| {
+                *a += l as i64;
+                Some(*a)
+            }))
+            .collect();
+        let (k, u) = ([b, t, 1, 4], [b, t, 1, 4]);
+        let shapes = FwdHShapes {
+            k: &k,
+            w: &k,
+            u: &u,
+            ..FwdHShapes::default()
+        };
+        let p = FwdHParams {
+            chunk_size: bt as i64,
+            ..FwdHParams::default()
+        };
+        validate_chunk_gated_delta_rule_fwd_h(&shapes, varlen.then_some(cu.as_slice()), &p).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// For random layouts and random valid splits: the re-run rows partition the tokens
+        /// and the `h` rows exactly once, rows `0 .. N` are the sequences' last pieces, the
+        /// pre-scan rows are the re-run rows `N ..` in order, and the merge table counts each
+        /// sequence's pieces with running summary offsets.
+        #[test]
+        fn piece_tables_cover_every_chunk_once(
+            lens in proptest::collection::vec(0usize..300, 1..6),
+            cuts in proptest::collection::vec(0usize..8, 6),
+            bi in 0usize..3,
+            varlen in any::<bool>(),
+        ) {
+            let bt = [16, 32, 64][bi];
+            let lens = if varlen { lens } else { vec![lens[0]; lens.len()] };
+            let geo = geometry(&lens, varlen, bt);
+            // cut sequence n after every cuts[n]-th chunk
+            let mut pieces = vec![0i64];
+            let mut bos = 0usize;
+            for (i, &l) in lens.iter().enumerate() {
+                let step = cuts[i % cuts.len()];
+                if step > 0 {
+                    let mut at = bos + step * bt;
+                    while at < bos + l {
+                        pieces.push(at as i64);
+                        at += step * bt;
+                    }
+                }
+                bos += l;
+                pieces.push(bos as i64);
+            }
+            let n = lens.len();
+            match Tables::new(&geo, varlen, &pieces).unwrap() {
+                None => prop_assert_eq!(pieces.len() - 1, n),
+                Some(t) => {
+                    let s = pieces.len() - 1;
+                    prop_assert_eq!(t.run.len(), 3 * s);
+                    prop_assert_eq!(&t.run[3 * n..], &t.pre[..]);
+                    let total: usize = lens.iter().sum();
+                    let nt = geo.nt(varlen);
+                    let h_rows = geo.b * nt;
+                    let (mut tok, mut h) = (vec![0u8; total], vec![0u8; h_rows]);
+                    for r in t.run.chunks(3) {
+                        let (a, l, hb) = (r[0] as usize, r[1] as usize, r[2] as usize);
+                        tok[a..a + l].iter_mut().for_each(|x| *x += 1);
+                        for c in 0..l.div_ceil(bt) {
+                            h[hb + c] += 1;
+                        }
+                    }
+                    prop_assert!(tok.iter().all(|&x| x == 1));
+                    // every h row that exists (partial batch rows have unused tail rows)
+                    let used: usize = lens.iter().map(|l| l.div_ceil(bt)).sum();
+                    prop_assert_eq!(h.iter().filter(|&&x| x == 1).count(), used);
+                    prop_assert!(h.iter().all(|&x| x <= 1));
+                    let mut q = 0i64;
+                    let mut end = 0usize;
+                    for (i, &l) in lens.iter().enumerate() {
+                        end += l;
+                        let r = &t.run[3 * i..3 * i + 3];
+                        prop_assert_eq!((r[0] + r[1]) as usize, end);
+                        let m = t.merge[2 * i];
+                        prop_assert_eq!(t.merge[2 * i + 1], q);
+                        q += m - 1;
+                    }
+                    prop_assert_eq!(q as usize, t.pre.len() / 3);
+                }
+            }
+        }
+    }
 }
