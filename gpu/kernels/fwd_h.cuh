@@ -151,19 +151,10 @@ template <> struct Mma<f16> {
 // Shared-memory layout of the mma kernel (element pitches padded by 8 against bank conflicts).
 // STAGES chunk buffers: the loads of chunk c + STAGES - 1 are issued while chunk c computes
 // (two for 256 keys, for the 227 KiB of shared memory).
-#ifndef FWDH_STAGES
-#define FWDH_STAGES 3
-#endif
-// Chunk buffers: two for 256 keys (shared memory); FWDH_STAGES (2 or 3, $ATTN_FWDH_STAGES) for
-// blocks of up to 128 keys and 32 columns, whose two-buffer layout fits two blocks per
-// multiprocessor (launch bounds of two blocks, 128 registers); else three.
-__host__ __device__ constexpr int fwdh_stages(int kp, int bv) { return kp >= 256 ? 2 : (bv <= 32 ? FWDH_STAGES : 3); }
-__host__ __device__ constexpr int fwdh_min_blocks(int kp, int bv) { return kp <= 128 && fwdh_stages(kp, bv) == 2 ? 2 : 1; }
-
 template <typename T, int KP, int BV> struct MmaSmem {
     static constexpr int KPITCH = KP + 8;
     static constexpr int VPITCH = BV + 8;
-    static constexpr int STAGES = fwdh_stages(KP, BV);
+    static constexpr int STAGES = KP >= 256 ? 2 : 3;
     static constexpr unsigned KROW = KPITCH * sizeof(T);  // bytes per row of k / w
     static constexpr unsigned VROW = VPITCH * sizeof(T);  // bytes per row of u / s / d
     T k[STAGES][FWDH_BT][KPITCH];
@@ -387,7 +378,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
 
     // fast-path copy pieces: k / w 16-byte piece (kr0 + p * KRS, kc8), u piece (vr0 + p * VRS,
     // vc8), fixed for the sequence; the sources of the next chunk to load (kn, wn, un, gn, gkn)
-    // advance by one chunk per load, whichever path issued it
+    // advance by one chunk per fast load (the full chunks are a prefix of the sequence)
     constexpr int KSEG = KP / 8, KRS = FWDH_THREADS / KSEG, KPASS = FWDH_BT / KRS;
     constexpr int VSEG = BV / 8, VRS = FWDH_THREADS / VSEG, VPASS = (FWDH_BT + VRS - 1) / VRS;
     constexpr int HPASS = (KP + VRS - 1) / VRS;
@@ -756,7 +747,7 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
 // Kernel entry points of one op (PRESCAN false: fwd_h; true: pre-scan), named
 // `<op>_mma_<dtype>_k<KP>_v<BV>` and `<op>_fma_<f32|f64>`.
 #define FWDH_MMA_KERNEL(OP, PRE, T, TAG, KP, BV) \
-    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, fwdh_min_blocks(KP, BV)) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) OP##_mma_##TAG##_k##KP##_v##BV(const FwdHArgs a) { \
         fwd_h_mma<T, KP, BV, PRE>(a); \
     }
 #define FWDH_MMA_KERNELS_T(OP, PRE, T, TAG) \

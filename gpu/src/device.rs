@@ -192,9 +192,6 @@ impl Gpu {
         if let Some(r) = knobs::tile_rows().filter(|&r| r > 0) {
             opts.push(format!("-DATTN_TILE_RP={r}"));
         }
-        if let Some(st) = knobs::fwd_h_stages() {
-            opts.push(format!("-DFWDH_STAGES={st}"));
-        }
         opts.extend(knobs::nvrtc_opts());
         opts
     }

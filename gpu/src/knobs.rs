@@ -38,13 +38,6 @@ pub(crate) fn fwd_h_bv() -> Option<usize> {
     knob("ATTN_FWDH_BV", |b| [16, 32, 64].contains(&b))
 }
 
-/// `$ATTN_FWDH_STAGES`: chunk buffers (2 or 3) of the fwd_h / pre-scan tensor-core kernels of up
-/// to 128 keys and 32 columns (passed to NVRTC as `FWDH_STAGES`; 2 fits two blocks per
-/// multiprocessor).
-pub(crate) fn fwd_h_stages() -> Option<usize> {
-    knob("ATTN_FWDH_STAGES", |s| [2, 3].contains(&s))
-}
-
 /// `$ATTN_PRESCAN_SPLIT=0`: the pre-scan's `M` columns without hi + lo operands (plain half
 /// operands, as cuLA rounds them); anything else keeps the pairs.
 pub(crate) fn prescan_split() -> bool {

@@ -70,8 +70,8 @@ impl KernelChoice {
         match self {
             KernelChoice::Mma { kp, bv } => {
                 let (kpitch, vpitch) = (kp + 8, bv + 8);
-                // chunk buffers (`fwdh_stages`)
-                let st = stages(kp, bv);
+                // chunk buffers (`MmaSmem::STAGES`)
+                let st = if kp >= 256 { 2 } else { 3 };
                 let tiles = st * 2 * MAX_BT * kpitch * 2 + st * MAX_BT * vpitch * 2;
                 let gates = st * MAX_BT * 4 + st * kp * 4;
                 let state = 2 * kp * vpitch * 2 + 2 * MAX_BT * vpitch * 2;
@@ -90,18 +90,6 @@ impl KernelChoice {
             KernelChoice::Mma { kp, bv } => format!("{op}_mma_{}_k{kp}_v{bv}", dtype.name_tag()),
             KernelChoice::Fma => format!("{op}_fma_{}", dtype.name_tag()),
         }
-    }
-}
-
-/// Chunk buffers of a tensor-core block (`fwdh_stages` of fwd_h.cuh): two for 256 keys,
-/// `$ATTN_FWDH_STAGES` (default 3) for up to 128 keys and 32 columns, else three.
-fn stages(kp: usize, bv: usize) -> usize {
-    if kp >= 256 {
-        2
-    } else if bv <= 32 {
-        crate::knobs::fwd_h_stages().unwrap_or(3)
-    } else {
-        3
     }
 }
 
