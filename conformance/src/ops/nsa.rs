@@ -21,7 +21,7 @@ use attn_reference::nsa::nsa_fwd::FwdGates;
 use attn_reference::nsa::{self as nsa, BlockCounts, EmptyLse, Gates, PartialBlock};
 use attn_reference::nsa::{SelectMode, Visibility};
 use attn_reference::{DtypeClass, Error};
-use ndarray::{Array, ArrayD, Dimension, Ix3, Ix4, IxDyn};
+use ndarray::{Array, Array3, ArrayD, Dimension, Ix3, Ix4, IxDyn};
 use std::str::FromStr;
 
 pub const OPS: &[OpSpec] = &[
@@ -143,6 +143,18 @@ fn opt_index_dim<D: Dimension>(
 /// `cu_seqlens`, when given.
 fn cu(inputs: &Tensors) -> Result<Option<Vec<i64>>, Problem> {
     opt_indices(inputs, "cu_seqlens")
+}
+
+/// The call's `block_counts`: the integer parameter or the `[B, T, H]` tensor `counts` (at most
+/// one of them), or none.
+fn block_counts<'a>(
+    p: &Params,
+    counts: &'a Option<Array3<i64>>,
+) -> Result<Option<BlockCounts<'a>>, Problem> {
+    Ok(BlockCounts::from_parts(
+        p.opt_int("block_counts")?,
+        counts.as_ref().map(|c| c.view()),
+    )?)
 }
 
 fn f64_out(name: &str, a: ArrayD<f64>) -> (String, Tensor) {
@@ -341,10 +353,7 @@ fn nsa_select_blocks_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Proble
     let q = float_dim::<Ix4>(inputs, "q")?;
     let k_cmp = float_dim::<Ix4>(inputs, "k_cmp")?;
     let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
-    let bc = BlockCounts::from_parts(
-        p.opt_int("block_counts")?,
-        counts.as_ref().map(|c| c.view()),
-    )?;
+    let bc = block_counts(p, &counts)?;
     let r = nsa::nsa_select_blocks(
         q.view(),
         k_cmp.view(),
@@ -368,10 +377,7 @@ fn nsa_select_blocks_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Proble
     let q = upload(gpu, input(inputs, "q")?)?;
     let k_cmp = upload(gpu, input(inputs, "k_cmp")?)?;
     let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
-    let bc = BlockCounts::from_parts(
-        p.opt_int("block_counts")?,
-        counts.as_ref().map(|c| c.view()),
-    )?;
+    let bc = block_counts(p, &counts)?;
     let x = attn_gpu::SelectInputs {
         q: &q,
         k_cmp: &k_cmp,
@@ -421,10 +427,7 @@ fn nsa_selection_attention_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, 
     let idx = opt_index_dim::<Ix4>(inputs, "block_indices")?
         .ok_or_else(|| Problem::MissingInput("block_indices".into()))?;
     let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
-    let bc = BlockCounts::from_parts(
-        p.opt_int("block_counts")?,
-        counts.as_ref().map(|c| c.view()),
-    )?;
+    let bc = block_counts(p, &counts)?;
     let r = nsa::nsa_selection_attention(
         q.view(),
         k.view(),
@@ -448,10 +451,7 @@ fn nsa_selection_attention_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, 
     let [q, k, v, idx] = ["q", "k", "v", "block_indices"].map(|n| upload(gpu, input(inputs, n)?));
     let (q, k, v, idx) = (q?, k?, v?, idx?);
     let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
-    let bc = BlockCounts::from_parts(
-        p.opt_int("block_counts")?,
-        counts.as_ref().map(|c| c.view()),
-    )?;
+    let bc = block_counts(p, &counts)?;
     let x = attn_gpu::SelAttnInputs {
         q: &q,
         k: &k,
@@ -639,10 +639,7 @@ fn nsa_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     };
     let idx = opt_index_dim::<Ix4>(inputs, "block_indices")?;
     let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
-    let bc = BlockCounts::from_parts(
-        p.opt_int("block_counts")?,
-        counts.as_ref().map(|c| c.view()),
-    )?;
+    let bc = block_counts(p, &counts)?;
     let r = nsa::nsa_fwd(
         q.view(),
         k.view(),
@@ -677,10 +674,7 @@ fn nsa_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
         .map(|n| opt_upload(gpu, inputs, n))
         .collect::<Result<_, _>>()?;
     let counts = opt_index_dim::<Ix3>(inputs, "block_counts")?;
-    let bc = BlockCounts::from_parts(
-        p.opt_int("block_counts")?,
-        counts.as_ref().map(|c| c.view()),
-    )?;
+    let bc = block_counts(p, &counts)?;
     let x = attn_gpu::FwdInputs {
         q: &q,
         k: &k,

@@ -36,6 +36,7 @@
 //! the device's SM count; the per-step times are the H100's).
 
 use super::launch::{kernel_choice, KernelChoice, Workload};
+use attn_reference::delta::subseq_from_counts;
 use attn_reference::varlen::validate_cu_seqlens;
 use attn_reference::{Dtype, Error, Result};
 use std::cmp::Reverse;
@@ -173,27 +174,9 @@ pub fn split_policy(q: &SplitQuery<'_>) -> Result<SplitDecision> {
             serial_us,
             split_us: Some(t),
             piece_chunks: p,
-            pieces: Some(boundaries(&lens, bt, &counts)),
+            pieces: Some(subseq_from_counts(&lens, bt, &counts)),
         },
     })
-}
-
-/// `subseq_cu_seqlens` cutting sequence `n` (of `lens[n]` tokens) into `counts[n]` pieces of
-/// `ceil(NT_n / counts[n])` chunks (the last shorter; fewer pieces when they run out).
-fn boundaries(lens: &[usize], bt: usize, counts: &[usize]) -> Vec<i64> {
-    let mut out = vec![0i64];
-    let mut bos = 0usize;
-    for (&len, &c) in lens.iter().zip(counts) {
-        let per = len.div_ceil(bt).div_ceil(c.max(1)).max(1) * bt;
-        let mut at = bos + per;
-        while at < bos + len {
-            out.push(at as i64);
-            at += per;
-        }
-        bos += len;
-        out.push(bos as i64);
-    }
-    out
 }
 
 /// The chunks of the pieces of every sequence under `counts` (pieces of

@@ -43,7 +43,7 @@ pub use prescan::{
     FwdHPreScanParams,
 };
 pub use split::{
-    auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h_split, subseq_offsets,
+    auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h_split, subseq_from_counts, subseq_offsets,
     validate_chunk_gated_delta_rule_fwd_h_split, FwdHSplitInputs, SplitPlan, DEFAULT_NUM_SMS,
 };
 

@@ -57,10 +57,18 @@ pub fn auto_subseq_cu_seqlens(
             pieces[i] -= 1;
         }
     }
+    Ok(subseq_from_counts(seq_lens, bt, &pieces))
+}
+
+/// The `subseq_cu_seqlens` cutting sequence `n` (`seq_lens[n]` tokens, packed in order) into
+/// `counts[n]` pieces of `ceil(NT_n / counts[n])` chunks of `bt` tokens, the last shorter (fewer
+/// pieces when the chunks run out; a count of 0 is taken as 1). A valid split (spec 5.2) for
+/// `bt >= 1`.
+pub fn subseq_from_counts(seq_lens: &[usize], bt: usize, counts: &[usize]) -> Vec<i64> {
     let mut out = vec![0i64];
     let mut bos = 0usize;
-    for ((&len, &nt), &p) in seq_lens.iter().zip(&nts).zip(&pieces) {
-        let per = nt.div_ceil(p).max(1) * bt;
+    for (&len, &c) in seq_lens.iter().zip(counts) {
+        let per = len.div_ceil(bt).div_ceil(c.max(1)).max(1) * bt;
         let mut at = bos + per;
         while at < bos + len {
             out.push(at as i64);
@@ -69,7 +77,7 @@ pub fn auto_subseq_cu_seqlens(
         bos += len;
         out.push(bos as i64);
     }
-    Ok(out)
+    out
 }
 
 /// A chunk size given as `usize` must be at least 1.
