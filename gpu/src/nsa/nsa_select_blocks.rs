@@ -21,9 +21,7 @@ use crate::kernels::Module;
 use crate::params::tag;
 use crate::tensor::DeviceTensor;
 use attn_reference::nsa::nsa_compression_attention::check_cmp_shapes;
-use attn_reference::nsa::{
-    check_block_size, check_scale, BlockCounts, CmpLayout, PartialBlock, SelectMode,
-};
+use attn_reference::nsa::{check_block_size, check_scale, BlockCounts, CmpLayout, SelectMode};
 use attn_reference::{Dtype, Error};
 use cudarc::driver::DeviceRepr;
 
@@ -103,13 +101,7 @@ pub(super) fn plan(
     let bs = check_block_size(block_size)?;
     let qs = x.q.shape();
     let (b, t, hq, kd) = (qs[0], qs[1], qs[2], qs[3]);
-    let (partial, rule) = match mode {
-        SelectMode::Fla => (PartialBlock::MeanOfValid, "mode fla: ceil(L / block_size)"),
-        SelectMode::MslkTileMean => (
-            PartialBlock::Drop,
-            "mode mslk_tile_mean: floor(L / block_size)",
-        ),
-    };
+    let (partial, rule) = mode.blocks();
     let layout = CmpLayout::new(b, t, cu_seqlens, bs, partial)?;
     let g = check_cmp_shapes(qs, x.k_cmp.shape(), None, &layout, rule)?;
     let h = x.k_cmp.shape()[2];

@@ -20,6 +20,21 @@ pub enum SelectMode {
     MslkTileMean,
 }
 
+impl SelectMode {
+    /// The compressed blocks a mode scores: FLA every block with a valid token
+    /// (`ceil(L / block_size)`, a partial last block as the mean of its valid tokens), MSLK only
+    /// complete ones (`floor(L / block_size)`); with the rule's wording for shape errors.
+    pub fn blocks(self) -> (PartialBlock, &'static str) {
+        match self {
+            SelectMode::Fla => (PartialBlock::MeanOfValid, "mode fla: ceil(L / block_size)"),
+            SelectMode::MslkTileMean => (
+                PartialBlock::Drop,
+                "mode mslk_tile_mean: floor(L / block_size)",
+            ),
+        }
+    }
+}
+
 impl FromStr for SelectMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -178,13 +193,7 @@ pub fn nsa_select_blocks<T: Real>(
 ) -> Result<SelectOut<T>> {
     let bs = check_block_size(block_size)?;
     let (b, t, hq, kd) = q.dim();
-    let (partial, rule) = match mode {
-        SelectMode::Fla => (PartialBlock::MeanOfValid, "mode fla: ceil(L / block_size)"),
-        SelectMode::MslkTileMean => (
-            PartialBlock::Drop,
-            "mode mslk_tile_mean: floor(L / block_size)",
-        ),
-    };
+    let (partial, rule) = mode.blocks();
     let layout = CmpLayout::new(b, t, cu_seqlens, bs, partial)?;
     let g = check_cmp_shapes(q.shape(), k_cmp.shape(), None, &layout, rule)?;
     let h = k_cmp.shape()[2];
