@@ -100,7 +100,7 @@ pub fn nsa_compression_attention(
     let pl = plan(x, cu_seqlens, p)?;
     let mut o = DeviceTensor::alloc(gpu, &pl.o, x.q.dtype())?;
     let mut lse = DeviceTensor::alloc(gpu, &pl.lse, Dtype::F32)?;
-    nsa_compression_attention_into(gpu, x, cu_seqlens, p, &mut o, Some(&mut lse))?;
+    launch(gpu, x, &pl, p, &mut o, Some(&mut lse))?;
     Ok((o, lse))
 }
 

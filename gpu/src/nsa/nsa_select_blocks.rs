@@ -214,13 +214,11 @@ pub fn nsa_select_blocks(
         causal,
     )?;
     let mut out = DeviceTensor::alloc(gpu, &p.out_shape, Dtype::I32)?;
-    nsa_select_blocks_into(
+    launch(
         gpu,
         x,
+        &p,
         block_counts,
-        cu_seqlens,
-        block_size,
-        scale,
         mode,
         q_tile_size,
         causal,
@@ -264,6 +262,30 @@ pub fn nsa_select_blocks_into(
     if block_indices.dtype() != Dtype::I32 {
         return Err(Error::dtype("block_indices", "int32", block_indices.dtype().name()).into());
     }
+    launch(
+        gpu,
+        x,
+        &p,
+        block_counts,
+        mode,
+        q_tile_size,
+        causal,
+        block_indices,
+    )
+}
+
+/// Launches a validated call into `block_indices` (int32, of the plan's shape).
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &Gpu,
+    x: &SelectInputs<'_>,
+    p: &Plan,
+    block_counts: Option<BlockCounts<'_>>,
+    mode: SelectMode,
+    q_tile_size: i64,
+    causal: bool,
+    block_indices: &mut DeviceTensor,
+) -> GpuResult<()> {
     if block_indices.numel() == 0 {
         return Ok(());
     }

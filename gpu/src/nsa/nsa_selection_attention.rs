@@ -128,16 +128,8 @@ pub fn nsa_selection_attention(
     let pl = plan(x, block_counts, cu_seqlens, block_size, scale)?;
     let mut o = DeviceTensor::alloc(gpu, &pl.o, x.q.dtype())?;
     let mut lse = DeviceTensor::alloc(gpu, &pl.lse, Dtype::F32)?;
-    nsa_selection_attention_into(
-        gpu,
-        x,
-        block_counts,
-        cu_seqlens,
-        block_size,
-        scale,
-        &mut o,
-        Some(&mut lse),
-    )?;
+    let counts = upload_counts(gpu, block_counts)?;
+    launch(gpu, x, &pl, counts.as_ref(), &mut o, Some(&mut lse))?;
     Ok((o, lse))
 }
 
