@@ -35,6 +35,25 @@ pub fn cases(n: u32) -> proptest::test_runner::Config {
     proptest::test_runner::Config::with_cases(n)
 }
 
+/// Whether table row `i` of `total` runs: every row, or with `$ATTN_TEST_CASES = n` set (under
+/// compute-sanitizer) an evenly spread `n` of them (a stride prime to 3, so that rows cycling
+/// through three chunk sizes keep all three).
+pub fn table_row_runs(i: usize, total: usize) -> bool {
+    match std::env::var("ATTN_TEST_CASES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(n) if n > 0 && n < total => {
+            let mut stride = total.div_ceil(n);
+            if stride % 3 == 0 {
+                stride += 1;
+            }
+            i % stride == 0
+        }
+        _ => true,
+    }
+}
+
 pub use attn_testkit::Rng;
 
 pub const FLOATS: [Dtype; 4] = [Dtype::F32, Dtype::F64, Dtype::BF16, Dtype::F16];
