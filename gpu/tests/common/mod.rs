@@ -28,21 +28,22 @@ pub fn gpu_or_skip(test: &str) -> Option<&'static Gpu> {
 /// A proptest config of `n` cases, or `$ATTN_TEST_CASES` cases when set (fewer under
 /// compute-sanitizer, which slows kernels down a lot).
 pub fn cases(n: u32) -> proptest::test_runner::Config {
-    let n = std::env::var("ATTN_TEST_CASES")
+    let n = reduced_cases().map_or(n, |c| c.min(u32::MAX as usize) as u32);
+    proptest::test_runner::Config::with_cases(n)
+}
+
+/// `$ATTN_TEST_CASES`, when set: the reduced case count (under compute-sanitizer).
+fn reduced_cases() -> Option<usize> {
+    std::env::var("ATTN_TEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(n);
-    proptest::test_runner::Config::with_cases(n)
 }
 
 /// Whether table row `i` of `total` runs: every row, or with `$ATTN_TEST_CASES = n` set (under
 /// compute-sanitizer) an evenly spread `n` of them (a stride prime to 3, so that rows cycling
 /// through three chunk sizes keep all three).
 pub fn table_row_runs(i: usize, total: usize) -> bool {
-    match std::env::var("ATTN_TEST_CASES")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    match reduced_cases() {
         Some(n) if n > 0 && n < total => {
             let mut stride = total.div_ceil(n);
             if stride % 3 == 0 {
