@@ -31,6 +31,8 @@ pub enum Module {
     FwdHPreScan,
     FwdHMerge,
     FwdHSplit,
+    KdaIntra,
+    DeltaFwd,
 }
 
 impl Module {
@@ -53,6 +55,8 @@ impl Module {
             Module::FwdHPreScan => "fwd_h_pre_scan",
             Module::FwdHMerge => "fwd_h_merge",
             Module::FwdHSplit => "chunk_gated_delta_rule_fwd_h_split",
+            Module::KdaIntra => "kda_intra",
+            Module::DeltaFwd => "delta_fwd",
         }
     }
 
@@ -79,6 +83,8 @@ impl Module {
             Module::FwdHPreScan => include_str!("../kernels/fwd_h_pre_scan.cu"),
             Module::FwdHMerge => include_str!("../kernels/fwd_h_merge.cu"),
             Module::FwdHSplit => include_str!("../kernels/fwd_h_split.cu"),
+            Module::KdaIntra => include_str!("../kernels/kda_intra.cu"),
+            Module::DeltaFwd => include_str!("../kernels/delta_fwd.cu"),
         }
     }
 
@@ -89,7 +95,8 @@ impl Module {
             Module::ChunkGatedDeltaRuleFwdH
             | Module::FwdHPreScan
             | Module::FwdHMerge
-            | Module::FwdHSplit => {
+            | Module::FwdHSplit
+            | Module::DeltaFwd => {
                 s.push_str(FWD_H);
                 s.push_str(self.op_source());
                 return s;
@@ -100,6 +107,11 @@ impl Module {
                 return s;
             }
             Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
+            Module::KdaIntra => {
+                // the gate of gate.cuh and the dtype-coded loads of fwd_h.cuh
+                s.push_str(GATE);
+                s.push_str(FWD_H);
+            }
             _ => {
                 s.push_str(GATE);
                 s.push_str(STRIDED);
@@ -117,7 +129,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 17] = [
+    pub const ALL: [Module; 19] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -135,5 +147,7 @@ impl Module {
         Module::FwdHPreScan,
         Module::FwdHMerge,
         Module::FwdHSplit,
+        Module::KdaIntra,
+        Module::DeltaFwd,
     ];
 }

@@ -38,6 +38,11 @@ pub(crate) fn fwd_h_bv() -> Option<usize> {
     knob("ATTN_FWDH_BV", |b| [16, 32, 64].contains(&b))
 }
 
+/// `$ATTN_FWD_BV`: state columns per block of the fused delta-rule forward (16, 32 or 64).
+pub(crate) fn fwd_bv() -> Option<usize> {
+    knob("ATTN_FWD_BV", |b| [16, 32, 64].contains(&b))
+}
+
 /// `$ATTN_PRESCAN_SPLIT=0`: the pre-scan's `M` columns without hi + lo operands (plain half
 /// operands, as cuLA rounds them); anything else keeps the pairs.
 pub(crate) fn prescan_split() -> bool {

@@ -30,7 +30,8 @@ pub use decode::{
 };
 pub use delta::{
     chunk_gated_delta_rule_fwd_h, chunk_gated_delta_rule_fwd_h_split, fwd_h_merge, fwd_h_pre_scan,
-    FwdHDeviceOutputs, FwdHTensors, SplitMode,
+    gdn_fwd, kda_fwd, kda_intra, DeltaFwdDeviceOutputs, ForwardPath, ForwardTensors,
+    FwdHDeviceOutputs, FwdHTensors, KdaIntraTensors, SplitMode,
 };
 pub use device::Gpu;
 pub use error::{GpuError, GpuResult};

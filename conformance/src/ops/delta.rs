@@ -1,7 +1,7 @@
 //! The delta-rule ops of spec `ops-delta-rule.md`: `chunk_gated_delta_rule_fwd_h`,
 //! `fwd_h_pre_scan`, `fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`
 //! (its recurrent definition) and `gdn_fwd` (its recurrent definition). Each op's registry entry,
-//! its float64 CPU runner (`<op>_cpu`) and, for the first four, its GPU runner (`<op>_gpu`:
+//! its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`:
 //! `attn-gpu`'s kernels on the case's inputs in their own dtypes), side by side, then the output
 //! classes and thresholds they share.
 
@@ -352,18 +352,22 @@ const KDA_INTRA: OpSpec = OpSpec {
         intra_output!("Akk", "k"),
     ],
     cpu: kda_intra_cpu,
-    gpu: None,
+    gpu: Some(kda_intra_gpu),
 };
+
+fn kda_intra_params(p: &Params) -> Result<d::KdaIntraParams, Problem> {
+    Ok(d::KdaIntraParams {
+        scale: p.opt_f64("scale")?,
+        chunk_size: p.int("chunk_size")?,
+        safe_gate: p.bool("safe_gate")?,
+    })
+}
 
 /// `w, u, kg, Aqk, Akk` of spec section 7.
 fn kda_intra_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let x = Qkv::read(inputs, &[])?;
     let gk = float_dim::<Ix4>(inputs, "gk")?;
-    let params = d::KdaIntraParams {
-        scale: p.opt_f64("scale")?,
-        chunk_size: p.int("chunk_size")?,
-        safe_gate: p.bool("safe_gate")?,
-    };
+    let params = kda_intra_params(p)?;
     let o = d::kda_intra(
         &d::KdaIntraInputs {
             q: x.q.view(),
@@ -382,6 +386,87 @@ fn kda_intra_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
         ("Aqk", Some(o.aqk.into_dyn())),
         ("Akk", Some(o.akk.into_dyn())),
     ]))
+}
+
+/// The same outputs from `attn-gpu`'s intra kernel, on the inputs in their own dtypes.
+fn kda_intra_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let params = kda_intra_params(p)?;
+    let cu = opt_indices(inputs, "cu_seqlens")?;
+    let t = ["q", "k", "v", "gk", "beta"]
+        .into_iter()
+        .map(|n| upload(gpu, input(inputs, n)?))
+        .collect::<Result<Vec<_>, Problem>>()?;
+    let o = attn_gpu::kda_intra(
+        gpu,
+        &attn_gpu::KdaIntraTensors {
+            q: &t[0],
+            k: &t[1],
+            v: &t[2],
+            gk: &t[3],
+            beta: &t[4],
+        },
+        cu.as_deref(),
+        &params,
+    )?;
+    let mut out = Tensors::new();
+    for (name, x) in [
+        ("w", &o.w),
+        ("u", &o.u),
+        ("kg", &o.kg),
+        ("Aqk", &o.aqk),
+        ("Akk", &o.akk),
+    ] {
+        out.insert(name.into(), download(gpu, x)?);
+    }
+    Ok(out)
+}
+
+/// The tensors of a forward case on the device (spec 6.1, 8.1).
+struct ForwardDevice {
+    t: Vec<attn_gpu::DeviceTensor>,
+    h0: Option<attn_gpu::DeviceTensor>,
+    a_log: Option<attn_gpu::DeviceTensor>,
+    dt_bias: Option<attn_gpu::DeviceTensor>,
+    cu: Option<Vec<i64>>,
+}
+
+impl ForwardDevice {
+    fn upload(gpu: &attn_gpu::Gpu, inputs: &Tensors) -> Result<ForwardDevice, Problem> {
+        Ok(ForwardDevice {
+            t: ["q", "k", "v", "g", "beta"]
+                .into_iter()
+                .map(|n| upload(gpu, input(inputs, n)?))
+                .collect::<Result<Vec<_>, Problem>>()?,
+            h0: opt_upload(gpu, inputs, "initial_state")?,
+            a_log: opt_upload(gpu, inputs, "A_log")?,
+            dt_bias: opt_upload(gpu, inputs, "dt_bias")?,
+            cu: opt_indices(inputs, "cu_seqlens")?,
+        })
+    }
+
+    fn tensors(&self) -> attn_gpu::ForwardTensors<'_> {
+        attn_gpu::ForwardTensors {
+            initial_state: self.h0.as_ref(),
+            a_log: self.a_log.as_ref(),
+            dt_bias: self.dt_bias.as_ref(),
+            ..attn_gpu::ForwardTensors::new(
+                &self.t[0], &self.t[1], &self.t[2], &self.t[3], &self.t[4],
+            )
+        }
+    }
+}
+
+fn forward_downloads(
+    gpu: &attn_gpu::Gpu,
+    o: attn_gpu::DeltaFwdDeviceOutputs,
+) -> Result<Tensors, Problem> {
+    let mut out = Tensors::new();
+    out.insert("o".into(), download(gpu, &o.o)?);
+    if let Some(f) = o.final_state {
+        out.insert("final_state".into(), download(gpu, &f)?);
+    }
+    Ok(out)
 }
 
 const KDA_FWD: OpSpec = OpSpec {
@@ -406,17 +491,11 @@ const KDA_FWD: OpSpec = OpSpec {
     ],
     outputs: &FORWARD_OUTPUTS,
     cpu: kda_fwd_cpu,
-    gpu: None,
+    gpu: Some(kda_fwd_gpu),
 };
 
-/// `o`, `final_state` of spec section 6 (the recurrent definition).
-fn kda_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let x = Qkv::read(inputs, &["initial_state"])?;
-    let g = float_dim::<Ix4>(inputs, "g")?;
-    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
-    let a_log = opt_float_dim::<Ix1>(inputs, "A_log")?;
-    let dt_bias = opt_float_dim::<Ix1>(inputs, "dt_bias")?;
-    let params = d::KdaFwdParams {
+fn kda_fwd_params(p: &Params) -> Result<d::KdaFwdParams, Problem> {
+    Ok(d::KdaFwdParams {
         scale: p.opt_f64("scale")?,
         output_final_state: p.bool("output_final_state")?,
         use_qk_l2norm_in_kernel: p.bool("use_qk_l2norm_in_kernel")?,
@@ -427,7 +506,17 @@ fn kda_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
         safe_gate: p.bool("safe_gate")?,
         chunk_size: p.int("chunk_size")?,
         state_v_first: p.bool("state_v_first")?,
-    };
+    })
+}
+
+/// `o`, `final_state` of spec section 6 (the recurrent definition).
+fn kda_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let x = Qkv::read(inputs, &["initial_state"])?;
+    let g = float_dim::<Ix4>(inputs, "g")?;
+    let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
+    let a_log = opt_float_dim::<Ix1>(inputs, "A_log")?;
+    let dt_bias = opt_float_dim::<Ix1>(inputs, "dt_bias")?;
+    let params = kda_fwd_params(p)?;
     let inp = d::KdaFwdInputs {
         initial_state: h0.as_ref().map(|a| a.view()),
         a_log: a_log.as_ref().map(|a| a.view()),
@@ -438,6 +527,22 @@ fn kda_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     Ok(forward_outputs(d::kda_fwd(&inp, &params)?))
 }
 
+/// The same outputs from `attn-gpu`'s forward (fused where it applies), on the inputs in their
+/// own dtypes.
+fn kda_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let params = kda_fwd_params(p)?;
+    let x = ForwardDevice::upload(gpu, inputs)?;
+    let o = attn_gpu::kda_fwd(
+        gpu,
+        &x.tensors(),
+        x.cu.as_deref(),
+        &params,
+        attn_gpu::ForwardPath::Auto,
+    )?;
+    forward_downloads(gpu, o)
+}
+
 const GDN_FWD: OpSpec = OpSpec {
     id: "gdn_fwd",
     summary: "Gated DeltaNet forward (recurrent definition), scalar gate per head",
@@ -445,27 +550,46 @@ const GDN_FWD: OpSpec = OpSpec {
     params: &[P_SCALE, P_FINAL, P_L2NORM, P_CHUNK64, P_V_FIRST],
     outputs: &FORWARD_OUTPUTS,
     cpu: gdn_fwd_cpu,
-    gpu: None,
+    gpu: Some(gdn_fwd_gpu),
 };
+
+fn gdn_fwd_params(p: &Params) -> Result<d::GdnFwdParams, Problem> {
+    Ok(d::GdnFwdParams {
+        scale: p.opt_f64("scale")?,
+        output_final_state: p.bool("output_final_state")?,
+        use_qk_l2norm_in_kernel: p.bool("use_qk_l2norm_in_kernel")?,
+        chunk_size: p.int("chunk_size")?,
+        state_v_first: p.bool("state_v_first")?,
+    })
+}
 
 /// `o`, `final_state` of spec section 8 (the recurrent definition).
 fn gdn_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let x = Qkv::read(inputs, &["initial_state"])?;
     let g = float_dim::<Ix3>(inputs, "g")?;
     let h0 = opt_float_dim::<Ix4>(inputs, "initial_state")?;
-    let params = d::GdnFwdParams {
-        scale: p.opt_f64("scale")?,
-        output_final_state: p.bool("output_final_state")?,
-        use_qk_l2norm_in_kernel: p.bool("use_qk_l2norm_in_kernel")?,
-        chunk_size: p.int("chunk_size")?,
-        state_v_first: p.bool("state_v_first")?,
-    };
+    let params = gdn_fwd_params(p)?;
     let inp = d::GdnFwdInputs {
         initial_state: h0.as_ref().map(|a| a.view()),
         cu_seqlens: x.cu.as_deref(),
         ..d::GdnFwdInputs::new(x.q.view(), x.k.view(), x.v.view(), g.view(), x.beta.view())
     };
     Ok(forward_outputs(d::gdn_fwd(&inp, &params)?))
+}
+
+/// The same outputs from `attn-gpu`'s forward.
+fn gdn_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let params = gdn_fwd_params(p)?;
+    let x = ForwardDevice::upload(gpu, inputs)?;
+    let o = attn_gpu::gdn_fwd(
+        gpu,
+        &x.tensors(),
+        x.cu.as_deref(),
+        &params,
+        attn_gpu::ForwardPath::Auto,
+    )?;
+    forward_downloads(gpu, o)
 }
 
 /// Sequences longer than this make a case "long" (spec 1.6).

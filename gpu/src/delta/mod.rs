@@ -3,10 +3,14 @@
 //! summary chain [`fwd_h_merge`](merge), and the intra-card split built from them
 //! ([`chunk_gated_delta_rule_fwd_h_split`](split), with its [`policy`]).
 //!
+//! The whole forwards [`kda_fwd`], [`gdn_fwd`] and their intra stage [`kda_intra`] (spec
+//! sections 6-8) are in [`forward`].
+//!
 //! bf16/f16 inputs run on tensor cores (`mma.sync`, fp32 accumulation, the rounding points of
 //! spec 2.5); float32 inputs run an IEEE fp32 FMA kernel (spec threshold 1e-5); float64 main
 //! data is refused with a typed error naming the argument and dtype (spec 1.4 allows it).
 
+pub mod forward;
 pub mod fwd_h;
 mod launch;
 pub mod merge;
@@ -14,6 +18,11 @@ pub mod policy;
 pub mod prescan;
 pub mod split;
 
+pub use forward::{
+    fused_choice, gdn_fwd, kda_fwd, kda_intra, DeltaFwdDeviceOutputs, DeltaFwdPlan,
+    DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, KdaIntraDeviceOutputs,
+    KdaIntraTensors,
+};
 pub use fwd_h::{
     check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,
 };

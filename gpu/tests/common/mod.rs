@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod delta;
+pub mod forward;
 pub mod nsa;
 
 use attn_gpu::{DeviceTensor, Gpu};

@@ -1,0 +1,1025 @@
+//! The whole delta-rule forward on the GPU: `kda_intra` (spec section 7), `kda_fwd` (section 6)
+//! and `gdn_fwd` (section 8).
+//!
+//! One intra kernel per (chunk, value head) (`kda_intra.cu`) prepares, from `q, k, v, g, β`
+//! (L2 norm, β sigmoid and the KDA gate in the kernel when asked, and the chunk-local cumulative
+//! gate `G` in log2 units):
+//!
+//! ```text
+//! Aqk = scale (Q Kᵀ ⊙ exp2(G_r − G_j))_{j≤r},  Akk = (I + β (K Kᵀ ⊙ exp2(G_r − G_j))_{j<r})⁻¹
+//! w = Akk diag(β) (K ⊙ exp2(G)),  u = Akk diag(β) V,  kg = K ⊙ exp2(G_ℓ − G),  qg = scale Q ⊙ exp2(G)
+//! ```
+//!
+//! Then, per (sequence, value head), the state recurrence and the output, in one of two paths:
+//!
+//! - **fused** (bf16/f16, `K ≤ 128`; `delta_fwd.cu`): one kernel carries `S` on chip through
+//!   the chunks, `D = u − w S`, `o = qg S + Aqk D`, `S ← diag(exp2(G_ℓ)) S + kgᵀ D`, writing `o`
+//!   and the final state only;
+//! - **staged** (every dtype): section 2's `chunk_gated_delta_rule_fwd_h` on `kg, w, u, G` writes
+//!   `h` and `v_new`, and an output kernel forms `o = qg h + Aqk v_new`: the checkable stages.
+//!
+//! GDN is the same with the scalar gate broadcast over `K` (spec 8.5); its staged path passes
+//! the raw keys and `g = G` to `fwd_h`, as FLA does. Float32 runs IEEE fp32 FMAs throughout,
+//! float64 fp64.
+
+use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
+use super::launch::seq_table;
+use crate::device::Gpu;
+use crate::error::GpuResult;
+use crate::kernels::Module;
+use crate::params::{dtype_code, GateArgs};
+use crate::tensor::DeviceTensor;
+use attn_reference::delta::{
+    validate_delta_dtypes, validate_gdn_fwd, validate_kda_fwd, validate_kda_intra, DeltaDtypes,
+    FwdHParams, GdnFwdParams, GdnFwdShapes, Geometry, KdaFwdParams, KdaFwdShapes, KdaIntraParams,
+    KdaIntraShapes,
+};
+use attn_reference::{Dtype, Error};
+use cudarc::driver::DeviceRepr;
+
+/// Which recurrence runs a forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardPath {
+    /// Fused where it applies (bf16/f16 with `K ≤ 128`), else staged.
+    Auto,
+    /// `fwd_h` writing `h` and `v_new`, then the output kernel.
+    Staged,
+    /// The fused recurrence and output (bf16/f16, `K ≤ 128`; an error elsewhere).
+    Fused,
+}
+
+/// The device tensors of a `kda_fwd` or `gdn_fwd` call (spec 6.1, 8.1).
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardTensors<'a> {
+    /// `[B, T, H, K]`.
+    pub q: &'a DeviceTensor,
+    /// `[B, T, H, K]`.
+    pub k: &'a DeviceTensor,
+    /// `[B, T, HV, V]`.
+    pub v: &'a DeviceTensor,
+    /// KDA `[B, T, HV, K]` (natural-log decay, or the gate input with `use_gate_in_kernel`);
+    /// GDN `[B, T, HV]`.
+    pub g: &'a DeviceTensor,
+    /// `[B, T, HV]`.
+    pub beta: &'a DeviceTensor,
+    pub initial_state: Option<&'a DeviceTensor>,
+    /// `[HV]` (KDA with `use_gate_in_kernel`).
+    pub a_log: Option<&'a DeviceTensor>,
+    /// `[HV · K]` (KDA with `use_gate_in_kernel`).
+    pub dt_bias: Option<&'a DeviceTensor>,
+}
+
+impl<'a> ForwardTensors<'a> {
+    /// The required tensors; every optional one absent.
+    pub fn new(
+        q: &'a DeviceTensor,
+        k: &'a DeviceTensor,
+        v: &'a DeviceTensor,
+        g: &'a DeviceTensor,
+        beta: &'a DeviceTensor,
+    ) -> Self {
+        ForwardTensors {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state: None,
+            a_log: None,
+            dt_bias: None,
+        }
+    }
+
+    fn dtypes(&self) -> attn_reference::Result<()> {
+        let mut float = vec![("g", self.g.dtype()), ("beta", self.beta.dtype())];
+        for (n, t) in [
+            ("initial_state", self.initial_state),
+            ("A_log", self.a_log),
+            ("dt_bias", self.dt_bias),
+        ] {
+            if let Some(t) = t {
+                float.push((n, t.dtype()));
+            }
+        }
+        validate_delta_dtypes(&DeltaDtypes {
+            main: vec![
+                ("q", self.q.dtype()),
+                ("k", self.k.dtype()),
+                ("v", self.v.dtype()),
+            ],
+            float,
+            ..DeltaDtypes::default()
+        })
+    }
+}
+
+/// The device tensors of a `kda_intra` call (spec 7.1).
+#[derive(Debug, Clone, Copy)]
+pub struct KdaIntraTensors<'a> {
+    pub q: &'a DeviceTensor,
+    pub k: &'a DeviceTensor,
+    pub v: &'a DeviceTensor,
+    /// `[B, T, HV, K]`: the chunk-local cumulative gate in log2 units.
+    pub gk: &'a DeviceTensor,
+    pub beta: &'a DeviceTensor,
+}
+
+/// Outputs of `kda_intra` (spec 7.3): `w`, `kg`, `Aqk`, `Akk` in `k`'s dtype, `u` in `v`'s.
+#[derive(Debug)]
+pub struct KdaIntraDeviceOutputs {
+    pub w: DeviceTensor,
+    pub u: DeviceTensor,
+    pub kg: DeviceTensor,
+    pub aqk: DeviceTensor,
+    pub akk: DeviceTensor,
+}
+
+/// Outputs of `kda_fwd` / `gdn_fwd` (spec 6.3, 8.3): `o` in `q`'s dtype; the final state in
+/// float32 (float64 for float64 inputs) when asked.
+#[derive(Debug)]
+pub struct DeltaFwdDeviceOutputs {
+    pub o: DeviceTensor,
+    pub final_state: Option<DeviceTensor>,
+}
+
+/// Mirror of `IntraArgs` (kda_intra.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct IntraArgs {
+    q: u64,
+    k: u64,
+    v: u64,
+    g: u64,
+    beta: u64,
+    gate: GateArgs,
+    chunks: u64,
+    w: u64,
+    u: u64,
+    kg: u64,
+    qg: u64,
+    aqk: u64,
+    akk: u64,
+    lam: u64,
+    gout: u64,
+    heads: i64,
+    value_heads: i64,
+    k_dim: i64,
+    v_dim: i64,
+    bt: i64,
+    g_dtype: i64,
+    beta_dtype: i64,
+    gate_mode: i64,
+    scalar_gate: i64,
+    l2norm: i64,
+    beta_mode: i64,
+    kg_gated: i64,
+    scale: f64,
+    qg_scale: f64,
+}
+// SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
+unsafe impl DeviceRepr for IntraArgs {}
+
+/// Mirror of `OutArgs` (kda_intra.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct OutArgs {
+    qg: u64,
+    h: u64,
+    aqk: u64,
+    v_new: u64,
+    o: u64,
+    chunks: u64,
+    value_heads: i64,
+    k_dim: i64,
+    v_dim: i64,
+    bt: i64,
+    v_first: i64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for OutArgs {}
+
+/// Mirror of `FusedArgs` (delta_fwd.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct FusedArgs {
+    kg: u64,
+    w: u64,
+    qg: u64,
+    u: u64,
+    aqk: u64,
+    lam: u64,
+    h0: u64,
+    seqs: u64,
+    o: u64,
+    ht: u64,
+    value_heads: i64,
+    k_dim: i64,
+    v_dim: i64,
+    bt: i64,
+    h0_dtype: i64,
+    v_first: i64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for FusedArgs {}
+
+const THREADS: u32 = 256;
+/// Largest chunk of the kernels.
+const MAX_BT: usize = 64;
+/// Key / value columns per tile of the FMA intra and output kernels (`INTRA_KT`, `OUT_BV`).
+const KT: usize = 32;
+/// Shared memory per multiprocessor available to blocks (227 KiB on sm_90).
+const SMEM_PER_SM: usize = 227 * 1024;
+
+/// How a forward's gate input is read (`gate_mode` of `IntraArgs`: 1, 2; `kda_intra` reads
+/// `G` itself, mode 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum GateInput {
+    /// The per-step natural-log decay `a`.
+    Decay,
+    /// The input of the KDA gate (`use_gate_in_kernel`), with its lower bound.
+    InKernel(Option<f64>),
+}
+
+/// The shape-independent description of one forward: its gate, preprocessing and scale.
+#[derive(Debug, Clone, Copy)]
+struct Prep {
+    gate: GateInput,
+    scalar_gate: bool,
+    l2norm: bool,
+    /// 0: β as given; 1: sigmoid; 2: 2 · sigmoid.
+    beta_mode: i64,
+    scale: f64,
+}
+
+/// The op and parameters of a forward (its validation).
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    Kda(KdaFwdParams),
+    Gdn(GdnFwdParams),
+}
+
+impl Call {
+    /// Spec 1.5 and 6.7 / 8.7 plus the GPU's dtype rules, on `t`'s shapes and dtypes.
+    fn validate(
+        &self,
+        t: &ForwardTensors<'_>,
+        cu_seqlens: Option<&[i64]>,
+    ) -> attn_reference::Result<Geometry> {
+        if let Call::Gdn(_) = self {
+            for (arg, x) in [("A_log", t.a_log), ("dt_bias", t.dt_bias)] {
+                if let Some(x) = x {
+                    return Err(Error::missing(
+                        arg,
+                        "no tensor (gdn_fwd takes the decay g itself)",
+                        format!("a tensor of shape {:?}", x.shape()),
+                    ));
+                }
+            }
+        }
+        t.dtypes()?;
+        match self {
+            Call::Kda(p) => validate_kda_fwd(
+                &KdaFwdShapes {
+                    q: t.q.shape(),
+                    k: t.k.shape(),
+                    v: t.v.shape(),
+                    g: t.g.shape(),
+                    beta: t.beta.shape(),
+                    initial_state: t.initial_state.map(|x| x.shape()),
+                    a_log: t.a_log.map(|x| x.shape()),
+                    dt_bias: t.dt_bias.map(|x| x.shape()),
+                },
+                cu_seqlens,
+                p,
+            ),
+            Call::Gdn(p) => validate_gdn_fwd(
+                &GdnFwdShapes {
+                    q: t.q.shape(),
+                    k: t.k.shape(),
+                    v: t.v.shape(),
+                    g: t.g.shape(),
+                    beta: t.beta.shape(),
+                    initial_state: t.initial_state.map(|x| x.shape()),
+                },
+                cu_seqlens,
+                p,
+            ),
+        }
+    }
+
+    /// The intra stage's gate, preprocessing and scale for `K` keys.
+    fn prep(&self, k: usize) -> Prep {
+        match self {
+            Call::Kda(p) => Prep {
+                gate: if p.use_gate_in_kernel {
+                    GateInput::InKernel(p.lower_bound)
+                } else {
+                    GateInput::Decay
+                },
+                scalar_gate: false,
+                l2norm: p.use_qk_l2norm_in_kernel,
+                beta_mode: match (p.use_beta_sigmoid_in_kernel, p.allow_neg_eigval) {
+                    (false, _) => 0,
+                    (true, false) => 1,
+                    (true, true) => 2,
+                },
+                scale: p.scale.unwrap_or(1.0 / (k as f64).sqrt()),
+            },
+            Call::Gdn(p) => Prep {
+                gate: GateInput::Decay,
+                scalar_gate: true,
+                l2norm: p.use_qk_l2norm_in_kernel,
+                beta_mode: 0,
+                scale: p.scale.unwrap_or(1.0 / (k as f64).sqrt()),
+            },
+        }
+    }
+
+    /// `(output_final_state, state_v_first)`.
+    fn state_flags(&self) -> (bool, bool) {
+        match self {
+            Call::Kda(p) => (p.output_final_state, p.state_v_first),
+            Call::Gdn(p) => (p.output_final_state, p.state_v_first),
+        }
+    }
+}
+
+/// The fused kernel's tile shape: keys padded to `kp` (64, 128), `bv` state columns per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusedChoice {
+    pub kp: usize,
+    pub bv: usize,
+}
+
+impl FusedChoice {
+    /// Dynamic shared memory of `FusedSmem<T, kp, bv>` (half-precision elements).
+    fn smem_bytes(self) -> usize {
+        let (kpitch, vpitch, apitch) = (self.kp + 8, self.bv + 8, MAX_BT + 8);
+        let tiles = 2 * MAX_BT * (3 * kpitch + vpitch + apitch) * 2;
+        tiles + 2 * self.kp * 4 + (self.kp + MAX_BT) * vpitch * 2
+    }
+}
+
+/// Relative cost of one chunk step of the fused kernel by its width (the fwd_h kernel's
+/// measured ratios, NOTES.md "fwdh2": the fused step adds two products of the same shapes).
+fn step_cost(bv: usize) -> f64 {
+    match bv {
+        16 => 1.0,
+        32 => 1.53,
+        _ => 2.24,
+    }
+}
+
+/// The fused kernel's tiles for `K` keys, `V` columns, the chunks of every sequence and `HV`
+/// heads on `sm_count` multiprocessors: the width with the least estimated time
+/// `step_cost(bv) · max(chunks of the longest sequence, block-chunks / resident blocks)`
+/// (as `kernel_choice` of fwd_h). `$ATTN_FWD_BV` overrides the width (a tuning knob).
+pub fn fused_choice(
+    k: usize,
+    v: usize,
+    seq_chunks: &[usize],
+    hv: usize,
+    sm_count: usize,
+) -> FusedChoice {
+    let kp = if k <= 64 { 64 } else { 128 };
+    let allowed: Vec<usize> = [64, 32, 16]
+        .into_iter()
+        .filter(|&bv| bv == 16 || bv / 2 < v)
+        .collect();
+    let longest = seq_chunks.iter().copied().max().unwrap_or(0) as f64;
+    let total: usize = seq_chunks.iter().sum::<usize>() * hv;
+    let estimate = |bv: usize| {
+        let per_sm = (SMEM_PER_SM / FusedChoice { kp, bv }.smem_bytes()).max(1);
+        let spread = (total * v.div_ceil(bv)) as f64 / (sm_count.max(1) * per_sm) as f64;
+        step_cost(bv) * longest.max(spread)
+    };
+    let forced = crate::knobs::fwd_bv().filter(|bv| allowed.contains(bv));
+    let bv = forced.unwrap_or_else(|| {
+        allowed
+            .iter()
+            .copied()
+            .min_by(|&a, &b| estimate(a).total_cmp(&estimate(b)))
+            .unwrap_or(16)
+    });
+    FusedChoice { kp, bv }
+}
+
+/// Short dtype tag of the kernel names.
+fn tag(d: Dtype) -> &'static str {
+    match d {
+        Dtype::BF16 => "bf16",
+        Dtype::F16 => "f16",
+        Dtype::F64 => "f64",
+        _ => "f32",
+    }
+}
+
+/// Accumulator dtype of the FMA kernels (the cumulative gate `G`, the state).
+fn acc_dtype(d: Dtype) -> Dtype {
+    if d == Dtype::F64 {
+        Dtype::F64
+    } else {
+        Dtype::F32
+    }
+}
+
+/// The per-chunk table `[NC, 3]` (first packed token row, rows, global chunk index: the `h` row
+/// of section 2) of a validated geometry, and its number of chunks.
+fn chunk_table(gpu: &Gpu, geo: &Geometry, varlen: bool) -> GpuResult<(DeviceTensor, usize)> {
+    let nt = geo.nt(varlen);
+    let starts = geo.chunk_starts(varlen);
+    let mut rows = Vec::new();
+    for s in &geo.seqs {
+        for (c, (a, e)) in s.chunks(geo.bt).enumerate() {
+            rows.push((s.batch * geo.t + a) as i64);
+            rows.push((e - a) as i64);
+            rows.push((s.batch * nt + starts[s.n] + c) as i64);
+        }
+    }
+    let n = rows.len() / 3;
+    if rows.is_empty() {
+        rows.push(0);
+    }
+    Ok((DeviceTensor::from_slice(gpu, &rows)?, n))
+}
+
+/// Smem bytes of the FMA intra kernel (`IntraSmem<Acc>`).
+fn intra_smem(dtype: Dtype) -> u32 {
+    let p = KT + 1;
+    let elems = 4 * MAX_BT * p + 3 * MAX_BT * (MAX_BT + 1) + 48 * 17 + 4 * MAX_BT;
+    (elems * acc_dtype(dtype).size_bytes()) as u32
+}
+
+/// Smem bytes of the output kernel (`OutSmem<Acc>`).
+fn out_smem(dtype: Dtype) -> u32 {
+    ((MAX_BT * (KT + 1) + KT * (KT + 1)) * acc_dtype(dtype).size_bytes()) as u32
+}
+
+/// One launch of the intra kernel over every chunk and value head.
+fn launch_intra(
+    gpu: &Gpu,
+    dtype: Dtype,
+    chunks: usize,
+    hv: usize,
+    args: &IntraArgs,
+) -> GpuResult<()> {
+    if chunks == 0 || hv == 0 {
+        return Ok(());
+    }
+    let grid_x = u32::try_from(chunks)
+        .ok()
+        .filter(|&x| x <= i32::MAX as u32)
+        .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![chunks]))?;
+    let name = format!("kda_intra_fma_{}", tag(dtype));
+    gpu.launch_with_smem(
+        Module::KdaIntra,
+        &name,
+        (grid_x, hv as u32),
+        THREADS,
+        intra_smem(dtype),
+        args,
+    )
+}
+
+/// A validated forward and its device tables, reusable across launches on tensors of the same
+/// shapes (benchmarks time [`DeltaFwdPlan::run`] alone).
+#[derive(Debug)]
+pub struct DeltaFwdPlan {
+    call: Call,
+    geo: Geometry,
+    varlen: bool,
+    dtype: Dtype,
+    prep: Prep,
+    output_final_state: bool,
+    state_v_first: bool,
+    fused: Option<FusedChoice>,
+    chunks: DeviceTensor,
+    nchunks: usize,
+    seqs: DeviceTensor,
+    /// The staged path's `fwd_h` call (its plan is made on the workspace's tensors).
+    cu_seqlens: Option<Vec<i64>>,
+}
+
+/// Intermediate tensors of a forward (allocated once per plan).
+#[derive(Debug)]
+pub struct DeltaFwdWorkspace {
+    w: DeviceTensor,
+    u: DeviceTensor,
+    kg: DeviceTensor,
+    qg: DeviceTensor,
+    aqk: DeviceTensor,
+    /// Fused: `exp2(G_ℓ)` per chunk `[NT, HV, K]` f32. Staged: `G` `[B, T, HV(, K)]`.
+    gate: DeviceTensor,
+    /// Staged only: `fwd_h`'s plan and outputs.
+    staged: Option<(FwdHPlan, FwdHDeviceOutputs)>,
+}
+
+impl DeltaFwdPlan {
+    /// A `kda_fwd` call (spec 6): validated (1.5, 6.7 and the GPU's dtype rules), its tables
+    /// uploaded.
+    pub fn kda(
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        cu_seqlens: Option<&[i64]>,
+        p: &KdaFwdParams,
+        path: ForwardPath,
+    ) -> GpuResult<DeltaFwdPlan> {
+        Self::new(gpu, t, cu_seqlens, Call::Kda(*p), path)
+    }
+
+    /// A `gdn_fwd` call (spec 8).
+    pub fn gdn(
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        cu_seqlens: Option<&[i64]>,
+        p: &GdnFwdParams,
+        path: ForwardPath,
+    ) -> GpuResult<DeltaFwdPlan> {
+        Self::new(gpu, t, cu_seqlens, Call::Gdn(*p), path)
+    }
+
+    fn new(
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        cu_seqlens: Option<&[i64]>,
+        call: Call,
+        path: ForwardPath,
+    ) -> GpuResult<DeltaFwdPlan> {
+        let geo = call.validate(t, cu_seqlens)?;
+        let dtype = t.q.dtype();
+        let fusable = matches!(dtype, Dtype::BF16 | Dtype::F16) && geo.k <= 128;
+        let fused = match path {
+            ForwardPath::Staged => None,
+            ForwardPath::Auto if !fusable => None,
+            ForwardPath::Fused if !fusable => {
+                return Err(Error::param(
+                    "path",
+                    "the fused path only for bfloat16/float16 inputs with K <= 128",
+                    format!("{} inputs with K = {}", dtype.name(), geo.k),
+                )
+                .into())
+            }
+            _ => {
+                let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
+                Some(fused_choice(geo.k, geo.v, &chunks, geo.hv, gpu.sm_count()))
+            }
+        };
+        let varlen = cu_seqlens.is_some();
+        let (chunks, nchunks) = chunk_table(gpu, &geo, varlen)?;
+        let seqs = seq_table(gpu, &geo, varlen)?;
+        let (output_final_state, state_v_first) = call.state_flags();
+        Ok(DeltaFwdPlan {
+            prep: call.prep(geo.k),
+            call,
+            geo,
+            varlen,
+            dtype,
+            output_final_state,
+            state_v_first,
+            fused,
+            chunks,
+            nchunks,
+            seqs,
+            cu_seqlens: cu_seqlens.map(<[i64]>::to_vec),
+        })
+    }
+
+    /// The path this plan runs.
+    pub fn path(&self) -> ForwardPath {
+        if self.fused.is_some() {
+            ForwardPath::Fused
+        } else {
+            ForwardPath::Staged
+        }
+    }
+
+    /// The fused kernel's tiles, when the plan runs the fused path.
+    pub fn fused_choice(&self) -> Option<FusedChoice> {
+        self.fused
+    }
+
+    /// The validated geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    /// The intermediate tensors of the plan's path.
+    pub fn alloc_workspace(&self, gpu: &Gpu) -> GpuResult<DeltaFwdWorkspace> {
+        let g = &self.geo;
+        let d = self.dtype;
+        let tok = |w: usize| DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, w], d);
+        let gate = if self.fused.is_some() {
+            DeviceTensor::alloc(gpu, &[g.nt(self.varlen) * g.b, g.hv, g.k], Dtype::F32)?
+        } else if self.prep.scalar_gate {
+            DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], acc_dtype(d))?
+        } else {
+            DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, g.k], acc_dtype(d))?
+        };
+        let mut ws = DeltaFwdWorkspace {
+            w: tok(g.k)?,
+            u: tok(g.v)?,
+            kg: tok(g.k)?,
+            qg: tok(g.k)?,
+            aqk: tok(g.bt)?,
+            gate,
+            staged: None,
+        };
+        if self.fused.is_none() {
+            let params = FwdHParams {
+                chunk_size: g.bt as i64,
+                output_final_state: self.output_final_state,
+                save_new_value: true,
+                state_v_first: self.state_v_first,
+            };
+            let mut fwd = FwdHTensors::new(&ws.kg, &ws.w, &ws.u);
+            if self.prep.scalar_gate {
+                fwd.g = Some(&ws.gate);
+            } else {
+                fwd.gk = Some(&ws.gate);
+            }
+            let plan = FwdHPlan::new(gpu, &fwd, self.cu_seqlens.as_deref(), &params)?;
+            let out = plan.alloc_outputs(gpu)?;
+            ws.staged = Some((plan, out));
+        }
+        Ok(ws)
+    }
+
+    /// Fresh (unwritten) outputs of the plan's shapes and dtypes.
+    pub fn alloc_outputs(&self, gpu: &Gpu) -> GpuResult<DeltaFwdDeviceOutputs> {
+        let g = &self.geo;
+        Ok(DeltaFwdDeviceOutputs {
+            o: DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, g.v], self.dtype)?,
+            final_state: self
+                .output_final_state
+                .then(|| {
+                    DeviceTensor::alloc(
+                        gpu,
+                        &g.state_shape(self.state_v_first),
+                        acc_dtype(self.dtype),
+                    )
+                })
+                .transpose()?,
+        })
+    }
+
+    /// Re-validates `t` and checks it and `out` against the plan's shapes and dtypes.
+    fn check_call(
+        &self,
+        t: &ForwardTensors<'_>,
+        out: &DeltaFwdDeviceOutputs,
+    ) -> attn_reference::Result<()> {
+        let g = &self.geo;
+        let geo = self.call.validate(t, self.cu_seqlens.as_deref())?;
+        if geo != *g || t.q.dtype() != self.dtype {
+            return Err(Error::shape(
+                "q",
+                "the shapes and dtype the plan was made for",
+                t.q.shape(),
+            ));
+        }
+        let o_shape = [g.b, g.t, g.hv, g.v];
+        if out.o.shape() != o_shape || out.o.dtype() != self.dtype {
+            return Err(Error::shape(
+                "o",
+                format!("{o_shape:?} {}", self.dtype),
+                out.o.shape(),
+            ));
+        }
+        let state = g.state_shape(self.state_v_first);
+        match (&out.final_state, self.output_final_state) {
+            (None, false) => Ok(()),
+            (Some(f), true) if f.shape() == state && f.dtype() == acc_dtype(self.dtype) => Ok(()),
+            (Some(f), _) => Err(Error::shape(
+                "final_state",
+                format!("{state:?} {}", acc_dtype(self.dtype)),
+                f.shape(),
+            )),
+            (None, true) => Err(Error::missing("final_state", "an output tensor", "none")),
+        }
+    }
+
+    /// Runs the forward of `t` (the tensors the plan was validated on, or others of the same
+    /// shapes and dtypes) into `out`, with `ws` from [`DeltaFwdPlan::alloc_workspace`].
+    pub fn run(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+        out: &mut DeltaFwdDeviceOutputs,
+    ) -> GpuResult<()> {
+        self.check_call(t, out)?;
+        let g = &self.geo;
+        let mut args = self.intra_args(gpu, t)?;
+        args.w = ws.w.ptr_mut(gpu);
+        args.u = ws.u.ptr_mut(gpu);
+        args.kg = ws.kg.ptr_mut(gpu);
+        args.qg = ws.qg.ptr_mut(gpu);
+        args.aqk = ws.aqk.ptr_mut(gpu);
+        args.kg_gated = (self.fused.is_some() || !self.prep.scalar_gate) as i64;
+        if self.fused.is_some() {
+            args.lam = ws.gate.ptr_mut(gpu);
+        } else {
+            args.gout = ws.gate.ptr_mut(gpu);
+        }
+        launch_intra(gpu, self.dtype, self.nchunks, g.hv, &args)?;
+        match (self.fused, ws.staged.as_mut()) {
+            (Some(choice), _) => self.run_fused(gpu, t, choice, ws, out),
+            (None, Some((plan, fo))) => {
+                let mut fwd = FwdHTensors::new(&ws.kg, &ws.w, &ws.u);
+                if self.prep.scalar_gate {
+                    fwd.g = Some(&ws.gate);
+                } else {
+                    fwd.gk = Some(&ws.gate);
+                }
+                fwd.initial_state = t.initial_state;
+                // fwd_h writes the final state straight into the caller's tensor (same shape
+                // and dtype: checked above)
+                std::mem::swap(&mut fo.final_state, &mut out.final_state);
+                let ran = plan.run(gpu, &fwd, fo);
+                std::mem::swap(&mut fo.final_state, &mut out.final_state);
+                ran?;
+                let v_new = fo
+                    .v_new
+                    .as_ref()
+                    .ok_or_else(|| Error::missing("v_new", "the staged plan's v_new", "none"))?;
+                self.run_output(gpu, &ws.qg, &fo.h, &ws.aqk, v_new, &mut out.o)
+            }
+            (None, None) => {
+                Err(Error::missing("ws", "a workspace of this plan", "a fused one").into())
+            }
+        }
+    }
+
+    /// The intra kernel's arguments for `t` (outputs left 0).
+    fn intra_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<IntraArgs> {
+        let g = &self.geo;
+        let gate = match self.prep.gate {
+            GateInput::InKernel(lb) => GateArgs {
+                a_log: t.a_log.map_or(0, |x| x.ptr(gpu)),
+                dt_bias: t.dt_bias.map_or(0, |x| x.ptr(gpu)),
+                a_log_dtype: t.a_log.map_or(-1, |x| dtype_code(x.dtype())),
+                dt_bias_dtype: t.dt_bias.map_or(-1, |x| dtype_code(x.dtype())),
+                has_lower_bound: lb.is_some() as i64,
+                lower_bound: lb.unwrap_or(0.0),
+                head_dim: g.k as i64,
+            },
+            _ => GateArgs::none(),
+        };
+        Ok(IntraArgs {
+            q: t.q.ptr(gpu),
+            k: t.k.ptr(gpu),
+            v: t.v.ptr(gpu),
+            g: t.g.ptr(gpu),
+            beta: t.beta.ptr(gpu),
+            gate,
+            chunks: self.chunks.ptr(gpu),
+            heads: g.h as i64,
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            v_dim: g.v as i64,
+            bt: g.bt as i64,
+            g_dtype: dtype_code(t.g.dtype()),
+            beta_dtype: dtype_code(t.beta.dtype()),
+            gate_mode: match self.prep.gate {
+                GateInput::Decay => 1,
+                GateInput::InKernel(_) => 2,
+            },
+            scalar_gate: self.prep.scalar_gate as i64,
+            l2norm: self.prep.l2norm as i64,
+            beta_mode: self.prep.beta_mode,
+            scale: self.prep.scale,
+            qg_scale: self.prep.scale,
+            ..IntraArgs::default()
+        })
+    }
+
+    fn run_fused(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        choice: FusedChoice,
+        ws: &DeltaFwdWorkspace,
+        out: &mut DeltaFwdDeviceOutputs,
+    ) -> GpuResult<()> {
+        let g = &self.geo;
+        let tasks = g.n() * g.hv;
+        let blocks = g.v.div_ceil(choice.bv);
+        if tasks == 0 || blocks == 0 {
+            return Ok(());
+        }
+        let args = FusedArgs {
+            kg: ws.kg.ptr(gpu),
+            w: ws.w.ptr(gpu),
+            qg: ws.qg.ptr(gpu),
+            u: ws.u.ptr(gpu),
+            aqk: ws.aqk.ptr(gpu),
+            lam: ws.gate.ptr(gpu),
+            h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
+            seqs: self.seqs.ptr(gpu),
+            o: out.o.ptr_mut(gpu),
+            ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            v_dim: g.v as i64,
+            bt: g.bt as i64,
+            h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
+            v_first: self.state_v_first as i64,
+        };
+        let grid_x = u32::try_from(tasks)
+            .ok()
+            .filter(|&x| x <= i32::MAX as u32)
+            .ok_or_else(|| Error::shape("v", "N * HV < 2^31", vec![tasks]))?;
+        let name = format!(
+            "delta_fwd_mma_{}_k{}_v{}",
+            tag(self.dtype),
+            choice.kp,
+            choice.bv
+        );
+        gpu.launch_with_smem(
+            Module::DeltaFwd,
+            &name,
+            (grid_x, blocks as u32),
+            THREADS,
+            choice.smem_bytes() as u32,
+            &args,
+        )
+    }
+
+    fn run_output(
+        &self,
+        gpu: &Gpu,
+        qg: &DeviceTensor,
+        h: &DeviceTensor,
+        aqk: &DeviceTensor,
+        v_new: &DeviceTensor,
+        o: &mut DeviceTensor,
+    ) -> GpuResult<()> {
+        launch_output(
+            gpu,
+            self.dtype,
+            &self.geo,
+            &self.chunks,
+            self.nchunks,
+            self.state_v_first,
+            qg,
+            h,
+            aqk,
+            v_new,
+            o,
+        )
+    }
+}
+
+/// The output kernel `o = qg h + Aqk v_new` over every chunk, value head and block of value
+/// columns (the staged path's last stage).
+#[allow(clippy::too_many_arguments)]
+fn launch_output(
+    gpu: &Gpu,
+    dtype: Dtype,
+    g: &Geometry,
+    chunks: &DeviceTensor,
+    nchunks: usize,
+    v_first: bool,
+    qg: &DeviceTensor,
+    h: &DeviceTensor,
+    aqk: &DeviceTensor,
+    v_new: &DeviceTensor,
+    o: &mut DeviceTensor,
+) -> GpuResult<()> {
+    if nchunks == 0 || g.hv == 0 || g.v == 0 {
+        return Ok(());
+    }
+    let args = OutArgs {
+        qg: qg.ptr(gpu),
+        h: h.ptr(gpu),
+        aqk: aqk.ptr(gpu),
+        v_new: v_new.ptr(gpu),
+        o: o.ptr_mut(gpu),
+        chunks: chunks.ptr(gpu),
+        value_heads: g.hv as i64,
+        k_dim: g.k as i64,
+        v_dim: g.v as i64,
+        bt: g.bt as i64,
+        v_first: v_first as i64,
+    };
+    let grid_x = u32::try_from(nchunks)
+        .ok()
+        .filter(|&x| x <= i32::MAX as u32)
+        .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![nchunks]))?;
+    gpu.launch_3d(
+        Module::KdaIntra,
+        &format!("delta_output_fma_{}", tag(dtype)),
+        (grid_x, g.hv as u32, g.v.div_ceil(KT) as u32),
+        THREADS,
+        out_smem(dtype),
+        &args,
+    )
+}
+
+/// `kda_fwd` into new outputs (spec 6.3).
+pub fn kda_fwd(
+    gpu: &Gpu,
+    t: &ForwardTensors<'_>,
+    cu_seqlens: Option<&[i64]>,
+    p: &KdaFwdParams,
+    path: ForwardPath,
+) -> GpuResult<DeltaFwdDeviceOutputs> {
+    let plan = DeltaFwdPlan::kda(gpu, t, cu_seqlens, p, path)?;
+    run_new(gpu, &plan, t)
+}
+
+/// `gdn_fwd` into new outputs (spec 8.3).
+pub fn gdn_fwd(
+    gpu: &Gpu,
+    t: &ForwardTensors<'_>,
+    cu_seqlens: Option<&[i64]>,
+    p: &GdnFwdParams,
+    path: ForwardPath,
+) -> GpuResult<DeltaFwdDeviceOutputs> {
+    let plan = DeltaFwdPlan::gdn(gpu, t, cu_seqlens, p, path)?;
+    run_new(gpu, &plan, t)
+}
+
+fn run_new(
+    gpu: &Gpu,
+    plan: &DeltaFwdPlan,
+    t: &ForwardTensors<'_>,
+) -> GpuResult<DeltaFwdDeviceOutputs> {
+    let mut ws = plan.alloc_workspace(gpu)?;
+    let mut out = plan.alloc_outputs(gpu)?;
+    plan.run(gpu, t, &mut ws, &mut out)?;
+    Ok(out)
+}
+
+/// Validates a `kda_intra` call from its tensors (spec 1.5, 7.6, the dtype rules).
+fn check_intra(
+    t: &KdaIntraTensors<'_>,
+    cu_seqlens: Option<&[i64]>,
+    p: &KdaIntraParams,
+) -> attn_reference::Result<Geometry> {
+    validate_delta_dtypes(&DeltaDtypes {
+        main: vec![("q", t.q.dtype()), ("k", t.k.dtype()), ("v", t.v.dtype())],
+        float: vec![("gk", t.gk.dtype()), ("beta", t.beta.dtype())],
+        ..DeltaDtypes::default()
+    })?;
+    validate_kda_intra(
+        &KdaIntraShapes {
+            q: t.q.shape(),
+            k: t.k.shape(),
+            v: t.v.shape(),
+            gk: t.gk.shape(),
+            beta: t.beta.shape(),
+        },
+        cu_seqlens,
+        p,
+    )
+}
+
+/// `kda_intra` (spec 7) into new outputs.
+pub fn kda_intra(
+    gpu: &Gpu,
+    t: &KdaIntraTensors<'_>,
+    cu_seqlens: Option<&[i64]>,
+    p: &KdaIntraParams,
+) -> GpuResult<KdaIntraDeviceOutputs> {
+    let geo = check_intra(t, cu_seqlens, p)?;
+    let dtype = t.q.dtype();
+    let (chunks, nchunks) = chunk_table(gpu, &geo, cu_seqlens.is_some())?;
+    let tok = |w: usize| DeviceTensor::alloc(gpu, &[geo.b, geo.t, geo.hv, w], dtype);
+    let mut out = KdaIntraDeviceOutputs {
+        w: tok(geo.k)?,
+        u: tok(geo.v)?,
+        kg: tok(geo.k)?,
+        aqk: tok(geo.bt)?,
+        akk: tok(geo.bt)?,
+    };
+    let scale = p.scale.unwrap_or(1.0 / (geo.k as f64).sqrt());
+    let args = IntraArgs {
+        q: t.q.ptr(gpu),
+        k: t.k.ptr(gpu),
+        v: t.v.ptr(gpu),
+        g: t.gk.ptr(gpu),
+        beta: t.beta.ptr(gpu),
+        gate: GateArgs::none(),
+        chunks: chunks.ptr(gpu),
+        w: out.w.ptr_mut(gpu),
+        u: out.u.ptr_mut(gpu),
+        kg: out.kg.ptr_mut(gpu),
+        aqk: out.aqk.ptr_mut(gpu),
+        akk: out.akk.ptr_mut(gpu),
+        heads: geo.h as i64,
+        value_heads: geo.hv as i64,
+        k_dim: geo.k as i64,
+        v_dim: geo.v as i64,
+        bt: geo.bt as i64,
+        g_dtype: dtype_code(t.gk.dtype()),
+        beta_dtype: dtype_code(t.beta.dtype()),
+        gate_mode: 0,
+        kg_gated: 1,
+        scale,
+        qg_scale: scale,
+        ..IntraArgs::default()
+    };
+    launch_intra(gpu, dtype, nchunks, geo.hv, &args)?;
+    Ok(out)
+}

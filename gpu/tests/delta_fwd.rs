@@ -1,0 +1,695 @@
+//! `kda_fwd`, `gdn_fwd` and `kda_intra` on the GPU against the float64 reference (spec 6.8, 7.7,
+//! 8.8 thresholds): the fused and the staged path, every dtype, chunk sizes, GVA, K and V up to
+//! 256 (60, 100, 200 included), varlen layouts with empty and one-token sequences, the in-kernel
+//! L2 norm, β sigmoid and KDA gate, `state_v_first`, initial states; gate regimes strong,
+//! mild, trained-like, long-memory, hard-forget and safe; the fused and staged results against
+//! each other; long sequences; 100 launches bit-identical; bad input refused before any launch
+//! with the outputs untouched. Outputs are poisoned with NaN before every launch, so every
+//! element must have been written. Without a GPU each test says why and passes.
+
+mod common;
+
+use attn_gpu::delta::{DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, KdaIntraTensors};
+use attn_gpu::Gpu;
+use attn_reference::delta::{self as d, GdnFwdParams, KdaFwdParams, KdaIntraParams};
+use attn_reference::Dtype;
+use common::forward::*;
+use common::*;
+use ndarray::{ArrayD, Ix3, Ix4};
+
+/// One forward case.
+#[derive(Clone, Debug)]
+struct Case {
+    draw: Draw,
+    cu: Option<Vec<i64>>,
+    bt: i64,
+    dtype: Dtype,
+    path: ForwardPath,
+    lower_bound: Option<f64>,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    scale: Option<f64>,
+}
+
+/// Outputs of a run, downloaded.
+struct Got {
+    o: ArrayD<f64>,
+    fin: Option<ArrayD<f64>>,
+}
+
+fn kda_params(c: &Case) -> KdaFwdParams {
+    let dr = &c.draw;
+    KdaFwdParams {
+        scale: c.scale,
+        output_final_state: true,
+        use_qk_l2norm_in_kernel: dr.raw_qk,
+        use_gate_in_kernel: dr.gate_input,
+        lower_bound: c.lower_bound,
+        use_beta_sigmoid_in_kernel: dr.beta_logits,
+        allow_neg_eigval: c.allow_neg_eigval,
+        safe_gate: c.safe_gate,
+        chunk_size: c.bt,
+        state_v_first: dr.v_first,
+    }
+}
+
+fn gdn_params(c: &Case) -> GdnFwdParams {
+    GdnFwdParams {
+        scale: c.scale,
+        output_final_state: true,
+        use_qk_l2norm_in_kernel: c.draw.raw_qk,
+        chunk_size: c.bt,
+        state_v_first: c.draw.v_first,
+    }
+}
+
+/// The float64 reference (the recurrent definition) on the case's rounded inputs.
+fn reference(c: &Case, h: &ForwardHost) -> Got {
+    let o = if c.draw.per_key {
+        let g = h.g.clone().into_dimensionality::<Ix4>().unwrap();
+        let inp = d::KdaFwdInputs {
+            initial_state: h.h0.as_ref().map(|a| a.view()),
+            a_log: h.a_log.as_ref().map(|a| a.view()),
+            dt_bias: h.dt_bias.as_ref().map(|a| a.view()),
+            cu_seqlens: c.cu.as_deref(),
+            ..d::KdaFwdInputs::new(h.q.view(), h.k.view(), h.v.view(), g.view(), h.beta.view())
+        };
+        d::kda_fwd(&inp, &kda_params(c)).unwrap()
+    } else {
+        let g = h.g.clone().into_dimensionality::<Ix3>().unwrap();
+        let inp = d::GdnFwdInputs {
+            initial_state: h.h0.as_ref().map(|a| a.view()),
+            cu_seqlens: c.cu.as_deref(),
+            ..d::GdnFwdInputs::new(h.q.view(), h.k.view(), h.v.view(), g.view(), h.beta.view())
+        };
+        d::gdn_fwd(&inp, &gdn_params(c)).unwrap()
+    };
+    Got {
+        o: o.o.into_dyn(),
+        fin: o.final_state.map(|a| a.into_dyn()),
+    }
+}
+
+fn plan(gpu: &Gpu, c: &Case, dev: &ForwardDev, path: ForwardPath) -> DeltaFwdPlan {
+    if c.draw.per_key {
+        DeltaFwdPlan::kda(gpu, &dev.tensors(), c.cu.as_deref(), &kda_params(c), path).unwrap()
+    } else {
+        DeltaFwdPlan::gdn(gpu, &dev.tensors(), c.cu.as_deref(), &gdn_params(c), path).unwrap()
+    }
+}
+
+fn poison(gpu: &Gpu, o: &mut DeltaFwdDeviceOutputs) {
+    o.o.poison(gpu).unwrap();
+    if let Some(f) = o.final_state.as_mut() {
+        f.poison(gpu).unwrap();
+    }
+}
+
+/// Runs the case on `path` into poisoned outputs.
+fn run(gpu: &Gpu, c: &Case, dev: &ForwardDev, path: ForwardPath) -> Got {
+    let p = plan(gpu, c, dev, path);
+    if path != ForwardPath::Auto {
+        assert_eq!(p.path(), path, "the plan runs the path asked for");
+    }
+    let mut ws = p.alloc_workspace(gpu).unwrap();
+    let mut out = p.alloc_outputs(gpu).unwrap();
+    poison(gpu, &mut out);
+    p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+    Got {
+        o: download(gpu, &out.o),
+        fin: out.final_state.as_ref().map(|t| download(gpu, t)),
+    }
+}
+
+/// Spec 6.8 / 8.8: half 5e-3 (long: 1e-2), float32 1e-5, float64 1e-10.
+fn thr(dtype: Dtype, long: bool) -> f64 {
+    match dtype {
+        Dtype::F64 => 1e-10,
+        Dtype::F32 => 1e-5,
+        _ if long => 1e-2,
+        _ => 5e-3,
+    }
+}
+
+fn is_long(c: &Case) -> bool {
+    match &c.cu {
+        Some(cu) => cu.windows(2).any(|w| w[1] - w[0] > 4096),
+        None => c.draw.t > 4096,
+    }
+}
+
+fn draw_case(gpu: &Gpu, c: &Case, seed: u64) -> (ForwardHost, ForwardDev) {
+    let mut rng = Rng::new(seed);
+    let side = if matches!(c.dtype, Dtype::F64) {
+        Dtype::F64
+    } else {
+        Dtype::F32
+    };
+    let (mut host, mut dev) = draw(gpu, &mut rng, &c.draw, c.dtype, side);
+    if let Some(cu) = &c.cu {
+        set_state_rows(
+            gpu,
+            &mut rng,
+            &mut host,
+            &mut dev,
+            cu.len() - 1,
+            c.draw.v_first,
+            side,
+        );
+    }
+    (host, dev)
+}
+
+/// Runs `c` on its path and checks `o` and the final state against the reference.
+fn check(gpu: &Gpu, what: &str, c: &Case, seed: u64) -> Got {
+    let (host, dev) = draw_case(gpu, c, seed);
+    let want = reference(c, &host);
+    let got = run(gpu, c, &dev, c.path);
+    let t = thr(c.dtype, is_long(c));
+    assert_close(&format!("{what}: o"), &got.o, &want.o, t);
+    assert_close(
+        &format!("{what}: final_state"),
+        got.fin.as_ref().unwrap(),
+        want.fin.as_ref().unwrap(),
+        t,
+    );
+    got
+}
+
+fn base(per_key: bool, dtype: Dtype) -> Case {
+    Case {
+        draw: Draw {
+            b: 1,
+            t: 200,
+            h: 2,
+            hv: 2,
+            k: 64,
+            v: 64,
+            per_key,
+            regime: Regime::Strong,
+            raw_qk: false,
+            beta_logits: false,
+            gate_input: false,
+            h0: true,
+            v_first: false,
+        },
+        cu: None,
+        bt: 64,
+        dtype,
+        path: ForwardPath::Auto,
+        lower_bound: None,
+        allow_neg_eigval: false,
+        safe_gate: false,
+        scale: None,
+    }
+}
+
+/// The spec 6.9 / 8.9 case table: every row a variation of `base`.
+fn table(per_key: bool) -> Vec<(String, Case)> {
+    let mut rows = Vec::new();
+    let mut add = |name: &str, f: &dyn Fn(&mut Case)| {
+        for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F64] {
+            let mut c = base(per_key, dtype);
+            f(&mut c);
+            rows.push((format!("{name} {dtype}"), c));
+        }
+    };
+    add("base", &|_| {});
+    for t in [1usize, 63, 64, 65, 500, 1000] {
+        add(&format!("T {t}"), &|c| c.draw.t = t);
+    }
+    for bt in [16i64, 32] {
+        add(&format!("chunk {bt}"), &|c| {
+            c.bt = bt;
+            c.draw.t = 300;
+        });
+    }
+    for (k, v) in [
+        (60usize, 60usize),
+        (100, 100),
+        (128, 128),
+        (256, 256),
+        (64, 128),
+        (100, 60),
+        (128, 200),
+    ] {
+        add(&format!("K {k} V {v}"), &|c| {
+            c.draw.k = k;
+            c.draw.v = v;
+            c.draw.t = 150;
+        });
+    }
+    for (h, hv) in [(1usize, 1usize), (1, 2), (2, 4), (1, 4), (4, 4)] {
+        add(&format!("H {h} HV {hv}"), &|c| {
+            c.draw.h = h;
+            c.draw.hv = hv;
+        });
+    }
+    for regime in REGIMES {
+        add(&format!("{regime:?} gates"), &|c| c.draw.regime = regime);
+    }
+    for cu in [
+        vec![0i64, 15],
+        vec![0, 256, 500, 1000],
+        vec![0, 15, 100, 300, 1200, 2000],
+        vec![0, 0, 64, 65, 65, 200],
+        vec![0, 0, 1, 64, 65],
+        vec![0, 31, 96, 160],
+    ] {
+        add(&format!("varlen {cu:?}"), &|c| {
+            c.draw.t = *cu.last().unwrap() as usize;
+            c.cu = Some(cu.clone());
+        });
+    }
+    add("B 2, T 77", &|c| {
+        c.draw.b = 2;
+        c.draw.t = 77;
+    });
+    add("l2norm in kernel", &|c| c.draw.raw_qk = true);
+    add("state_v_first", &|c| c.draw.v_first = true);
+    add("no initial state", &|c| c.draw.h0 = false);
+    add("scale 0.3", &|c| c.scale = Some(0.3));
+    if per_key {
+        add("beta sigmoid", &|c| c.draw.beta_logits = true);
+        add("beta sigmoid, neg eigval", &|c| {
+            c.draw.beta_logits = true;
+            c.allow_neg_eigval = true;
+        });
+        add("softplus gate in kernel", &|c| c.draw.gate_input = true);
+        add("softplus gate, no dt_bias", &|c| c.draw.gate_input = true);
+        add("lower-bound gate", &|c| {
+            c.draw.gate_input = true;
+            c.lower_bound = Some(-5.0);
+            c.safe_gate = true;
+        });
+        add("safe_gate", &|c| {
+            c.draw.regime = Regime::Safe;
+            c.safe_gate = true;
+        });
+    }
+    rows
+}
+
+fn run_table(test: &str, per_key: bool) {
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    let rows = table(per_key);
+    let total = rows.len();
+    for (i, (name, mut c)) in rows.into_iter().enumerate() {
+        if !table_row_runs(i, total) {
+            continue;
+        }
+        if name.starts_with("softplus gate, no dt_bias") {
+            // drawn with dt_bias, then dropped (the gate then uses A_log alone)
+            let (mut host, mut dev) = draw_case(gpu, &c, 1000 + i as u64);
+            host.dt_bias = None;
+            dev.dt_bias = None;
+            let want = reference(&c, &host);
+            let got = run(gpu, &c, &dev, c.path);
+            assert_close(&format!("{name}: o"), &got.o, &want.o, thr(c.dtype, false));
+            continue;
+        }
+        check(gpu, &format!("{test} {name}"), &c, 1000 + i as u64);
+        if matches!(c.dtype, Dtype::BF16) {
+            c.path = ForwardPath::Staged;
+            check(gpu, &format!("{test} {name} staged"), &c, 1000 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn kda_fwd_matches_the_reference() {
+    run_table("kda_fwd_matches_the_reference", true);
+}
+
+#[test]
+fn gdn_fwd_matches_the_reference() {
+    run_table("gdn_fwd_matches_the_reference", false);
+}
+
+/// The fused and the staged GPU paths agree with each other (same dtype, 5e-3), in every regime.
+#[test]
+fn fused_and_staged_agree() {
+    let Some(gpu) = gpu_or_skip("fused_and_staged_agree") else {
+        return;
+    };
+    for (i, regime) in REGIMES.into_iter().enumerate() {
+        for per_key in [true, false] {
+            for dtype in [Dtype::BF16, Dtype::F16] {
+                let mut c = base(per_key, dtype);
+                c.draw.regime = regime;
+                c.draw.t = 700;
+                c.draw.k = 128;
+                c.draw.v = 128;
+                c.cu = Some(vec![0, 100, 101, 700]);
+                c.draw.b = 1;
+                let (_, dev) = draw_case(gpu, &c, 77 + i as u64);
+                let fused = run(gpu, &c, &dev, ForwardPath::Fused);
+                let staged = run(gpu, &c, &dev, ForwardPath::Staged);
+                let what = format!("{regime:?} per_key {per_key} {dtype}");
+                assert_close(&format!("{what}: o"), &fused.o, &staged.o, 5e-3);
+                assert_close(
+                    &format!("{what}: final_state"),
+                    fused.fin.as_ref().unwrap(),
+                    staged.fin.as_ref().unwrap(),
+                    5e-3,
+                );
+            }
+        }
+    }
+}
+
+/// Long sequences (spec "long" thresholds): 8192 and 32768 tokens, every regime that keeps the
+/// state bounded, fused bf16 and staged float32.
+#[test]
+fn long_sequences() {
+    let Some(gpu) = gpu_or_skip("long_sequences") else {
+        return;
+    };
+    let rows: Vec<(usize, Regime, Dtype, bool)> = vec![
+        (8192, Regime::Strong, Dtype::BF16, true),
+        (8192, Regime::Long, Dtype::BF16, false),
+        (8192, Regime::Trained, Dtype::F32, true),
+        (32768, Regime::Long, Dtype::BF16, true),
+        (32768, Regime::Trained, Dtype::BF16, false),
+    ];
+    let total = rows.len();
+    for (i, (t, regime, dtype, per_key)) in rows.into_iter().enumerate() {
+        if !table_row_runs(i, total) {
+            continue;
+        }
+        let mut c = base(per_key, dtype);
+        c.draw.t = t;
+        c.draw.h = 1;
+        c.draw.hv = 2;
+        c.draw.regime = regime;
+        check(
+            gpu,
+            &format!("T {t} {regime:?} {dtype} per_key {per_key}"),
+            &c,
+            5 + i as u64,
+        );
+    }
+}
+
+/// 100 launches of one plan give bit-identical outputs (fused and staged).
+#[test]
+fn hundred_launches_are_bit_identical() {
+    let Some(gpu) = gpu_or_skip("hundred_launches_are_bit_identical") else {
+        return;
+    };
+    for path in [ForwardPath::Fused, ForwardPath::Staged] {
+        let mut c = base(true, Dtype::BF16);
+        c.draw.t = 1000;
+        c.draw.k = 128;
+        c.draw.v = 128;
+        let (_, dev) = draw_case(gpu, &c, 9);
+        let p = plan(gpu, &c, &dev, path);
+        let mut ws = p.alloc_workspace(gpu).unwrap();
+        let mut out = p.alloc_outputs(gpu).unwrap();
+        p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+        let first = download(gpu, &out.o);
+        let first_fin = download(gpu, out.final_state.as_ref().unwrap());
+        for _ in 0..100 {
+            poison(gpu, &mut out);
+            p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+        }
+        assert_bit_identical(&format!("{path:?} o"), &download(gpu, &out.o), &first);
+        assert_bit_identical(
+            &format!("{path:?} final_state"),
+            &download(gpu, out.final_state.as_ref().unwrap()),
+            &first_fin,
+        );
+    }
+}
+
+/// `(T, K, V, H, HV, chunk, cu_seqlens, regime)` of a `kda_intra` case.
+type IntraRow = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    i64,
+    Option<Vec<i64>>,
+    Regime,
+);
+
+/// `kda_intra` against the reference (spec 7.7: every output, README thresholds).
+#[test]
+fn kda_intra_matches_the_reference() {
+    let Some(gpu) = gpu_or_skip("kda_intra_matches_the_reference") else {
+        return;
+    };
+    let rows: Vec<IntraRow> = vec![
+        (1, 64, 64, 1, 1, 64, None, Regime::Strong),
+        (15, 64, 60, 1, 2, 32, None, Regime::Mild),
+        (17, 60, 100, 2, 4, 64, None, Regime::Hard),
+        (100, 128, 64, 2, 2, 64, None, Regime::Trained),
+        (1000, 256, 100, 1, 1, 32, None, Regime::Long),
+        (
+            200,
+            100,
+            60,
+            1,
+            2,
+            64,
+            Some(vec![0, 15, 100, 200]),
+            Regime::Strong,
+        ),
+        (
+            97,
+            64,
+            64,
+            1,
+            1,
+            32,
+            Some(vec![0, 0, 33, 33, 97]),
+            Regime::Hard,
+        ),
+    ];
+    let total = rows.len();
+    for (i, (t, k, v, h, hv, bt, cu, regime)) in rows.into_iter().enumerate() {
+        if !table_row_runs(i, total) {
+            continue;
+        }
+        for dtype in FLOATS {
+            let mut rng = Rng::new(300 + i as u64);
+            let side = if dtype == Dtype::F64 {
+                Dtype::F64
+            } else {
+                Dtype::F32
+            };
+            let bounds: Vec<i64> = {
+                let seqs: Vec<(i64, i64)> = match &cu {
+                    Some(cu) => cu.windows(2).map(|w| (w[0], w[1])).collect(),
+                    None => vec![(0, t as i64)],
+                };
+                let mut b = vec![0i64];
+                for (s, e) in seqs {
+                    let mut a = s;
+                    while a < e {
+                        a = (a + bt).min(e);
+                        b.push(a);
+                    }
+                }
+                b
+            };
+            let steps = step_gates(&mut rng, &[1, t, hv, k], regime);
+            // chunk-local cumulative gate in log2 units over the chunk bounds
+            let mut gk = steps.clone();
+            for w in bounds.windows(2) {
+                for hh in 0..hv {
+                    for kk in 0..k {
+                        let mut run = 0.0;
+                        for r in w[0] as usize..w[1] as usize {
+                            run += steps[[0, r, hh, kk]];
+                            gk[[0, r, hh, kk]] = run / std::f64::consts::LN_2;
+                        }
+                    }
+                }
+            }
+            let (qd, q) = upload(gpu, &normalised(&mut rng, [1, t, h, k]).into_dyn(), dtype);
+            let (kd_, kk) = upload(gpu, &normalised(&mut rng, [1, t, h, k]).into_dyn(), dtype);
+            let (vd, vv) = upload(gpu, &rng.randn([1, t, hv, v]).into_dyn(), dtype);
+            let (gd, g) = upload(gpu, &gk, side);
+            let (bd, beta) = upload(gpu, &rng.array(&[1, t, hv], 0.0, 1.0), side);
+            let params = KdaIntraParams {
+                chunk_size: bt,
+                ..KdaIntraParams::default()
+            };
+            let four = |a: &ArrayD<f64>| a.clone().into_dimensionality::<Ix4>().unwrap();
+            let want = d::kda_intra(
+                &d::KdaIntraInputs {
+                    q: four(&q).view(),
+                    k: four(&kk).view(),
+                    v: four(&vv).view(),
+                    gk: four(&g).view(),
+                    beta: beta.clone().into_dimensionality::<Ix3>().unwrap().view(),
+                    cu_seqlens: cu.as_deref(),
+                },
+                &params,
+            )
+            .unwrap();
+            let got = attn_gpu::kda_intra(
+                gpu,
+                &KdaIntraTensors {
+                    q: &qd,
+                    k: &kd_,
+                    v: &vd,
+                    gk: &gd,
+                    beta: &bd,
+                },
+                cu.as_deref(),
+                &params,
+            )
+            .unwrap();
+            let t_ = threshold(dtype, 1e-5);
+            let what = format!("row {i} {dtype}");
+            assert_close(
+                &format!("{what}: w"),
+                &download(gpu, &got.w),
+                &want.w.into_dyn(),
+                t_,
+            );
+            assert_close(
+                &format!("{what}: u"),
+                &download(gpu, &got.u),
+                &want.u.into_dyn(),
+                t_,
+            );
+            assert_close(
+                &format!("{what}: kg"),
+                &download(gpu, &got.kg),
+                &want.kg.into_dyn(),
+                t_,
+            );
+            assert_close(
+                &format!("{what}: Aqk"),
+                &download(gpu, &got.aqk),
+                &want.aqk.into_dyn(),
+                t_,
+            );
+            assert_close(
+                &format!("{what}: Akk"),
+                &download(gpu, &got.akk),
+                &want.akk.into_dyn(),
+                t_,
+            );
+        }
+    }
+}
+
+/// Bad input: a typed error naming the argument, before any launch; the outputs of a plan's
+/// run stay untouched (still NaN).
+#[test]
+fn bad_input_is_refused_before_any_launch() {
+    let Some(gpu) = gpu_or_skip("bad_input_is_refused_before_any_launch") else {
+        return;
+    };
+    let c = base(true, Dtype::BF16);
+    let (_, dev) = draw_case(gpu, &c, 3);
+    let p = plan(gpu, &c, &dev, ForwardPath::Auto);
+    let mut ws = p.alloc_workspace(gpu).unwrap();
+    let mut out = p.alloc_outputs(gpu).unwrap();
+    poison(gpu, &mut out);
+    let arg = |e: attn_gpu::GpuError| match e {
+        attn_gpu::GpuError::Input(e) => e.arg.to_string(),
+        other => panic!("not an input error: {other}"),
+    };
+    // a k of another shape, run through the plan: refused, o untouched
+    let short = poisoned(gpu, &[1, 100, 2, 64], Dtype::BF16);
+    let mut t = dev.tensors();
+    t.k = &short;
+    assert_eq!(arg(p.run(gpu, &t, &mut ws, &mut out).unwrap_err()), "k");
+    assert!(
+        download(gpu, &out.o).iter().all(|x| x.is_nan()),
+        "o untouched"
+    );
+    // each argument of spec 6.7 named
+    let f32_q = poisoned(gpu, &[1, 200, 2, 64], Dtype::F32);
+    let mut t = dev.tensors();
+    t.q = &f32_q;
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(gpu, &t, None, &kda_params(&c), ForwardPath::Auto).unwrap_err()),
+        "k"
+    );
+    let bad_beta = poisoned(gpu, &[1, 200, 3], Dtype::F32);
+    let mut t = dev.tensors();
+    t.beta = &bad_beta;
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(gpu, &t, None, &kda_params(&c), ForwardPath::Auto).unwrap_err()),
+        "beta"
+    );
+    let mut p16 = kda_params(&c);
+    p16.chunk_size = 16;
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(gpu, &dev.tensors(), None, &p16, ForwardPath::Auto).unwrap_err()),
+        "chunk_size"
+    );
+    let mut pn = kda_params(&c);
+    pn.allow_neg_eigval = true;
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(gpu, &dev.tensors(), None, &pn, ForwardPath::Auto).unwrap_err()),
+        "allow_neg_eigval"
+    );
+    let mut ps = kda_params(&c);
+    ps.scale = Some(f64::NAN);
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(gpu, &dev.tensors(), None, &ps, ForwardPath::Auto).unwrap_err()),
+        "scale"
+    );
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(
+            gpu,
+            &dev.tensors(),
+            Some(&[0, 100]),
+            &kda_params(&c),
+            ForwardPath::Auto
+        )
+        .unwrap_err()),
+        "cu_seqlens"
+    );
+    let bad_h0 = poisoned(gpu, &[2, 2, 64, 32], Dtype::F32);
+    let mut t = dev.tensors();
+    t.initial_state = Some(&bad_h0);
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(gpu, &t, None, &kda_params(&c), ForwardPath::Auto).unwrap_err()),
+        "initial_state"
+    );
+    let a_log = poisoned(gpu, &[2], Dtype::F32);
+    let mut t = dev.tensors();
+    t.a_log = Some(&a_log);
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(gpu, &t, None, &kda_params(&c), ForwardPath::Auto).unwrap_err()),
+        "A_log"
+    );
+    // the fused path asked for where it does not apply
+    let g32 = base(true, Dtype::F32);
+    let (_, dev32) = draw_case(gpu, &g32, 4);
+    assert_eq!(
+        arg(DeltaFwdPlan::kda(
+            gpu,
+            &dev32.tensors(),
+            None,
+            &kda_params(&g32),
+            ForwardPath::Fused
+        )
+        .unwrap_err()),
+        "path"
+    );
+    // GDN: a per-key gate, chunk 128
+    let gd = base(false, Dtype::BF16);
+    let (_, devg) = draw_case(gpu, &gd, 5);
+    let mut t = devg.tensors();
+    t.g = &dev.g;
+    assert_eq!(
+        arg(DeltaFwdPlan::gdn(gpu, &t, None, &gdn_params(&gd), ForwardPath::Auto).unwrap_err()),
+        "g"
+    );
+    let mut pg = gdn_params(&gd);
+    pg.chunk_size = 128;
+    assert_eq!(
+        arg(DeltaFwdPlan::gdn(gpu, &devg.tensors(), None, &pg, ForwardPath::Auto).unwrap_err()),
+        "chunk_size"
+    );
+}
