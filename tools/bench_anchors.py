@@ -286,7 +286,7 @@ def main():
                 with open(args.json, "w") as f:
                     json.dump(doc, f, indent=2)
         split_rows = [c for c in ours["cases"] if c["name"].startswith("fwd_h_split_")]
-        ours["cases"] = [c for c in ours["cases"] if not c["name"].startswith(("decode_", "nsa_", "fwd_h_split_"))]
+        ours["cases"] = [c for c in ours["cases"] if not c["name"].startswith(("decode_", "nsa_", "fwd_h_split_", "fwd_gdn_", "fwd_kda_"))]
         print()
         print(f"ours on {ours['device']} (copy ceiling {ours['ceiling_gbps']:.0f} GB/s), anchors on {dev} (copy ceiling {ceiling:.0f} GB/s)")
         hdr = f"{'case':<40} {'ours ms':>9} {'anchor ms':>10} {'speedup':>8} {'ours %ceil':>10} {'anchor %ceil':>12}  target"

@@ -115,6 +115,10 @@ if want bench; then
   fi
   PYTHONUNBUFFERED=1 timeout 400 python3 "$S/bench_anchors.py" --json "$OUT/bench_anchors.json" --ours "$OUT/bench_gpu.json" \
     ${BF:+--filter "$BF"} ${ATTN_ANCHORS_DECODE_ONLY:+--decode-only} 2>&1 | tee -a "$OUT/bench.txt"
+  # the whole delta-rule forward rows against FLA (and FlashQLA where installed in /tmp/site)
+  PYTHONUNBUFFERED=1 timeout 600 python3 "$S/forward_anchors.py" --json "$OUT/forward_anchors.json" --ours "$OUT/bench_gpu.json" \
+    ${BF:+--filter "$BF"} 2>&1 | tee "$OUT/forward.txt"
   sed -n '/^decode (bytes/,/^$/p;/^ours on/,$p' "$OUT/bench.txt" >>"$SUM"
+  cat "$OUT/forward.txt" >>"$SUM"
 fi
 echo "== summary"; cat "$SUM"

@@ -15,7 +15,7 @@
 //! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
 //! the delta-rule cases (`chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`) in [`delta`], the
 //! intra-card split (`chunk_gated_delta_rule_fwd_h_split`: serial, auto, forced split) in
-//! [`split`].
+//! [`split`], the whole forwards (`gdn_fwd`, `kda_fwd`) in [`forward`].
 //!
 //! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
 //! contains any of the substrings). Prints a table; `--json`
@@ -23,6 +23,7 @@
 
 mod decode;
 mod delta;
+mod forward;
 mod nsa;
 mod nsa_attn;
 mod split;
@@ -366,6 +367,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for case in split::cases().into_iter().filter(|c| wanted(&c.name)) {
         rows.push(split::run(gpu, &case, iters, l2, free)?);
+    }
+    for case in forward::cases().into_iter().filter(|c| wanted(&c.name)) {
+        rows.push(forward::run(gpu, &case, iters, l2, free, ceiling)?);
     }
     gpu.set_checked(true);
     gpu.synchronize()?;
