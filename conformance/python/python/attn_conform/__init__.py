@@ -177,8 +177,8 @@ def save_case(
     tolerance: dict[str, float] | None = None,
     note: str | None = None,
 ) -> str:
-    """Writes the call as an ``attn-case/1`` file (``fixture-format.md``) for ``attn-conform
-    verify`` and for sharing; returns ``path``.
+    """Writes the call as an ``attn-case/1`` file (``conformance/spec/fixture-format.md``) for
+    ``attn-conform verify`` and for sharing; returns ``path``.
 
     ``source`` says who computed ``outputs``: a dict with at least ``"impl"``, or just the impl
     name (default ``"python"``). The case is checked as ``check`` checks it (op, parameters,
