@@ -43,7 +43,7 @@ CASES = {
     "kda_gate_chunk_cumsum_1x131072x8x128": ([1, 131072, 8, 128], "bfloat16", "float32", ("fla_fused",), 0.92, 1.05),
 }
 
-# The delta-rule rows (spec anchors.md, fwd_h table): bf16, K = V = 128, chunk 64, gk,
+# The delta-rule rows (`conformance/spec/anchors.md`, fwd_h table): bf16, K = V = 128, chunk 64, gk,
 # initial_state, final state, v_new, varlen cu_seqlens. name -> (value heads, sequence lengths,
 # anchor, target share of ceiling, min speedup vs FLA serial). The pre-scan row: 32 pieces.
 FWD_H = {

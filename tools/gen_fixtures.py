@@ -76,7 +76,8 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda asked but torch sees no GPU", file=sys.stderr)
         return 2
-    # fp32 FLA cases are computed with IEEE fp32 products (spec ops-delta-rule 10.1).
+    # fp32 FLA cases are computed with IEEE fp32 products
+    # (`conformance/spec/ops-delta-rule.md` §10.1).
     os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
     os.environ.pop("FLA_INTRACARD_CP", None)
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,5 +1,5 @@
 """Tests of the fixture generators: the comparison rule, refusal, deterministic files and the
-float64 transcriptions' identities (spec ops-delta-rule 3.6, 5.3, 6.5, 8.5).
+float64 transcriptions' identities (`conformance/spec/ops-delta-rule.md` §3.6, §5.3, §6.5, §8.5).
 
     python3 -m pytest tools/test_fixturegen.py      (or: python3 tools/test_fixturegen.py)
 """

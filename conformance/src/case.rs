@@ -1,6 +1,7 @@
-//! `attn-case/1` files (spec `fixture-format.md`): one call of one op, its inputs `in.<arg>`, its
-//! parameters and the outputs `out.<name>` some implementation produced, in one safetensors file
-//! whose `__metadata__` holds `format`, `op`, `params`, `source`, `tolerance` and `note`.
+//! `attn-case/1` files (`conformance/spec/fixture-format.md`): one call of one op, its inputs
+//! `in.<arg>`, its parameters and the outputs `out.<name>` some implementation produced, in one
+//! safetensors file whose `__metadata__` holds `format`, `op`, `params`, `source`, `tolerance` and
+//! `note`.
 //!
 //! This layer knows nothing of ops: it reads and writes the format and hands back named tensors,
 //! parameters and metadata. Binding a case to its op is [`crate::registry`]'s.

@@ -1,4 +1,4 @@
-//! The comparison rule of the spec (`README.md`, "Comparison").
+//! The comparison rule of the spec (`conformance/spec/README.md`, "Comparison").
 //!
 //! For an expected tensor `ref` and a candidate `x` of the same shape:
 //! `max_abs = max |ref - x|` and `ratio = RMS(ref - x) / (RMS(ref) + 1e-8)`, both over the
@@ -30,11 +30,12 @@ pub enum Rule {
     Threshold(f64),
     /// Same dtype and the same bits everywhere (NaN payloads included).
     Exact,
-    /// Selected block indices, row by row (spec `ops-nsa.md` §9; [`crate::index_rule`]).
+    /// Selected block indices, row by row (`conformance/spec/ops-nsa.md` §9;
+    /// [`crate::index_rule`]).
     Index(IndexRule),
 }
 
-/// How the rows of a `block_indices` output are compared (spec `ops-nsa.md` §9).
+/// How the rows of a `block_indices` output are compared (`conformance/spec/ops-nsa.md` §9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IndexMode {
     /// `"fla"`: each row as a set of valid entries (`>= 0`) plus its count of `-1`.

@@ -1,5 +1,5 @@
-//! The index rule of spec `ops-nsa.md` §9 for `block_indices` outputs: rows are compared one by
-//! one, never by the ratio rule.
+//! The index rule of `conformance/spec/ops-nsa.md` §9 for `block_indices` outputs: rows are
+//! compared one by one, never by the ratio rule.
 //!
 //! A row is every index of the leading axes (`(b, t, h)` in mode `"fla"`, `(b, i, hq)` in
 //! `"mslk_tile_mean"`); its slots are the last axis.

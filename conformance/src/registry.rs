@@ -52,7 +52,8 @@ const ALL: [OpSpec; count(FAMILIES)] = gather(FAMILIES);
 pub static OPS: &[OpSpec] = &ALL;
 
 /// Per op, the outputs whose candidate values the reference takes as inputs before computing the
-/// other outputs (spec `ops-nsa.md` §7: `nsa_fwd`'s `o` uses the candidate's `block_indices`).
+/// other outputs (`conformance/spec/ops-nsa.md` §7: `nsa_fwd`'s `o` uses the candidate's
+/// `block_indices`).
 const TAKEN: &[&[(&str, &str)]] = &[ops::nsa::TAKEN_FROM_CANDIDATE];
 
 /// The outputs of op `id` that the reference takes from the candidate (see `TAKEN`).

@@ -33,7 +33,8 @@ impl fmt::Display for Device {
 }
 
 /// `--device`: which candidates to check. The outputs stored in the case are always checked;
-/// `gpu` and `all` also check this crate's GPU kernel where the op has one (fixture-format.md).
+/// `gpu` and `all` also check this crate's GPU kernel where the op has one
+/// (`conformance/spec/fixture-format.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Selection {
     Cpu,
@@ -62,8 +63,8 @@ pub struct Row {
     /// Where and by how much a failed comparison of two same-shape tensors missed (`null` when
     /// it passed, or when a shape, class or presence mismatch left nothing to compare).
     pub diagnostics: Option<Diagnostics>,
-    /// Index rule only (spec `ops-nsa.md` §9): rows that differ from the reference's selection
-    /// but passed by the near-tie band.
+    /// Index rule only (`conformance/spec/ops-nsa.md` §9): rows that differ from the reference's
+    /// selection but passed by the near-tie band.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub near_ties: Option<usize>,
 }
@@ -148,8 +149,8 @@ pub fn declared_outputs(spec: &OpSpec, outputs: Tensors) -> Tensors {
 
 /// The reference a candidate is held to: the plain one, or, for an op whose reference takes some
 /// outputs from the candidate ([`registry::taken_from_candidate`]; `nsa_fwd`'s
-/// `block_indices`, spec `ops-nsa.md` §7), the one computed with the candidate's values as
-/// inputs. The taken outputs themselves (and their `<name>.scores`) stay the plain reference's,
+/// `block_indices`, `conformance/spec/ops-nsa.md` §7), the one computed with the candidate's values
+/// as inputs. The taken outputs themselves (and their `<name>.scores`) stay the plain reference's,
 /// so they are still checked against its own choice.
 fn reference_for<'a>(
     case: &Case,

@@ -1,6 +1,6 @@
-//! Registry entries of the delta-rule ops against `ops-delta-rule.md`: output classes and
-//! thresholds by comparison class (1.6, 2.7, 3.5, 4.7, 5.7, 6.8, 7.7, 8.8, "long"), `hm` compared
-//! as `hm.b` and `hm.M`, and bad dtypes refused by the runners.
+//! Registry entries of the delta-rule ops against `conformance/spec/ops-delta-rule.md`: output
+//! classes and thresholds by comparison class (1.6, 2.7, 3.5, 4.7, 5.7, 6.8, 7.7, 8.8, "long"),
+//! `hm` compared as `hm.b` and `hm.M`, and bad dtypes refused by the runners.
 
 mod common;
 
@@ -134,7 +134,7 @@ use DtypeClass::{Float32, Float64, Half};
 #[case("chunk_gated_delta_rule_fwd_h_split", F32,  T(8),                     "h",              Float32,  Float32, 5e-5)]
 #[case("chunk_gated_delta_rule_fwd_h_split", F32,  T(8),                     "v_new",          Float32,  Float32, 5e-5)]
 #[case("chunk_gated_delta_rule_fwd_h_split", F32,  T(8),                     "final_state",    Float32,  Float32, 5e-5)]
-// section 7.7: README defaults by q, classes by k / v
+// `conformance/spec/ops-delta-rule.md` §7.7: the spec README's defaults by q, classes by k / v
 #[case("kda_intra",                          BF16, T(8),                     "w",              Half,     Half,    5e-3)]
 #[case("kda_intra",                          BF16, T(8),                     "u",              Half,     Half,    5e-3)]
 #[case("kda_intra",                          BF16, T(8),                     "kg",             Half,     Half,    5e-3)]
@@ -268,7 +268,8 @@ fn params_of_the_delta_ops_have_the_spec_defaults() {
         defaults("gdn_fwd"),
         json!({"scale": null, "output_final_state": false, "use_qk_l2norm_in_kernel": false, "chunk_size": 64, "state_v_first": false})
     );
-    // FLA's gdn options that are not part of this op are unknown parameters (spec 8.2)
+    // FLA's gdn options that are not part of this op are unknown parameters
+    // (`conformance/spec/ops-delta-rule.md` §8.2)
     let spec = find("gdn_fwd").unwrap();
     assert!(Params::resolve(
         "gdn_fwd",

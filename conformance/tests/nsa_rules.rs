@@ -1,6 +1,6 @@
-//! The NSA comparison rules wired into `verify` (spec `ops-nsa.md` §3, §7, §9): `block_indices`
-//! by the index rule with near-ties counted, the `-inf` rule of `lse`, and `nsa_fwd`'s `o`
-//! computed from the candidate's own `block_indices`.
+//! The NSA comparison rules wired into `verify` (`conformance/spec/ops-nsa.md` §3, §7, §9):
+//! `block_indices` by the index rule with near-ties counted, the `-inf` rule of `lse`, and
+//! `nsa_fwd`'s `o` computed from the candidate's own `block_indices`.
 
 mod common;
 
@@ -151,8 +151,9 @@ fn near_tie_rows_are_counted() {
     assert!(!row(&rows, "block_indices").pass);
 }
 
-/// `nsa_compress_kv` in every input dtype (spec §2 "Suite must cover"): the reference's own
-/// outputs rounded to the dtype pass under that dtype's threshold; one element moved fails.
+/// `nsa_compress_kv` in every input dtype (`conformance/spec/ops-nsa.md` §2 "Suite must cover"):
+/// the reference's own outputs rounded to the dtype pass under that dtype's threshold; one element
+/// moved fails.
 #[test]
 fn compress_kv_every_dtype() {
     for dtype in [Dtype::F64, Dtype::F32, Dtype::BF16, Dtype::F16] {
@@ -179,8 +180,9 @@ fn compress_kv_every_dtype() {
     }
 }
 
-/// The runners refuse inputs of differing float dtypes (spec §1: one dtype per call), naming the
-/// tensor; weights and the given gates of `nsa_gate_combine` may differ (they are widened).
+/// The runners refuse inputs of differing float dtypes (`conformance/spec/ops-nsa.md` §1: one dtype
+/// per call), naming the tensor; weights and the given gates of `nsa_gate_combine` may differ (they
+/// are widened).
 #[test]
 fn runners_name_a_mismatched_dtype() {
     for (op, tensor) in [

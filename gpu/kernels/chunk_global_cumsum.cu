@@ -1,4 +1,4 @@
-// `chunk_global_cumsum` (spec ops-cumsum.md section 3): o[t] = scale * (sum of g over the
+// `chunk_global_cumsum` (`conformance/spec/ops-cumsum.md` §3): o[t] = scale * (sum of g over the
 // sequence's tokens up to t) (from t to its end when reverse), carried in the accumulator over the
 // whole sequence. g [B, T, H(, S)] is a strided scan over rows t with H * S lanes; a job is one
 // sequence.

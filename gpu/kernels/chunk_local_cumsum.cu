@@ -1,7 +1,7 @@
-// `chunk_local_cumsum` (spec ops-cumsum.md section 2): within each chunk of chunk_size tokens of
-// each sequence, o[t] = scale * (sum of g over the chunk's tokens up to t) (from t to the chunk's
-// end when reverse). g [B, T, H(, S)] is a strided scan over rows t with H * S lanes; a job is
-// one chunk.
+// `chunk_local_cumsum` (`conformance/spec/ops-cumsum.md` §2): within each chunk of chunk_size
+// tokens of each sequence, o[t] = scale * (sum of g over the chunk's tokens up to t) (from t to the
+// chunk's end when reverse). g [B, T, H(, S)] is a strided scan over rows t with H * S lanes; a job
+// is one chunk.
 
 #define SEQ_KERNELS(TIN, TOUT, ACC, IN, OUT)                                                      \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MIN_BLOCKS) chunk_local_cumsum_v1_##IN##_##OUT(const StridedArgs a) { \

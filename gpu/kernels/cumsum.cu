@@ -1,5 +1,5 @@
-// `cumsum` (spec ops-cumsum.md section 1): y[.., i, ..] = sum_{j <= i} x[.., j, ..] along one
-// axis (j >= i when reverse). The host picks one kernel per call from the plan
+// `cumsum` (`conformance/spec/ops-cumsum.md` §1): y[.., i, ..] = sum_{j <= i} x[.., j, ..] along
+// one axis (j >= i when reverse). The host picks one kernel per call from the plan
 // (outer, len, inner):
 //   inner == 1, many short rows   -> cumsum_rows_*      (rows.cuh, one warp per row)
 //   inner == 1, long rows         -> cumsum_lookback_*  (rows.cuh, single-pass look-back)

@@ -1,5 +1,5 @@
-// Decoding against a static KV cache (spec ops-decode.md): shared pieces of `kv_cache_update`
-// and `decode_attention`.
+// Decoding against a static KV cache (`conformance/spec/ops-decode.md`): shared pieces of
+// `kv_cache_update` and `decode_attention`.
 //
 // Caches are addressed by strides (elements): cache row r, KV head hk, position j, feature d is
 // at r * stride_b + hk * stride_h + j * stride_s + d, which covers both layouts

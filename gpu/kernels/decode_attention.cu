@@ -1,5 +1,5 @@
-// `decode_attention` (spec ops-decode.md section 2), split-KV ("flash-decoding"), and the fused
-// step (`kv_cache_update` then `decode_attention` in one launch).
+// `decode_attention` (`conformance/spec/ops-decode.md` §2), split-KV ("flash-decoding"), and the
+// fused step (`kv_cache_update` then `decode_attention` in one launch).
 //
 // For batch row b (cache row r, n valid keys), query i of L_q and head h (KV head hk = h / G,
 // G = H / H_kv): the visible keys are j < n, and with `causal` j <= n - L_q + i; with

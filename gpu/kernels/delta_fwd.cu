@@ -1,4 +1,4 @@
-// The fused recurrence and output of `kda_fwd` / `gdn_fwd` (spec ops-delta-rule.md 6.5, 8.5):
+// The fused recurrence and output of `kda_fwd` / `gdn_fwd` (conformance/spec/ops-delta-rule.md 6.5, 8.5):
 // one CTA per (sequence, value head, block of BV state columns) carries the state S (K x BV,
 // fp32 in mma accumulators) through the chunks and writes o directly; h and v_new never leave
 // the chip. Inputs are the intra stage's per-token kg, w, qg (qg carries the scale), u, Aqk and

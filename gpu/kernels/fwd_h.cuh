@@ -1,4 +1,4 @@
-// The chunked gated delta-rule state recurrence (spec ops-delta-rule.md sections 2 and 3),
+// The chunked gated delta-rule state recurrence (`conformance/spec/ops-delta-rule.md` §2 and §3),
 // shared by `chunk_gated_delta_rule_fwd_h` and `fwd_h_pre_scan`.
 //
 // One CTA (grid x: sequence * HV + value head, grid y: column block) runs one (sequence, value

@@ -1,5 +1,5 @@
-// `fwd_h_merge` (spec ops-delta-rule.md section 4): for every sequence n, value head hv and block
-// of MERGE_BV state columns, X <- initial_state[n, hv], then for each of its sub-sequences j:
+// `fwd_h_merge` (`conformance/spec/ops-delta-rule.md` §4): for every sequence n, value head hv and
+// block of MERGE_BV state columns, X <- initial_state[n, hv], then for each of its sub-sequences j:
 // initial_states[j, hv] = X, X <- M_j X + b_j (hm[j, hv] = [b_j | M_j]); final = X. FMAs in
 // hm's precision (IEEE fp32, or fp64 for an fp64 hm), in a fixed order (deterministic); the
 // outputs have hm's dtype. States in memory are X^T with v_first.

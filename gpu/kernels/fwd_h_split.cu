@@ -1,6 +1,6 @@
-// `chunk_gated_delta_rule_fwd_h_split` (spec ops-delta-rule.md section 5): the merge stage between
-// the pre-scan of the split pieces and the fwd_h re-run of every piece. The recurrence kernels
-// themselves are those of fwd_h.cuh, launched by the host on piece tables.
+// `chunk_gated_delta_rule_fwd_h_split` (`conformance/spec/ops-delta-rule.md` §5): the merge stage
+// between the pre-scan of the split pieces and the fwd_h re-run of every piece. The recurrence
+// kernels themselves are those of fwd_h.cuh, launched by the host on piece tables.
 //
 // Piece numbering (built by the host, gpu/src/delta/split.rs): the re-run table holds first the
 // LAST piece of every sequence n (row n, so that its exit state is final_state[n]), then the

@@ -1,4 +1,4 @@
-// The KDA gate (spec ops-cumsum.md section 4), per element of g [B, T, HV, K] at column
+// The KDA gate (`conformance/spec/ops-cumsum.md` §4), per element of g [B, T, HV, K] at column
 // c = hv * K + k of the flattened [HV * K] row:
 //   a = g + dt_bias[c]                      (a = g without dt_bias)
 //   no lower_bound:  y = -exp(A_log[hv]) * softplus(a),  softplus(a) = a for a > 20, else log1p(exp(a))

@@ -1,4 +1,4 @@
-// `kda_gate` (spec ops-cumsum.md section 4): y = gate(g) elementwise (gate.cuh), y in fp32.
+// `kda_gate` (`conformance/spec/ops-cumsum.md` §4): y = gate(g) elementwise (gate.cuh), y in fp32.
 // `v{W}`: W elements per thread; W must divide K.
 
 struct GateElemArgs {

@@ -1,5 +1,5 @@
-// `kda_gate_chunk_cumsum` (spec ops-cumsum.md section 5): chunk_local_cumsum(kda_gate(g)) in one
-// pass. The strided chunk scan of chunk_local_cumsum with the gate (gate.cuh) applied to each
+// `kda_gate_chunk_cumsum` (`conformance/spec/ops-cumsum.md` §5): chunk_local_cumsum(kda_gate(g)) in
+// one pass. The strided chunk scan of chunk_local_cumsum with the gate (gate.cuh) applied to each
 // element as it is loaded: the gate values live only in registers.
 
 #define GATE_SCAN_KERNELS(TIN, TOUT, ACC, IN, OUT)                                                \

@@ -1,4 +1,4 @@
-// The intra-chunk stage of the delta-rule forwards (spec ops-delta-rule.md sections 6.4-6.5,
+// The intra-chunk stage of the delta-rule forwards (conformance/spec/ops-delta-rule.md sections 6.4-6.5,
 // 7.4, 8.5) and the output of the staged forward.
 //
 // intra: one CTA per (chunk, value head). With G the chunk-local cumulative gate in log2 units
@@ -324,7 +324,7 @@ __device__ void intra_fma(const IntraArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The output of the staged forward (spec 6.5 step 5, 8.5 step 4), one CTA per (chunk, value
+// The output of the staged forward (`conformance/spec/ops-delta-rule.md` §6.5 step 5, 8.5 step 4), one CTA per (chunk, value
 // head, block of OUT_BV value columns):
 //   o_r = Σ_d qg_rd h[c]_d,: + Σ_{j<=r} Aqk[r, j] v_new_j          (qg carries the scale)
 // qg, h, Aqk and v_new in their stored dtype T, products in Acc.

@@ -1,5 +1,5 @@
-// `kv_cache_update` (spec ops-decode.md section 1): cache[r, n + l, hk, :] = new[b, l, hk, :]
-// for r = cache_batch_idx[b], n = cache_seqlens[b], 0 <= l < L_new (both caches), bit for bit.
+// `kv_cache_update` (`conformance/spec/ops-decode.md` §1): cache[r, n + l, hk, :] = new[b, l, hk,
+// :] for r = cache_batch_idx[b], n = cache_seqlens[b], 0 <= l < L_new (both caches), bit for bit.
 // Every other position is untouched. A row with n < 0, n + L_new > S, r out of range or r
 // repeated is skipped and raises its DECODE_BAD_* bit in `flag`.
 //

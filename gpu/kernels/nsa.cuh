@@ -1,5 +1,5 @@
-// Shared by the NSA modules (spec ops-nsa.md): weights of any float dtype widened to the
-// accumulator type once per call, so the hot kernels read one type.
+// Shared by the NSA modules (`conformance/spec/ops-nsa.md`): weights of any float dtype widened to
+// the accumulator type once per call, so the hot kernels read one type.
 
 // ---- widening a weight of any float dtype to Acc (the projection's w, the gate's W) ----
 struct WidenArgs {

@@ -1,8 +1,9 @@
 // Softmax attention of a query group over per-row key ranges, shared by the NSA attention
-// branches (spec ops-nsa.md §3, §5, §7): KIND 0 compressed blocks (`nsa_compression_attention`),
-// KIND 1 selected blocks (`nsa_selection_attention`), KIND 2 the causal sliding window
-// (`nsa_fwd`). For a token t (position p in its sequence, which starts at token bos) and KV head
-// h, the keys are a multiset of ranges of rows of k / v ([rows, H, K] / [rows, H, V]):
+// branches (`conformance/spec/ops-nsa.md` §3, §5, §7): KIND 0 compressed blocks
+// (`nsa_compression_attention`), KIND 1 selected blocks (`nsa_selection_attention`), KIND 2 the
+// causal sliding window (`nsa_fwd`). For a token t (position p in its sequence, which starts at
+// token bos) and KV head h, the keys are a multiset of ranges of rows of k / v ([rows, H, K] /
+// [rows, H, V]):
 //   KIND 0: one range, compressed rows cmp[n] .. cmp[n] + C(p), C the visible count
 //           (complete: min((p+1)/BS, TC_n); started: min(p/BS + 1, TC_n); all: TC_n);
 //   KIND 1: a range per slot i < n_sel (block_counts[t, h], or S): idx = block_indices[t, h, i]

@@ -1,4 +1,4 @@
-// `nsa_compress_kv` (spec ops-nsa.md section 2): block means of k and v in one pass.
+// `nsa_compress_kv` (`conformance/spec/ops-nsa.md` §2): block means of k and v in one pass.
 //
 // The input rows are the packed tokens [rows_in, H*D] (fixed length B > 1 is the packing of B
 // sequences of T tokens). A block of threads per compressed row r (every head): the sequence n

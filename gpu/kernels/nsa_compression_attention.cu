@@ -1,4 +1,4 @@
-// `nsa_compression_attention` (spec ops-nsa.md section 3): each query attends to its visible
+// `nsa_compression_attention` (`conformance/spec/ops-nsa.md` §3): each query attends to its visible
 // compressed blocks (nsa_attend.cuh, KIND 0).
 
 ATT_KERNELS(nsa_compression_attention, 0)

@@ -1,5 +1,5 @@
-// `nsa_fwd` (spec ops-nsa.md section 7): the sliding-window branch (nsa_attend.cuh, KIND 2) and
-// the gated sum of the branches.
+// `nsa_fwd` (`conformance/spec/ops-nsa.md` §7): the sliding-window branch (nsa_attend.cuh, KIND 2)
+// and the gated sum of the branches.
 //
 // nsa_fwd_combine: o = A_slc + A_cmp + A_swa per element of [rows, V] (rows = B * T * HQ) in
 // Acc, cast once; A_slc = g_slc * o_slc (o_slc without g_slc), A_cmp = g_cmp * o_cmp when g_cmp

@@ -1,4 +1,4 @@
-// `nsa_gate_combine` (spec ops-nsa.md section 6): o = g0*o_cmp + g1*o_slc + g2*o_swa per row
+// `nsa_gate_combine` (`conformance/spec/ops-nsa.md` §6): o = g0*o_cmp + g1*o_slc + g2*o_swa per row
 // (b, t, hq), in Acc, narrowed once; gates [rows, 3] float32 (the spec's dtype), as applied.
 //
 // Gates by form: W (FORM 0): logit_c = sum_d q[d] * W[hq, c, d] (W widened to Acc beforehand),

@@ -1,4 +1,4 @@
-// `nsa_select_blocks` (spec ops-nsa.md section 4), both modes. Scores in Acc (fp32, fp64 for
+// `nsa_select_blocks` (`conformance/spec/ops-nsa.md` §4), both modes. Scores in Acc (fp32, fp64 for
 // fp64) from exact products of the input values, `scale` applied to the fp32 dot product.
 //
 // Mode "fla" (select_fla): a warp per (token t, KV head h), WPB warps of consecutive tokens of

@@ -1,5 +1,5 @@
-//! `cumsum` on the GPU (spec ops-cumsum.md section 1): `y[.., i, ..] = Σ_{j ≤ i} x[.., j, ..]`
-//! along `dim` (`j ≥ i` when `reverse`), accumulated in fp32 (fp64 when fp64 is involved) and
+//! `cumsum` on the GPU (`conformance/spec/ops-cumsum.md` §1): `y[.., i, ..] = Σ_{j ≤ i} x[.., j,
+//! ..]` along `dim` (`j ≥ i` when `reverse`), accumulated in fp32 (fp64 when fp64 is involved) and
 //! rounded once to the output dtype.
 //!
 //! With the plan `(outer, len, inner)` of [`attn_reference::cumsum::validate_cumsum`], one

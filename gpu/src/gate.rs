@@ -1,4 +1,5 @@
-//! `kda_gate` and the fused `kda_gate_chunk_cumsum` on the GPU (spec ops-cumsum.md 4-5).
+//! `kda_gate` and the fused `kda_gate_chunk_cumsum` on the GPU
+//! (`conformance/spec/ops-cumsum.md` §4-§5).
 //!
 //! With `a = g + dt_bias[hv·K + k]` (or `a = g`), in fp32 (fp64 for fp64 `g`):
 //! `y = -exp(A_log[hv]) · softplus(a)` (`softplus(a) = a` for `a > 20`, else `log(1 + e^a)`),

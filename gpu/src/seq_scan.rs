@@ -1,4 +1,5 @@
-//! `chunk_local_cumsum` and `chunk_global_cumsum` on the GPU (spec ops-cumsum.md sections 2-3).
+//! `chunk_local_cumsum` and `chunk_global_cumsum` on the GPU
+//! (`conformance/spec/ops-cumsum.md` §2-§3).
 //!
 //! `g` `[B, T, H]` or `[B, T, H, S]` is a strided scan over the token axis with `H * S` lanes.
 //! A job is one chunk of `chunk_size` tokens (local) or one whole sequence (global), restarting

@@ -1,6 +1,6 @@
 //! GPU `kv_cache_update`, `decode_attention` and the fused step against the float64 reference
-//! (spec ops-decode.md): the spec's case list (`L_q` 1, 2, 7; `n` 0, 1, 63, 64, 65, 4000 and
-//! `n == S` mixed in one batch; GQA 1, 4, 8; `D` 64, 80, 96, 128, 256; both layouts;
+//! (`conformance/spec/ops-decode.md`): the spec's case list (`L_q` 1, 2, 7; `n` 0, 1, 63, 64, 65,
+//! 4000 and `n == S` mixed in one batch; GQA 1, 4, 8; `D` 64, 80, 96, 128, 256; both layouts;
 //! `cache_batch_idx`; bf16, fp16, fp32), random shapes (fp64 too), NaN in every cache position past the
 //! valid prefix (and in unused cache rows), outputs poisoned with NaN, determinism over 100
 //! launches, the device flag for out-of-range rows, and a captured CUDA graph replayed after the

@@ -1,4 +1,4 @@
-//! `kda_fwd`, `gdn_fwd` and `kda_intra` on the GPU against the float64 reference (spec 6.8, 7.7,
+//! `kda_fwd`, `gdn_fwd` and `kda_intra` on the GPU against the float64 reference (`conformance/spec/ops-delta-rule.md` §6.8, 7.7,
 //! 8.8 thresholds): the fused and the staged path, every dtype, chunk sizes, GVA, K and V up to
 //! 256 (60, 100, 200 included), varlen layouts with empty and one-token sequences, the in-kernel
 //! L2 norm, β sigmoid and KDA gate, `state_v_first`, initial states; gate regimes strong,
@@ -434,7 +434,7 @@ type IntraRow = (
     Regime,
 );
 
-/// `kda_intra` against the reference (spec 7.7: every output, README thresholds).
+/// `kda_intra` against the reference (`conformance/spec/ops-delta-rule.md` §7.7: every output, README thresholds).
 #[test]
 fn kda_intra_matches_the_reference() {
     let Some(gpu) = gpu_or_skip("kda_intra_matches_the_reference") else {

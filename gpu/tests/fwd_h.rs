@@ -1,9 +1,10 @@
-//! `chunk_gated_delta_rule_fwd_h` on the GPU against the float64 reference (spec 2.7 thresholds):
-//! realistic KDA/GDN inputs over random shapes, dtypes, chunk sizes, heads (GVA), gates and
-//! options; the spec 2.8 varlen layouts; every tensor-core tile variant; hard-forget gates;
-//! `state_v_first` bit-identical to the transposed key-first result; long sequences; and
-//! determinism over 100 launches. Outputs are poisoned with NaN before every launch, so every
-//! element must have been written. Without a GPU each test says why and passes.
+//! `chunk_gated_delta_rule_fwd_h` on the GPU against the float64 reference
+//! (`conformance/spec/ops-delta-rule.md` §2.7 thresholds): realistic KDA/GDN inputs over random
+//! shapes, dtypes, chunk sizes, heads (GVA), gates and options; the
+//! `conformance/spec/ops-delta-rule.md` §2.8 varlen layouts; every tensor-core tile variant;
+//! hard-forget gates; `state_v_first` bit-identical to the transposed key-first result; long
+//! sequences; and determinism over 100 launches. Outputs are poisoned with NaN before every launch,
+//! so every element must have been written. Without a GPU each test says why and passes.
 
 mod common;
 
@@ -55,8 +56,8 @@ fn launch(gpu: &Gpu, plan: &FwdHPlan, up: &Uploaded) -> Got {
     }
 }
 
-/// Spec 2.7: half `h`, `v_new` 1e-2, `final_state` 5e-3 (1e-2 when some sequence is longer
-/// than 4096 tokens); float32 1e-5; float64 1e-10.
+/// `conformance/spec/ops-delta-rule.md` §2.7: half `h`, `v_new` 1e-2, `final_state` 5e-3 (1e-2 when
+/// some sequence is longer than 4096 tokens); float32 1e-5; float64 1e-10.
 fn thresholds(dtype: Dtype, long: bool) -> (f64, f64) {
     match dtype {
         Dtype::F64 => (1e-10, 1e-10),
@@ -115,7 +116,7 @@ const VS: [usize; 6] = [16, 60, 64, 100, 128, 200];
 const HEADS: [(usize, usize); 4] = [(1, 1), (2, 2), (1, 4), (2, 4)];
 const TS: [usize; 9] = [0, 1, 15, 63, 64, 65, 77, 1000, 2048];
 const DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::BF16, Dtype::F16];
-/// Spec 2.8's varlen layouts.
+/// `conformance/spec/ops-delta-rule.md` §2.8's varlen layouts.
 const VARLEN: [&[i64]; 6] = [
     &[0, 15],
     &[0, 256, 500, 1000],
@@ -172,7 +173,8 @@ fn realistic_inputs_match_reference() {
             |((di, bi, ki, vi, hi), (gi, ti, li, bits, h0), seed)| {
                 let mut rng = Rng::new(seed);
                 let bt = [16, 32, 64][bi];
-                // li < 6: a varlen layout of spec 2.8; else B = 1 or 2 rows of T tokens
+                // li < 6: a varlen layout of `conformance/spec/ops-delta-rule.md` §2.8; else B = 1
+                // or 2 rows of T tokens
                 let cu = (li < 6).then(|| VARLEN[li]);
                 let b = if li >= 6 { li - 5 } else { 1 };
                 let lay = layout(b, TS[ti], HEADS[hi], KS[ki], VS[vi], bt, cu);

@@ -1,10 +1,10 @@
-//! `chunk_gated_delta_rule_fwd_h_split` on the GPU (spec section 5): explicit splits of spec 5.8
-//! against the float64 section-2 reference at 5.7's thresholds (including two and three split
-//! sequences in one batch, the layout FLA 0.6.0 gets wrong), long cases against the reference
-//! and against our serial kernel (5e-3), the auto policy against the serial kernel, determinism
-//! over 100 launches of one plan and workspace, and every bad split of 5.6 a typed error.
-//! Outputs and the workspace are poisoned with NaN before every launch. Without a GPU each test
-//! says why and passes.
+//! `chunk_gated_delta_rule_fwd_h_split` on the GPU (`conformance/spec/ops-delta-rule.md` §5):
+//! explicit splits of §5.8 against the float64 §2 reference at §5.7's thresholds (including two
+//! and three split sequences in one batch, the layout FLA 0.6.0 gets wrong), long cases against the
+//! reference and against our serial kernel (5e-3), the auto policy against the serial kernel,
+//! determinism over 100 launches of one plan and workspace, and every bad split of §5.6 a typed
+//! error. Outputs and the workspace are poisoned with NaN before every launch. Without a GPU each
+//! test says why and passes.
 
 mod common;
 
@@ -84,7 +84,7 @@ fn reference(up: &Uploaded, cu: Option<&[i64]>, p: &FwdHParams) -> Got {
     }
 }
 
-/// Spec 5.7: half 1e-2, float32 5e-5, float64 1e-10.
+/// `conformance/spec/ops-delta-rule.md` §5.7: half 1e-2, float32 5e-5, float64 1e-10.
 fn split_threshold(dtype: Dtype) -> f64 {
     match dtype {
         Dtype::F64 => 1e-10,
@@ -120,7 +120,7 @@ fn cu_of(lens: &[usize]) -> Vec<i64> {
     c
 }
 
-/// One explicit-split case of spec 5.8.
+/// One explicit-split case of `conformance/spec/ops-delta-rule.md` §5.8.
 struct Case {
     what: &'static str,
     lens: Vec<usize>,

@@ -1,7 +1,9 @@
-//! `fwd_h_pre_scan` and `fwd_h_merge` on the GPU against the float64 reference (spec 3.5, 4.7),
-//! the identity `M S0 + b = final_state` (spec 3.6), the composition pre-scan + merge + fwd_h on
-//! the pieces = fwd_h on the whole sequences (spec 4.8), and determinism. Outputs are poisoned
-//! with NaN before every launch. Without a GPU each test says why and passes.
+//! `fwd_h_pre_scan` and `fwd_h_merge` on the GPU against the float64 reference
+//! (`conformance/spec/ops-delta-rule.md` §3.5, §4.7), the identity `M S0 + b = final_state`
+//! (`conformance/spec/ops-delta-rule.md` §3.6), the composition pre-scan + merge + fwd_h on the
+//! pieces = fwd_h on the whole sequences (`conformance/spec/ops-delta-rule.md` §4.8), and
+//! determinism. Outputs are poisoned with NaN before every launch. Without a GPU each test says why
+//! and passes.
 
 mod common;
 
@@ -36,8 +38,8 @@ fn parts(hm: &Array4<f64>, v: usize) -> (ArrayD<f64>, ArrayD<f64>) {
     )
 }
 
-/// Spec 3.5: `hm.b` half 5e-3 (long 1e-2), `hm.M` half 1e-2; float32 1e-5 for both; float64
-/// 1e-10.
+/// `conformance/spec/ops-delta-rule.md` §3.5: `hm.b` half 5e-3 (long 1e-2), `hm.M` half 1e-2;
+/// float32 1e-5 for both; float64 1e-10.
 fn prescan_thresholds(dtype: Dtype, long: bool) -> (f64, f64) {
     match dtype {
         Dtype::F64 => (1e-10, 1e-10),

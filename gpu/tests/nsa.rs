@@ -1,8 +1,8 @@
-//! GPU NSA part 1 against the float64 reference (spec ops-nsa.md §2, §4, §6): `nsa_compress_kv`
-//! (both partial-block variants, projections, varlen with empty and short sequences, `BS = 1`,
-//! `K != V`, a case past 2^31 elements), `nsa_gate_combine` (W, G, U forms, saturated logits)
-//! and `nsa_select_blocks` (both modes, by the index rule of §9 with its near-tie band), every
-//! float dtype. Outputs are poisoned with NaN before each launch; determinism over 100
+//! GPU NSA part 1 against the float64 reference (`conformance/spec/ops-nsa.md` §2, §4, §6):
+//! `nsa_compress_kv` (both partial-block variants, projections, varlen with empty and short
+//! sequences, `BS = 1`, `K != V`, a case past 2^31 elements), `nsa_gate_combine` (W, G, U forms,
+//! saturated logits) and `nsa_select_blocks` (both modes, by the index rule of §9 with its near-tie
+//! band), every float dtype. Outputs are poisoned with NaN before each launch; determinism over 100
 //! launches; bad input refused with the argument named. Without a GPU each test says why and
 //! passes.
 

@@ -1,4 +1,4 @@
-//! GPU NSA part 2 against the float64 reference (spec ops-nsa.md §3, §5, §7):
+//! GPU NSA part 2 against the float64 reference (`conformance/spec/ops-nsa.md` §3, §5, §7):
 //! `nsa_compression_attention` (every visibility, both `empty_lse`, `T < BS`, varlen with empty,
 //! short and partial-block sequences), `nsa_selection_attention` (random past blocks padded with
 //! `-1`, future and past-the-end indices, duplicates counted twice, tensor counts with zeros,
@@ -55,8 +55,8 @@ fn layout(rng: &mut Rng, varlen: bool, t: usize) -> (usize, usize, Option<Vec<i6
     (1, last as usize + 1, Some(cu))
 }
 
-/// `o` by the README rule of the output dtype, `lse` (float32) by 5e-3 for half inputs, else
-/// 1e-5; `-inf` positions must match.
+/// `o` by the rule of `conformance/spec/README.md` for the output dtype, `lse` (float32) by 5e-3
+/// for half inputs, else 1e-5; `-inf` positions must match.
 fn check_attn(
     what: &str,
     gpu: &Gpu,

@@ -1,4 +1,5 @@
-//! Scans: `cumsum`, `chunk_local_cumsum`, `chunk_global_cumsum` (spec `ops-cumsum.md` 1-3).
+//! Scans: `cumsum`, `chunk_local_cumsum`, `chunk_global_cumsum`
+//! (`conformance/spec/ops-cumsum.md` §1-§3).
 //!
 //! Every scan is a sequential left-to-right (or right-to-left when `reverse`) running sum in
 //! `T`, one element at a time, so that rounding, NaN and Inf behave exactly as a sequential

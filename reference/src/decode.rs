@@ -1,4 +1,5 @@
-//! Decoding against a static KV cache: `kv_cache_update`, `decode_attention` (spec `ops-decode.md`).
+//! Decoding against a static KV cache: `kv_cache_update`, `decode_attention`
+//! (`conformance/spec/ops-decode.md`).
 //!
 //! Caches are `[B_cache, S, H_kv, D]` (`bshd`) or `[B_cache, H_kv, S, D]` (`bhsd`); queries and
 //! new tokens are `[B, L, H, D]`. Batch row `b` uses cache row `cache_batch_idx[b]` (default `b`)

@@ -1,4 +1,4 @@
-//! KDA gates: `kda_gate`, `kda_gate_chunk_cumsum` (spec `ops-cumsum.md` 4-5).
+//! KDA gates: `kda_gate`, `kda_gate_chunk_cumsum` (`conformance/spec/ops-cumsum.md` §4-§5).
 //!
 //! Mirrors FLA 0.6.0 `naive_kda_gate` / `naive_kda_lowerbound_gate`: with
 //! `a = g[b, t, hv, k] + dt_bias[hv·K + k]` (or `a = g` without bias),
@@ -17,7 +17,8 @@ use ndarray::{Array4, ArrayView1, ArrayView4, Zip};
 /// `[HV * K]`; returns `(B, T, HV, K)`.
 ///
 /// `lower_bound`, when given, must be finite and `< 0`, as `kda_fwd`'s in-kernel gate requires
-/// (ops-delta-rule.md 6.7; the output is a log-decay and upstream uses values in `[-5, 0)`).
+/// (`conformance/spec/ops-delta-rule.md` §6.7; the output is a log-decay and upstream uses values
+/// in `[-5, 0)`).
 pub fn validate_kda_gate(
     g_shape: &[usize],
     a_log_len: Option<usize>,

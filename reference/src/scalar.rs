@@ -47,5 +47,6 @@ impl Real for f64 {
 
 /// `1/ln 2` as FLA's kernels use it: the fp32 value `1.4426950216`. Callers pass it as the
 /// `scale` of the chunk scans (KDA does); the float64 oracle's own conversions to log2 units (the
-/// chunked forms of `kda_fwd` and `gdn_fwd`) use the exact `1/ln 2` instead (spec 9.2).
+/// chunked forms of `kda_fwd` and `gdn_fwd`) use the exact `1/ln 2` instead
+/// (`conformance/spec/ops-delta-rule.md` §9.2).
 pub const RCP_LN2: f64 = 1.4426950216;

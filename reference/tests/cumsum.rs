@@ -1,4 +1,5 @@
-//! Properties of `cumsum`, `chunk_local_cumsum`, `chunk_global_cumsum` (spec `ops-cumsum.md` 1-3).
+//! Properties of `cumsum`, `chunk_local_cumsum`, `chunk_global_cumsum`
+//! (`conformance/spec/ops-cumsum.md` §1-§3).
 
 mod common;
 

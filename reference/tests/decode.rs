@@ -1,4 +1,4 @@
-//! Properties of `kv_cache_update` and `decode_attention` (spec `ops-decode.md`).
+//! Properties of `kv_cache_update` and `decode_attention` (`conformance/spec/ops-decode.md`).
 
 mod common;
 

@@ -1,5 +1,6 @@
-//! Bad input of the delta-rule ops (spec 1.5, 2.6, 3.4, 4.6, 5.6, 6.7, 7.6, 8.7): every case
-//! is refused before any work with the expected `ErrorKind` and the spec's argument name.
+//! Bad input of the delta-rule ops
+//! (`conformance/spec/ops-delta-rule.md` §1.5, §2.6, §3.4, §4.6, §5.6, §6.7, §7.6, §8.7): every
+//! case is refused before any work with the expected `ErrorKind` and the spec's argument name.
 
 use attn_reference::delta::{
     auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h, fwd_h_merge, fwd_h_pre_scan,

@@ -1,5 +1,6 @@
-//! `kda_fwd`, `gdn_fwd`, `kda_intra` (spec 6–8): the chunked pipelines against the recurrent
-//! definitions and the per-token oracle, on random realistic inputs (f64 unless stated).
+//! `kda_fwd`, `gdn_fwd`, `kda_intra` (`conformance/spec/ops-delta-rule.md` §6–§8): the chunked
+//! pipelines against the recurrent definitions and the per-token oracle, on random realistic inputs
+//! (f64 unless stated).
 
 mod delta_util;
 
@@ -73,7 +74,8 @@ fn h0_for(c: &Case, o: Opts) -> Option<Array4<f64>> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Spec 6.9: the chunked KDA pipeline equals the recurrence (f64, 1e-12).
+    /// `conformance/spec/ops-delta-rule.md` §6.9: the chunked KDA pipeline equals the recurrence
+    /// (f64, 1e-12).
     #[test]
     fn kda_chunked_equals_recurrent(c in case(), o in opts(), bt in prop_oneof![Just(32i64), Just(64)]) {
         let h0 = h0_for(&c, o);
@@ -87,7 +89,8 @@ proptest! {
         assert_close(chk.final_state.as_ref().unwrap(), rec.final_state.as_ref().unwrap(), 1e-12, "final_state");
     }
 
-    /// Spec 8.9: the chunked GDN pipeline equals the recurrence (f64, 1e-12).
+    /// `conformance/spec/ops-delta-rule.md` §8.9: the chunked GDN pipeline equals the recurrence
+    /// (f64, 1e-12).
     #[test]
     fn gdn_chunked_equals_recurrent(c in case(), o in opts(), bt in prop_oneof![Just(16i64), Just(32), Just(64)]) {
         let h0 = h0_for(&c, o);
@@ -107,7 +110,8 @@ proptest! {
         assert_close(chk.final_state.as_ref().unwrap(), rec.final_state.as_ref().unwrap(), 1e-12, "final_state");
     }
 
-    /// Spec 8.5: `gdn_fwd(g)` equals `kda_fwd` with `g` broadcast along `K` (both forms).
+    /// `conformance/spec/ops-delta-rule.md` §8.5: `gdn_fwd(g)` equals `kda_fwd` with `g` broadcast
+    /// along `K` (both forms).
     #[test]
     fn gdn_equals_kda_with_broadcast_gate(c in case(), o in opts()) {
         let o = Opts { beta_sigmoid: false, neg_eig: false, ..o };
@@ -136,9 +140,10 @@ proptest! {
         assert_close(&gc.o, &kc.o, 1e-12, "o (chunked)");
     }
 
-    /// Spec 6.5 / 7.8 identity: `kda_intra` → `chunk_gated_delta_rule_fwd_h` gives `h[c]` equal
-    /// to the oracle's state at every chunk boundary and `v_new` equal to its deltas; the output
-    /// formula then gives the oracle's `o`; and `Akk · (I + L) = I` per chunk (7.7).
+    /// `conformance/spec/ops-delta-rule.md` §6.5 / §7.8 identity: `kda_intra` →
+    /// `chunk_gated_delta_rule_fwd_h` gives `h[c]` equal to the oracle's state at every chunk
+    /// boundary and `v_new` equal to its deltas; the output formula then gives the oracle's `o`;
+    /// and `Akk · (I + L) = I` per chunk (7.7).
     #[test]
     fn intra_then_fwd_h_matches_the_oracle(c in case(), bt in prop_oneof![Just(32i64), Just(64)], scale in 0.1f64..1.5) {
         let btu = bt as usize;
@@ -204,7 +209,8 @@ proptest! {
         }
     }
 
-    /// Spec 6.9: GVA equals the non-GVA call on `q, k` repeated per value head.
+    /// `conformance/spec/ops-delta-rule.md` §6.9: GVA equals the non-GVA call on `q, k` repeated
+    /// per value head.
     #[test]
     fn gva_equals_repeated_heads(c in case(), o in opts()) {
         let group = c.hv / c.h;
@@ -241,7 +247,8 @@ proptest! {
         assert_close(&transpose_state(rb.final_state.as_ref().unwrap().view()), ra.final_state.as_ref().unwrap(), 1e-12, "final_state");
     }
 
-    /// f32 against the f64 oracle within the float32 thresholds (spec 6.8, 8.8: 1e-5).
+    /// f32 against the f64 oracle within the float32 thresholds
+    /// (`conformance/spec/ops-delta-rule.md` §6.8, §8.8: 1e-5).
     #[test]
     fn f32_within_float32_threshold(c in case(), o in opts()) {
         // hard-forget gates (−1000) make the chunk-local cumulative gates ~1e3, whose f32
@@ -280,9 +287,9 @@ proptest! {
         }
     }
 
-    /// Spec 6.4: the in-kernel options equal the same call on inputs preprocessed by the test
-    /// (L2 norm with eps 1e-6 inside the root, `sigmoid(beta)·(1|2)`, softplus or lower-bound
-    /// gate), in both forms (f64, 1e-12).
+    /// `conformance/spec/ops-delta-rule.md` §6.4: the in-kernel options equal the same call on
+    /// inputs preprocessed by the test (L2 norm with eps 1e-6 inside the root,
+    /// `sigmoid(beta)·(1|2)`, softplus or lower-bound gate), in both forms (f64, 1e-12).
     #[test]
     fn in_kernel_preprocessing_equals_precomputed_inputs(
         c in case(), seed: u64, gate_form in 0usize..4, with_bias: bool, neg_eig: bool, bt in prop_oneof![Just(32i64), Just(64)],
@@ -336,7 +343,8 @@ proptest! {
     }
 }
 
-/// Spec 6.9 / 2.8 at the largest key dimension: `K = 256`, `V = 5`, partial last chunks, GVA.
+/// `conformance/spec/ops-delta-rule.md` §6.9 / §2.8 at the largest key dimension: `K = 256`, `V =
+/// 5`, partial last chunks, GVA.
 #[test]
 fn k256_chunked_equals_recurrent() {
     for (seed, bt) in [(1u64, 32i64), (2, 64)] {

@@ -1,5 +1,6 @@
 //! `chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`, `fwd_h_merge` and
-//! `chunk_gated_delta_rule_fwd_h_split` (spec 2–5) on random realistic inputs (f64 unless stated).
+//! `chunk_gated_delta_rule_fwd_h_split` (`conformance/spec/ops-delta-rule.md` §2–§5) on random
+//! realistic inputs (f64 unless stated).
 
 mod delta_util;
 
@@ -75,8 +76,8 @@ fn random_split(c: &Case, bt: usize, p: f64, rng: &mut Rng) -> Vec<i64> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Spec 3.6: `M · S0 + b` equals section 2's final state from `initial_state = S0`
-    /// (f64, 1e-10); an empty (sub-)sequence summarises to `[0 | I]`.
+    /// `conformance/spec/ops-delta-rule.md` §3.6: `M · S0 + b` equals section 2's final state from
+    /// `initial_state = S0` (f64, 1e-10); an empty (sub-)sequence summarises to `[0 | I]`.
     #[test]
     fn pre_scan_summary_is_affine_exit_map(c in case(), m in mode(), bt in bt()) {
         let fc = fwd_h_case(&c, m, bt);
@@ -97,8 +98,9 @@ proptest! {
         }
     }
 
-    /// Spec 5.3: pre-scan + merge + fwd_h on random chunk-aligned split points equals the
-    /// unsplit section 2 (f64, 1e-10), several split sequences in one batch included.
+    /// `conformance/spec/ops-delta-rule.md` §5.3: pre-scan + merge + fwd_h on random chunk-aligned
+    /// split points equals the unsplit section 2 (f64, 1e-10), several split sequences in one batch
+    /// included.
     #[test]
     fn split_equals_unsplit(c in case(), m in mode(), bt in bt(), p in 0.0f64..1.0, v_first: bool, h0: bool, seed: u64) {
         let fc = fwd_h_case(&c, m, bt);
@@ -115,7 +117,8 @@ proptest! {
         assert_same_outputs(&auto, &whole, 1e-10);
     }
 
-    /// `state_v_first` equals the transposed key-first result (spec 2.8; f64, 1e-12).
+    /// `state_v_first` equals the transposed key-first result
+    /// (`conformance/spec/ops-delta-rule.md` §2.8; f64, 1e-12).
     #[test]
     fn fwd_h_state_v_first_is_the_transpose(c in case(), m in mode(), bt in bt()) {
         let fc = fwd_h_case(&c, m, bt);
@@ -128,7 +131,8 @@ proptest! {
         assert_close(&transpose_state(vf.final_state.as_ref().unwrap().view()), kf.final_state.as_ref().unwrap(), 1e-12, "final_state");
     }
 
-    /// f32 against the f64 oracle within the float32 thresholds (spec 2.7: 1e-5).
+    /// f32 against the f64 oracle within the float32 thresholds
+    /// (`conformance/spec/ops-delta-rule.md` §2.7: 1e-5).
     #[test]
     fn fwd_h_f32_within_float32_threshold(c in case(), m in mode(), bt in bt()) {
         // f32 inputs, and the same values widened for the f64 oracle (input rounding not counted)
@@ -158,9 +162,9 @@ proptest! {
         assert_close(&r32.final_state.unwrap().mapv(f64::from), r64.final_state.as_ref().unwrap(), 1e-5, "final_state");
     }
 
-    /// Spec 4.4/4.8: the merge chain against a direct fold, on random `M = I + 0.1·randn`,
-    /// `b = randn`, chains of 0 to 40 summaries per sequence, with `state_v_first` equal to the
-    /// transposed result (f64, 1e-12).
+    /// `conformance/spec/ops-delta-rule.md` §4.4/§4.8: the merge chain against a direct fold, on
+    /// random `M = I + 0.1·randn`, `b = randn`, chains of 0 to 40 summaries per sequence, with
+    /// `state_v_first` equal to the transposed result (f64, 1e-12).
     #[test]
     fn merge_is_the_prefix_chain(seed: u64, counts in prop::collection::vec(0usize..=40, 1..4), hv in 1usize..=2, kd in 1usize..=12, vd in 1usize..=12, h0: bool) {
         let mut rng = Rng::new(seed);
@@ -200,8 +204,9 @@ proptest! {
     }
 }
 
-/// Spec 5.8: every chunk its own piece (more than FLA's cap of 32), two and three split
-/// sequences in one batch, an unsplit one, zero-length and one-token sequences.
+/// `conformance/spec/ops-delta-rule.md` §5.8: every chunk its own piece (more than FLA's cap of
+/// 32), two and three split sequences in one batch, an unsplit one, zero-length and one-token
+/// sequences.
 #[test]
 fn split_into_many_pieces_across_several_sequences() {
     let layouts: [&[i64]; 3] = [
@@ -243,8 +248,9 @@ fn split_into_many_pieces_across_several_sequences() {
     }
 }
 
-/// Spec 5.4/5.8: the automatic policy splits a long sequence when the batch is small (and the
-/// result is unchanged), and splits nothing when the batch already fills the device.
+/// `conformance/spec/ops-delta-rule.md` §5.4/§5.8: the automatic policy splits a long sequence when
+/// the batch is small (and the result is unchanged), and splits nothing when the batch already
+/// fills the device.
 #[test]
 fn auto_policy_splits_long_sequences_only_when_useful() {
     let bt = 16usize;
@@ -277,8 +283,8 @@ fn auto_policy_splits_long_sequences_only_when_useful() {
     assert_eq!(p.len() - 1, 16);
 }
 
-/// Spec 1.5: `T = 0` and zero-length sequences are valid: no rows, no chunks, and every final
-/// state equals the initial state.
+/// `conformance/spec/ops-delta-rule.md` §1.5: `T = 0` and zero-length sequences are valid: no rows,
+/// no chunks, and every final state equals the initial state.
 #[test]
 fn zero_tokens_pass_the_initial_state_through() {
     let mut rng = Rng::new(11);

@@ -1,4 +1,4 @@
-//! Properties of `kda_gate` and `kda_gate_chunk_cumsum` (spec `ops-cumsum.md` 4-5).
+//! Properties of `kda_gate` and `kda_gate_chunk_cumsum` (`conformance/spec/ops-cumsum.md` §4-§5).
 
 mod common;
 

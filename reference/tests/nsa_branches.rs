@@ -1,5 +1,6 @@
 //! `nsa_compress_kv`, `nsa_compression_attention` and `nsa_selection_attention` against
-//! brute-force oracles of spec `ops-nsa.md` §2, §3, §5, and each op's "Suite must cover" list.
+//! brute-force oracles of `conformance/spec/ops-nsa.md` §2, §3, §5, and each op's "Suite must
+//! cover" list.
 // rstest cases list every dimension of a case; brute-force oracles index plainly
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
@@ -139,7 +140,8 @@ proptest! {
 
 // ------------------------------------------------------- nsa_compression_attention (§3)
 
-/// Visible compressed blocks of position `p` (spec §3 step 1, written out).
+/// Visible compressed blocks of position `p` (`conformance/spec/ops-nsa.md` §3 step 1, written
+/// out).
 fn visible(vis: Visibility, p: usize, bs: usize, tc: usize) -> Vec<usize> {
     (0..tc)
         .filter(|&c| match vis {
@@ -311,7 +313,8 @@ fn row_first(idx: &Array4<i64>, b: usize, t: usize, h: usize) -> Option<i64> {
     (x >= 0).then_some(x)
 }
 
-/// Brute keys of a row (spec §5 steps 1-3): tokens of every valid slot among the first `n_sel`.
+/// Brute keys of a row (`conformance/spec/ops-nsa.md` §5 steps 1-3): tokens of every valid slot
+/// among the first `n_sel`.
 fn sel_keys(
     idx: &Array4<i64>,
     b: usize,

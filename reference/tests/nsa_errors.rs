@@ -1,6 +1,6 @@
-//! Every error list of spec `ops-nsa.md` §2-§7: each bad input is refused before any work with
-//! a typed error naming the argument (and nothing panics). Dtype mismatches cannot be expressed
-//! in the typed API (one `T` per call); the conformance runners check those.
+//! Every error list of `conformance/spec/ops-nsa.md` §2-§7: each bad input is refused before any
+//! work with a typed error naming the argument (and nothing panics). Dtype mismatches cannot be
+//! expressed in the typed API (one `T` per call); the conformance runners check those.
 // rstest cases list every dimension of a case; brute-force oracles index plainly
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 

@@ -1,5 +1,5 @@
-//! `nsa_gate_combine` and `nsa_fwd` (spec `ops-nsa.md` §6, §7), and MSLK's reference forward as
-//! a composition of the six ops (§8) against a per-token brute-force forward.
+//! `nsa_gate_combine` and `nsa_fwd` (`conformance/spec/ops-nsa.md` §6, §7), and MSLK's reference
+//! forward as a composition of the six ops (§8) against a per-token brute-force forward.
 // rstest cases list every dimension of a case; brute-force oracles index plainly
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 

@@ -1,6 +1,6 @@
-//! `nsa_select_blocks` (spec `ops-nsa.md` §4) in both modes: brute-force scores, the forced set,
-//! the ranking and tie rules, per-token quotas, tile means, phantom entries, and the "Suite must
-//! cover" lists.
+//! `nsa_select_blocks` (`conformance/spec/ops-nsa.md` §4) in both modes: brute-force scores, the
+//! forced set, the ranking and tie rules, per-token quotas, tile means, phantom entries, and the
+//! "Suite must cover" lists.
 // rstest cases list every dimension of a case; brute-force oracles index plainly
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
@@ -174,7 +174,7 @@ fn forced_blocks_tie_rule(#[case] n_sel: i64, #[case] want: &[i32]) {
 
 // ------------------------------------------------------------------ "mslk_tile_mean"
 
-/// Brute tile-mean row (spec §4.2, written out): sorted `S_m` entries.
+/// Brute tile-mean row (`conformance/spec/ops-nsa.md` §4.2, written out): sorted `S_m` entries.
 #[allow(clippy::too_many_arguments)]
 fn brute_tile_row(
     q: &Array4<f64>,
@@ -306,7 +306,8 @@ fn tile_mean_matches_brute(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(10))]
 
-    /// f32 selection equals the f64 one except where the f64 scores nearly tie (spec §9 band).
+    /// f32 selection equals the f64 one except where the f64 scores nearly tie
+    /// (`conformance/spec/ops-nsa.md` §9 band).
     #[test]
     fn fla_f32_agrees_up_to_near_ties(seed: u64) {
         let mut rng = Rng::new(seed);

@@ -1,9 +1,9 @@
 """Case files (`attn-case/1`), the comparison rule, provenance and the manifest.
 
 A case is one call of one operation: inputs `in.<arg>`, outputs `out.<name>` and the JSON
-metadata of `fixture-format.md`. Every case carries the float64 oracle of its outputs; `write`
-compares each stored output with it by the spec's rule (README "Comparison") and refuses to
-write a case that disagrees:
+metadata of `conformance/spec/fixture-format.md`. Every case carries the float64 oracle of its
+outputs; `write` compares each stored output with it by the spec's rule
+(`conformance/spec/README.md`, "Comparison") and refuses to write a case that disagrees:
 
     max_abs = max |ref - x|,   ratio = RMS(ref - x) / (RMS(ref) + 1e-8)
     pass  <=>  no NaN/Inf where ref is finite, non-finite ref values matched exactly,
@@ -26,7 +26,8 @@ FORMAT = "attn-case/1"
 MANIFEST_FORMAT = "attn-fixtures/1"
 ABS_FLOOR = 1e-6
 
-# README comparison table, by the precision the candidate was computed in.
+# The comparison table of `conformance/spec/README.md`, by the precision the candidate was computed
+# in.
 THRESHOLD = {"float64": 1e-10, "float32": 1e-5, "tf32": 2e-3, "half": 5e-3}
 
 

@@ -1,5 +1,5 @@
-"""Cases of `ops-cumsum.md`: `cumsum`, `chunk_local_cumsum`, `chunk_global_cumsum`, `kda_gate`,
-`kda_gate_chunk_cumsum`.
+"""Cases of `conformance/spec/ops-cumsum.md`: `cumsum`, `chunk_local_cumsum`,
+`chunk_global_cumsum`, `kda_gate`, `kda_gate_chunk_cumsum`.
 
 Expected outputs come from `torch.cumsum` (CPU and CUDA) and FLA 0.6.0's Triton kernels (GPU),
 plus float64 cases from the generator's transcription of the spec (`torch-f64-spec`), checked

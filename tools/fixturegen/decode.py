@@ -1,4 +1,5 @@
-"""Cases of `ops-decode.md`: `kv_cache_update`, `decode_attention` (static KV cache).
+"""Cases of `conformance/spec/ops-decode.md`: `kv_cache_update`, `decode_attention` (static KV
+cache).
 
 `kv_cache_update` outputs come from torch indexing and are checked bit for bit against an
 element-by-element loop. `decode_attention`: the float64 oracle is SDPA's math backend on the

@@ -1,4 +1,4 @@
-"""Float64 transcriptions of `ops-delta-rule.md` (source `torch-f64-spec`).
+"""Float64 transcriptions of `conformance/spec/ops-delta-rule.md` (source `torch-f64-spec`).
 
 Notation of the spec: sequences `(b, bos, eos)`, chunks of `BT` rows restarting at every
 sequence start, value head `hv` reading key head `kh(hv) = hv // (HV // H)`, gates `G` as
@@ -195,7 +195,7 @@ def l2norm(x):
 
 
 def kda_gate(g, A_log, dt_bias, lower_bound):
-    """`kda_gate` of ops-cumsum.md 4 in float64."""
+    """`kda_gate` of `conformance/spec/ops-cumsum.md` §4 in float64."""
     hv, kdim = g.shape[-2:]
     a = g.double()
     if dt_bias is not None:

@@ -1,5 +1,6 @@
-"""Cases of `ops-delta-rule.md` section 10: `chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`,
-`fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`, `gdn_fwd`.
+"""Cases of `conformance/spec/ops-delta-rule.md` §10: `chunk_gated_delta_rule_fwd_h`,
+`fwd_h_pre_scan`, `fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`,
+`gdn_fwd`.
 
 Inputs follow 10.2 (drawn on the CPU in float32 from the case seed): `q, k, v = randn` (q, k
 L2-normalised unless `use_qk_l2norm_in_kernel`), `g = logsigmoid(randn) / n` with a fraction

@@ -1,4 +1,4 @@
-"""Cases of `ops-nsa.md` §10: the six native-sparse-attention ops.
+"""Cases of `conformance/spec/ops-nsa.md` §10: the six native-sparse-attention ops.
 
 `fla-triton` / `fla-naive` cases run FLA 0.6.0 (`mean_pooling`, `parallel_nsa_compression`,
 `naive_nsa_compression`, `parallel_nsa_topk`, `naive_nsa_topk`, `parallel_nsa_fwd`,

@@ -1,4 +1,5 @@
-"""Float64 transcriptions of spec `ops-nsa.md` §2-§7 (the `mslk-formula-torch` implementation).
+"""Float64 transcriptions of `conformance/spec/ops-nsa.md` §2-§7 (the `mslk-formula-torch`
+implementation).
 
 Plain loops over sequences, rows and heads on `torch.float64` tensors, written from the spec's
 formulas (no FLA code). They compute the `mslk-formula-torch` fixtures, the float64 oracle of

@@ -1,8 +1,8 @@
-//! Static-cache decoding, spec `ops-decode.md`: `kv_cache_update`, `decode_attention`. Each op's
-//! registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`: the
-//! `attn-gpu` kernel on the case's tensors in their own dtypes, the lengths validated on the host
-//! first and uploaded as int32, the device flag read after the launch), side by side; the `lse`
-//! class and rule.
+//! Static-cache decoding, `conformance/spec/ops-decode.md`: `kv_cache_update`, `decode_attention`.
+//! Each op's registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`:
+//! the `attn-gpu` kernel on the case's tensors in their own dtypes, the lengths validated on the
+//! host first and uploaded as int32, the device flag read after the launch), side by side; the
+//! `lse` class and rule.
 
 use super::device::{download, gpu, upload};
 use super::{float_dim, indices, input, opt_indices};

@@ -1,4 +1,4 @@
-//! The delta-rule ops of spec `ops-delta-rule.md`: `chunk_gated_delta_rule_fwd_h`,
+//! The delta-rule ops of `conformance/spec/ops-delta-rule.md`: `chunk_gated_delta_rule_fwd_h`,
 //! `fwd_h_pre_scan`, `fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`
 //! (its recurrent definition) and `gdn_fwd` (its recurrent definition). Each op's registry entry,
 //! its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`:
@@ -34,7 +34,8 @@ const P_V_FIRST: ParamSpec = s::param("state_v_first", ParamType::Bool, Some("fa
 const P_SAVE_V: ParamSpec = s::param("save_new_value", ParamType::Bool, Some("true"));
 const P_SAFE_GATE: ParamSpec = s::param("safe_gate", ParamType::Bool, Some("false"));
 const P_L2NORM: ParamSpec = s::param("use_qk_l2norm_in_kernel", ParamType::Bool, Some("false"));
-/// `k, w, u, g, gk` of the state-recurrence ops (spec 2.1), then the op's own inputs.
+/// `k, w, u, g, gk` of the state-recurrence ops (`conformance/spec/ops-delta-rule.md` §2.1), then
+/// the op's own inputs.
 macro_rules! fwd_h_inputs {
     ($($extra:expr),* $(,)?) => {
         &[
@@ -73,7 +74,8 @@ macro_rules! fwd_h_outputs {
 const FWD_H_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 1e-5; 5e-3, 1e-2, 1e-5);
 /// Section 5's outputs, with its looser float32 threshold.
 const SPLIT_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 5e-5; 1e-2, 1e-2, 5e-5);
-/// An output of `kda_intra` stored in the dtype of input `like` (README thresholds by `q`).
+/// An output of `kda_intra` stored in the dtype of input `like` (the default thresholds of
+/// `conformance/spec/README.md` by `q`, `conformance/spec/ops-delta-rule.md` §7.7).
 macro_rules! intra_output {
     ($name:literal, $like:literal) => {
         s::output(
@@ -83,8 +85,8 @@ macro_rules! intra_output {
         )
     };
 }
-/// `q, k, v, g, beta, initial_state` of `kda_fwd` / `gdn_fwd` (spec 6.1, 8.1), then the op's
-/// own inputs.
+/// `q, k, v, g, beta, initial_state` of `kda_fwd` / `gdn_fwd`
+/// (`conformance/spec/ops-delta-rule.md` §6.1, §8.1), then the op's own inputs.
 macro_rules! forward_inputs {
     ($($extra:expr),* $(,)?) => {
         &[
@@ -98,7 +100,8 @@ macro_rules! forward_inputs {
         ]
     };
 }
-/// `o` and `final_state` of `kda_fwd` / `gdn_fwd` (spec 6.8, 8.8).
+/// `o` and `final_state` of `kda_fwd` / `gdn_fwd`
+/// (`conformance/spec/ops-delta-rule.md` §6.8, §8.8).
 const FORWARD_OUTPUTS: [OutputSpec; 2] = [
     s::output(
         "o",
@@ -125,14 +128,14 @@ const CHUNK_GATED_DELTA_RULE_FWD_H: OpSpec = OpSpec {
     gpu: Some(chunk_gated_delta_rule_fwd_h_gpu),
 };
 
-/// `h`, `v_new`, `final_state` of spec section 2.
+/// `h`, `v_new`, `final_state` of `conformance/spec/ops-delta-rule.md` §2.
 fn chunk_gated_delta_rule_fwd_h_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let f = FwdH::read(inputs)?;
     let o = d::chunk_gated_delta_rule_fwd_h(&f.inputs(), &fwd_h_params(p)?)?;
     Ok(fwd_h_outputs(o))
 }
 
-/// `h`, `v_new`, `final_state` of spec section 2 on the GPU.
+/// `h`, `v_new`, `final_state` of `conformance/spec/ops-delta-rule.md` §2 on the GPU.
 fn chunk_gated_delta_rule_fwd_h_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let gpu = gpu()?;
     let t = FwdHDevice::upload(inputs)?;
@@ -188,7 +191,7 @@ const FWD_H_PRE_SCAN: OpSpec = OpSpec {
     gpu: Some(fwd_h_pre_scan_gpu),
 };
 
-/// `hm = [b | M]` of spec section 3.
+/// `hm = [b | M]` of `conformance/spec/ops-delta-rule.md` §3.
 fn fwd_h_pre_scan_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let f = FwdH::read(inputs)?;
     let params = d::FwdHPreScanParams {
@@ -198,7 +201,7 @@ fn fwd_h_pre_scan_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> 
     Ok(named(vec![("hm", Some(hm.into_dyn()))]))
 }
 
-/// `hm = [b | M]` of spec section 3 on the GPU.
+/// `hm = [b | M]` of `conformance/spec/ops-delta-rule.md` §3 on the GPU.
 fn fwd_h_pre_scan_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let gpu = gpu()?;
     let t = FwdHDevice::upload(inputs)?;
@@ -235,7 +238,7 @@ const FWD_H_MERGE: OpSpec = OpSpec {
     gpu: Some(fwd_h_merge_gpu),
 };
 
-/// `initial_states`, `final_state` of spec section 4.
+/// `initial_states`, `final_state` of `conformance/spec/ops-delta-rule.md` §4.
 fn fwd_h_merge_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     check_dtypes(inputs, &[], &["hm", "initial_state"])?;
     let hm = float_dim::<Ix4>(inputs, "hm")?;
@@ -259,7 +262,7 @@ fn fwd_h_merge_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     ]))
 }
 
-/// `initial_states`, `final_state` of spec section 4 on the GPU.
+/// `initial_states`, `final_state` of `conformance/spec/ops-delta-rule.md` §4 on the GPU.
 fn fwd_h_merge_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let gpu = gpu()?;
     let hm = upload(gpu, input(inputs, "hm")?)?;
@@ -292,7 +295,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
     gpu: Some(chunk_gated_delta_rule_fwd_h_split_gpu),
 };
 
-/// Section 2's outputs through the split of spec section 5.
+/// Section 2's outputs through the split of `conformance/spec/ops-delta-rule.md` §5.
 fn chunk_gated_delta_rule_fwd_h_split_cpu(
     inputs: &Tensors,
     p: &Params,
@@ -363,7 +366,7 @@ fn kda_intra_params(p: &Params) -> Result<d::KdaIntraParams, Problem> {
     })
 }
 
-/// `w, u, kg, Aqk, Akk` of spec section 7.
+/// `w, u, kg, Aqk, Akk` of `conformance/spec/ops-delta-rule.md` §7.
 fn kda_intra_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let x = Qkv::read(inputs, &[])?;
     let gk = float_dim::<Ix4>(inputs, "gk")?;
@@ -422,7 +425,7 @@ fn kda_intra_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     Ok(out)
 }
 
-/// The tensors of a forward case on the device (spec 6.1, 8.1).
+/// The tensors of a forward case on the device (`conformance/spec/ops-delta-rule.md` §6.1, 8.1).
 struct ForwardDevice {
     t: Vec<attn_gpu::DeviceTensor>,
     h0: Option<attn_gpu::DeviceTensor>,
@@ -509,7 +512,7 @@ fn kda_fwd_params(p: &Params) -> Result<d::KdaFwdParams, Problem> {
     })
 }
 
-/// `o`, `final_state` of spec section 6 (the recurrent definition).
+/// `o`, `final_state` of `conformance/spec/ops-delta-rule.md` §6 (the recurrent definition).
 fn kda_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let x = Qkv::read(inputs, &["initial_state"])?;
     let g = float_dim::<Ix4>(inputs, "g")?;
@@ -563,7 +566,7 @@ fn gdn_fwd_params(p: &Params) -> Result<d::GdnFwdParams, Problem> {
     })
 }
 
-/// `o`, `final_state` of spec section 8 (the recurrent definition).
+/// `o`, `final_state` of `conformance/spec/ops-delta-rule.md` §8 (the recurrent definition).
 fn gdn_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     let x = Qkv::read(inputs, &["initial_state"])?;
     let g = float_dim::<Ix3>(inputs, "g")?;
@@ -592,10 +595,11 @@ fn gdn_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     forward_downloads(gpu, o)
 }
 
-/// Sequences longer than this make a case "long" (spec 1.6).
+/// Sequences longer than this make a case "long" (`conformance/spec/ops-delta-rule.md` §1.6).
 const LONG: usize = 4096;
 
-/// Spec 1.4 for the present tensors: `main` share one float dtype, `states` are f32/f64.
+/// `conformance/spec/ops-delta-rule.md` §1.4 for the present tensors: `main` share one float dtype,
+/// `states` are f32/f64.
 fn check_dtypes(
     inputs: &Tensors,
     main: &[&'static str],
@@ -711,7 +715,8 @@ fn fwd_h_outputs(o: d::FwdHOutputs<f64>) -> Tensors {
 }
 
 /// The tensors every `q, k, v` op reads (`q, k, v, beta, cu_seqlens`), after the dtype rules
-/// of spec 1.4 (`q, k, v` share one float dtype, `states` are f32/f64).
+/// of `conformance/spec/ops-delta-rule.md` §1.4 (`q, k, v` share one float dtype, `states` are
+/// f32/f64).
 struct Qkv {
     q: ndarray::Array4<f64>,
     k: ndarray::Array4<f64>,
@@ -740,7 +745,8 @@ fn forward_outputs(o: d::DeltaFwdOutputs<f64>) -> Tensors {
     ])
 }
 
-/// The class of the op's main input (spec 1.6: `k`, `hm` or `q`), or float64 when absent.
+/// The class of the op's main input (`conformance/spec/ops-delta-rule.md` §1.6: `k`, `hm` or `q`),
+/// or float64 when absent.
 fn main_class(inputs: &Tensors, main: &str) -> DtypeClass {
     input(inputs, main).map_or(DtypeClass::Float64, |t| t.dtype().class())
 }
@@ -754,7 +760,8 @@ pub fn f32_class(inputs: &Tensors, main: &str) -> DtypeClass {
     }
 }
 
-/// Whether some sequence of the case has more than 4096 tokens (spec 1.6 "long").
+/// Whether some sequence of the case has more than 4096 tokens
+/// (`conformance/spec/ops-delta-rule.md` §1.6 "long").
 fn long(inputs: &Tensors, main: &str) -> bool {
     let t = inputs
         .get(main)
@@ -768,8 +775,9 @@ fn long(inputs: &Tensors, main: &str) -> bool {
     }
 }
 
-/// The threshold row of spec 1.6: a float64 candidate is held to `1e-10`; otherwise the class
-/// of the main input picks `half` (or `half_long` for long cases), `f32` or `1e-10`.
+/// The threshold row of `conformance/spec/ops-delta-rule.md` §1.6: a float64 candidate is held to
+/// `1e-10`; otherwise the class of the main input picks `half` (or `half_long` for long cases),
+/// `f32` or `1e-10`.
 pub fn threshold(
     inputs: &Tensors,
     main: &str,

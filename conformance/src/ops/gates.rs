@@ -1,6 +1,6 @@
-//! The KDA gates of spec `ops-cumsum.md` 4-5: `kda_gate`, `kda_gate_chunk_cumsum`. Each op's
-//! registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`), side by
-//! side.
+//! The KDA gates of `conformance/spec/ops-cumsum.md` §4-§5: `kda_gate`, `kda_gate_chunk_cumsum`.
+//! Each op's registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`),
+//! side by side.
 
 use super::device::{download, gpu, one, opt_upload, output_dtype, upload};
 use super::{float_dim, input, opt_float_dim, opt_indices, out};

@@ -1,13 +1,13 @@
-//! Native sparse attention, spec `ops-nsa.md`: `nsa_compress_kv`, `nsa_compression_attention`,
-//! `nsa_select_blocks`, `nsa_selection_attention`, `nsa_gate_combine`, `nsa_fwd`. Each op's
-//! registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`), side by
-//! side.
+//! Native sparse attention, `conformance/spec/ops-nsa.md`: `nsa_compress_kv`,
+//! `nsa_compression_attention`, `nsa_select_blocks`, `nsa_selection_attention`, `nsa_gate_combine`,
+//! `nsa_fwd`. Each op's registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner
+//! (`<op>_gpu`), side by side.
 //!
-//! Comparison (§9): float outputs by the README rule (`lse`'s `-inf` positions must match both
-//! ways, which the rule's non-finite check already demands); `block_indices` by the index rule
-//! ([`crate::index_rule`]), the reference adding its block scores as `block_indices.scores`;
-//! `nsa_fwd`'s `o` against the reference computed from the candidate's `block_indices` when the
-//! case has them (§7, [`TAKEN_FROM_CANDIDATE`]).
+//! Comparison (§9): float outputs by the rule of `conformance/spec/README.md` (`lse`'s `-inf`
+//! positions must match both ways, which the rule's non-finite check already demands);
+//! `block_indices` by the index rule ([`crate::index_rule`]), the reference adding its block
+//! scores as `block_indices.scores`; `nsa_fwd`'s `o` against the reference computed from the
+//! candidate's `block_indices` when the case has them (§7, [`TAKEN_FROM_CANDIDATE`]).
 
 use super::device::{download, gpu, opt_upload, upload};
 use super::{float_dim, input, opt_float_dim, opt_indices, P_SCALE};
@@ -34,7 +34,8 @@ pub const OPS: &[OpSpec] = &[
 ];
 
 /// `(op, output)`: `nsa_fwd`'s reference `o` is computed from the candidate's `block_indices`
-/// when the case holds them (spec §7), so that a near-tie flip cannot fail `o`.
+/// when the case holds them (`conformance/spec/ops-nsa.md` §7), so that a near-tie flip cannot fail
+/// `o`.
 pub const TAKEN_FROM_CANDIDATE: &[(&str, &str)] = &[("nsa_fwd", "block_indices")];
 
 const P_BLOCK_SIZE: ParamSpec = s::param("block_size", ParamType::Int, Some("64"));
@@ -57,8 +58,8 @@ fn f32_class(_: &Tensors, _: &Params) -> Result<DtypeClass, Problem> {
     Ok(DtypeClass::Float32)
 }
 
-/// `lse`: the README threshold of the inputs' precision (half inputs: 5e-3), else of the class
-/// the candidate computed it in.
+/// `lse`: the threshold of `conformance/spec/README.md` for the inputs' precision (half inputs:
+/// 5e-3), else for the class the candidate computed it in.
 fn lse_rule(inputs: &Tensors, _: &Params, class: DtypeClass) -> Rule {
     match inputs.get("q").map(|q| q.dtype().class()) {
         Some(DtypeClass::Half) => Rule::Threshold(5e-3),
@@ -110,7 +111,8 @@ fn select_rule(inputs: &Tensors, p: &Params, _: DtypeClass) -> Rule {
 
 // ------------------------------------------------------------------------- input helpers
 
-/// Every present input of `names` has the dtype of `like` (spec §1: one float dtype per call).
+/// Every present input of `names` has the dtype of `like` (`conformance/spec/ops-nsa.md` §1: one
+/// float dtype per call).
 fn same_dtype(inputs: &Tensors, like: &str, names: &[&str]) -> Result<(), Problem> {
     let d = input(inputs, like)?.dtype();
     for name in names {

@@ -1,6 +1,6 @@
-//! The scans of spec `ops-cumsum.md` 1-3: `cumsum`, `chunk_local_cumsum`, `chunk_global_cumsum`.
-//! Each op's registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`),
-//! side by side.
+//! The scans of `conformance/spec/ops-cumsum.md` §1-§3: `cumsum`, `chunk_local_cumsum`,
+//! `chunk_global_cumsum`. Each op's registry entry, its float64 CPU runner (`<op>_cpu`) and its GPU
+//! runner (`<op>_gpu`), side by side.
 
 use super::device::{download, gpu, one, output_dtype, upload};
 use super::{float, input, opt_indices, out, scan_threshold};

@@ -166,7 +166,8 @@ pub fn valid_cases(seed: u64) -> Vec<Case> {
                 ("cache_batch_idx", idx(&[2, 0], Dtype::I32)),
             ],
         ),
-        // delta rule (spec ops-delta-rule.md): small shapes, negative gates, GVA, varlen
+        // delta rule (`conformance/spec/ops-delta-rule.md`): small shapes, negative gates, GVA,
+        // varlen
         case(
             "chunk_gated_delta_rule_fwd_h",
             json!({"chunk_size": 16, "output_final_state": true}),
@@ -249,7 +250,7 @@ pub fn valid_cases(seed: u64) -> Vec<Case> {
                 ("cu_seqlens", idx(&cu, Dtype::I32)),
             ],
         ),
-        // native sparse attention (spec ops-nsa.md): GQA, partial blocks, varlen
+        // native sparse attention (`conformance/spec/ops-nsa.md`): GQA, partial blocks, varlen
         case(
             "nsa_compress_kv",
             json!({"block_size": 4, "partial_block": "mean_of_valid"}),

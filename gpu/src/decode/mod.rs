@@ -1,6 +1,6 @@
-//! Decoding against a static KV cache on the GPU (spec ops-decode.md): `kv_cache_update`,
-//! `decode_attention` (split-KV flash-decoding), and the fused step (update then attention in
-//! one launch).
+//! Decoding against a static KV cache on the GPU (`conformance/spec/ops-decode.md`):
+//! `kv_cache_update`, `decode_attention` (split-KV flash-decoding), and the fused step (update then
+//! attention in one launch).
 //!
 //! The caches are allocated once at their full length `S`. `cache_seqlens` (int32 `[B]`,
 //! the valid length of each row before this step's tokens) and `cache_batch_idx` (int32 `[B]`,

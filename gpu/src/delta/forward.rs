@@ -1,4 +1,4 @@
-//! The whole delta-rule forward on the GPU: `kda_intra` (spec section 7), `kda_fwd` (section 6)
+//! The whole delta-rule forward on the GPU: `kda_intra` (`conformance/spec/ops-delta-rule.md` §7), `kda_fwd` (section 6)
 //! and `gdn_fwd` (section 8).
 //!
 //! One intra kernel per (chunk, value head) (`kda_intra.cu`) prepares, from `q, k, v, g, β`
@@ -18,7 +18,7 @@
 //! - **staged** (every dtype): section 2's `chunk_gated_delta_rule_fwd_h` on `kg, w, u, G` writes
 //!   `h` and `v_new`, and an output kernel forms `o = qg h + Aqk v_new`: the checkable stages.
 //!
-//! GDN is the same with the scalar gate broadcast over `K` (spec 8.5); its staged path passes
+//! GDN is the same with the scalar gate broadcast over `K` (`conformance/spec/ops-delta-rule.md` §8.5); its staged path passes
 //! the raw keys and `g = G` to `fwd_h`, as FLA does. Float32 runs IEEE fp32 FMAs throughout,
 //! float64 fp64.
 
@@ -48,7 +48,7 @@ pub enum ForwardPath {
     Fused,
 }
 
-/// The device tensors of a `kda_fwd` or `gdn_fwd` call (spec 6.1, 8.1).
+/// The device tensors of a `kda_fwd` or `gdn_fwd` call (`conformance/spec/ops-delta-rule.md` §6.1, 8.1).
 #[derive(Debug, Clone, Copy)]
 pub struct ForwardTensors<'a> {
     /// `[B, T, H, K]`.
@@ -113,7 +113,7 @@ impl<'a> ForwardTensors<'a> {
     }
 }
 
-/// The device tensors of a `kda_intra` call (spec 7.1).
+/// The device tensors of a `kda_intra` call (`conformance/spec/ops-delta-rule.md` §7.1).
 #[derive(Debug, Clone, Copy)]
 pub struct KdaIntraTensors<'a> {
     pub q: &'a DeviceTensor,
@@ -124,7 +124,7 @@ pub struct KdaIntraTensors<'a> {
     pub beta: &'a DeviceTensor,
 }
 
-/// Outputs of `kda_intra` (spec 7.3): `w`, `kg`, `Aqk`, `Akk` in `k`'s dtype, `u` in `v`'s.
+/// Outputs of `kda_intra` (`conformance/spec/ops-delta-rule.md` §7.3): `w`, `kg`, `Aqk`, `Akk` in `k`'s dtype, `u` in `v`'s.
 #[derive(Debug)]
 pub struct KdaIntraDeviceOutputs {
     pub w: DeviceTensor,
@@ -134,7 +134,7 @@ pub struct KdaIntraDeviceOutputs {
     pub akk: DeviceTensor,
 }
 
-/// Outputs of `kda_fwd` / `gdn_fwd` (spec 6.3, 8.3): `o` in `q`'s dtype; the final state in
+/// Outputs of `kda_fwd` / `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §6.3, 8.3): `o` in `q`'s dtype; the final state in
 /// float32 (float64 for float64 inputs) when asked.
 #[derive(Debug)]
 pub struct DeltaFwdDeviceOutputs {
@@ -515,7 +515,7 @@ pub struct DeltaFwdWorkspace {
 }
 
 impl DeltaFwdPlan {
-    /// A `kda_fwd` call (spec 6): validated (1.5, 6.7 and the GPU's dtype rules), its tables
+    /// A `kda_fwd` call (`conformance/spec/ops-delta-rule.md` §6): validated (1.5, 6.7 and the GPU's dtype rules), its tables
     /// uploaded.
     pub fn kda(
         gpu: &Gpu,
@@ -527,7 +527,7 @@ impl DeltaFwdPlan {
         Self::new(gpu, t, cu_seqlens, Call::Kda(*p), path)
     }
 
-    /// A `gdn_fwd` call (spec 8).
+    /// A `gdn_fwd` call (`conformance/spec/ops-delta-rule.md` §8).
     pub fn gdn(
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
@@ -916,7 +916,7 @@ fn launch_output(
     )
 }
 
-/// `kda_fwd` into new outputs (spec 6.3).
+/// `kda_fwd` into new outputs (`conformance/spec/ops-delta-rule.md` §6.3).
 pub fn kda_fwd(
     gpu: &Gpu,
     t: &ForwardTensors<'_>,
@@ -928,7 +928,7 @@ pub fn kda_fwd(
     run_new(gpu, &plan, t)
 }
 
-/// `gdn_fwd` into new outputs (spec 8.3).
+/// `gdn_fwd` into new outputs (`conformance/spec/ops-delta-rule.md` §8.3).
 pub fn gdn_fwd(
     gpu: &Gpu,
     t: &ForwardTensors<'_>,
@@ -951,7 +951,7 @@ fn run_new(
     Ok(out)
 }
 
-/// Validates a `kda_intra` call from its tensors (spec 1.5, 7.6, the dtype rules).
+/// Validates a `kda_intra` call from its tensors (`conformance/spec/ops-delta-rule.md` §1.5, 7.6, the dtype rules).
 fn check_intra(
     t: &KdaIntraTensors<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -975,7 +975,7 @@ fn check_intra(
     )
 }
 
-/// `kda_intra` (spec 7) into new outputs.
+/// `kda_intra` (`conformance/spec/ops-delta-rule.md` §7) into new outputs.
 pub fn kda_intra(
     gpu: &Gpu,
     t: &KdaIntraTensors<'_>,

@@ -1,4 +1,4 @@
-//! `chunk_gated_delta_rule_fwd_h` on the GPU (spec section 2).
+//! `chunk_gated_delta_rule_fwd_h` on the GPU (`conformance/spec/ops-delta-rule.md` §2).
 //!
 //! For every sequence `n` and value head `hv`, `S` (`K × V`, fp32 on chip) starts at
 //! `initial_state[n, hv]` (or 0); for every chunk `c`: `h[c] = S` (rounded to `k`'s dtype),
@@ -20,7 +20,7 @@ use attn_reference::delta::{
 };
 use attn_reference::{Dtype, Error};
 
-/// The device tensors of one call (spec 2.1).
+/// The device tensors of one call (`conformance/spec/ops-delta-rule.md` §2.1).
 #[derive(Debug, Clone, Copy)]
 pub struct FwdHTensors<'a> {
     pub k: &'a DeviceTensor,
@@ -84,8 +84,8 @@ impl FwdHMeta<'_> {
         }
     }
 
-    /// Dtype rules of the GPU kernels (spec 1.4): `k, w, u` one float dtype, gates and
-    /// `initial_state` any float dtype (widened).
+    /// Dtype rules of the GPU kernels (`conformance/spec/ops-delta-rule.md` §1.4): `k, w, u` one
+    /// float dtype, gates and `initial_state` any float dtype (widened).
     pub(crate) fn check_dtypes(&self) -> attn_reference::Result<()> {
         let mut float: Vec<(&str, Dtype)> = Vec::new();
         for (n, t) in [
@@ -105,7 +105,7 @@ impl FwdHMeta<'_> {
     }
 }
 
-/// Outputs of one call (spec 2.3).
+/// Outputs of one call (`conformance/spec/ops-delta-rule.md` §2.3).
 #[derive(Debug)]
 pub struct FwdHDeviceOutputs {
     /// `[B, NT, HV, K, V]` (`[.., V, K]` with `state_v_first`), `k`'s dtype.
@@ -117,8 +117,9 @@ pub struct FwdHDeviceOutputs {
     pub final_state: Option<DeviceTensor>,
 }
 
-/// Validates a call from shapes and dtypes alone (no GPU needed): spec 1.5 and 2.6 plus the
-/// GPU's dtype rules. Returns the geometry.
+/// Validates a call from shapes and dtypes alone (no GPU needed):
+/// `conformance/spec/ops-delta-rule.md` §1.5 and §2.6 plus the GPU's dtype rules. Returns the
+/// geometry.
 pub fn check_fwd_h(
     meta: &FwdHMeta<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -340,7 +341,7 @@ impl FwdHPlan {
     }
 }
 
-/// `chunk_gated_delta_rule_fwd_h` into new outputs (spec 2.3).
+/// `chunk_gated_delta_rule_fwd_h` into new outputs (`conformance/spec/ops-delta-rule.md` §2.3).
 pub fn chunk_gated_delta_rule_fwd_h(
     gpu: &Gpu,
     inputs: &FwdHTensors<'_>,

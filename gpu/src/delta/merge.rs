@@ -1,8 +1,8 @@
-//! `fwd_h_merge` on the GPU (spec section 4): for every sequence `n` and value head, from
-//! `X = initial_state[n]` (or 0), `initial_states[j] = X` and `X ← M_j X + b_j` over its
-//! sub-sequences `j` (`hm[j] = [b_j | M_j]`); `final_state[n] = X`. FMAs in `hm`'s precision
-//! (IEEE fp32, or fp64) in a fixed order; one block per (sequence, head, 32 state columns); the
-//! outputs have `hm`'s dtype.
+//! `fwd_h_merge` on the GPU (`conformance/spec/ops-delta-rule.md` §4): for every sequence `n` and
+//! value head, from `X = initial_state[n]` (or 0), `initial_states[j] = X` and `X ← M_j X + b_j`
+//! over its sub-sequences `j` (`hm[j] = [b_j | M_j]`); `final_state[n] = X`. FMAs in `hm`'s
+//! precision (IEEE fp32, or fp64) in a fixed order; one block per (sequence, head, 32 state
+//! columns); the outputs have `hm`'s dtype.
 
 use crate::device::Gpu;
 use crate::error::GpuResult;
@@ -37,7 +37,7 @@ unsafe impl DeviceRepr for MergeArgs {}
 /// State columns per block (`MERGE_BV`).
 const MERGE_BV: usize = 32;
 
-/// Outputs of one merge (spec 4.3).
+/// Outputs of one merge (`conformance/spec/ops-delta-rule.md` §4.3).
 #[derive(Debug)]
 pub struct FwdHMergeDeviceOutputs {
     /// `[S, HV, K, V]` (`[S, HV, V, K]` with `state_v_first`), `hm`'s dtype.
@@ -46,8 +46,8 @@ pub struct FwdHMergeDeviceOutputs {
     pub final_state: Option<DeviceTensor>,
 }
 
-/// Validates a merge from shapes and dtypes alone (spec 4.6): `hm` float32 or float64,
-/// `initial_state` any float dtype.
+/// Validates a merge from shapes and dtypes alone (`conformance/spec/ops-delta-rule.md` §4.6): `hm`
+/// float32 or float64, `initial_state` any float dtype.
 pub fn check_fwd_h_merge(
     hm: (&[usize], Dtype),
     initial_state: Option<(&[usize], Dtype)>,
@@ -199,7 +199,7 @@ impl FwdHMergePlan {
     }
 }
 
-/// `fwd_h_merge` into new outputs (spec 4.3).
+/// `fwd_h_merge` into new outputs (`conformance/spec/ops-delta-rule.md` §4.3).
 pub fn fwd_h_merge(
     gpu: &Gpu,
     hm: &DeviceTensor,

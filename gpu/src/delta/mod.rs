@@ -1,4 +1,4 @@
-//! The gated delta-rule state recurrence on the GPU (spec `ops-delta-rule.md` sections 2-5):
+//! The gated delta-rule state recurrence on the GPU (`conformance/spec/ops-delta-rule.md` §2-§5):
 //! [`chunk_gated_delta_rule_fwd_h`](fwd_h), its affine summary [`fwd_h_pre_scan`](prescan), the
 //! summary chain [`fwd_h_merge`](merge), and the intra-card split built from them
 //! ([`chunk_gated_delta_rule_fwd_h_split`](split), with its [`policy`]).
@@ -7,8 +7,9 @@
 //! sections 6-8) are in [`forward`].
 //!
 //! bf16/f16 inputs run on tensor cores (`mma.sync`, fp32 accumulation, the rounding points of
-//! spec 2.5); float32 inputs run an IEEE fp32 FMA kernel (spec threshold 1e-5); float64 main
-//! data is refused with a typed error naming the argument and dtype (spec 1.4 allows it).
+//! `conformance/spec/ops-delta-rule.md` §2.5); float32 inputs run an IEEE fp32 FMA kernel (spec
+//! threshold 1e-5); float64 main data is refused with a typed error naming the argument and dtype
+//! (`conformance/spec/ops-delta-rule.md` §1.4 allows it).
 
 pub mod forward;
 pub mod fwd_h;

@@ -1,5 +1,6 @@
-//! The split policy of `chunk_gated_delta_rule_fwd_h_split` (spec 5.4): a pure host-side
-//! function from the sequence boundaries and the head / feature sizes to a split (or none).
+//! The split policy of `chunk_gated_delta_rule_fwd_h_split`
+//! (`conformance/spec/ops-delta-rule.md` §5.4): a pure host-side function from the sequence
+//! boundaries and the head / feature sizes to a split (or none).
 //!
 //! Why split: the recurrence kernel runs one CTA per (sequence, value head, column block) over
 //! the whole sequence, a serial chain of `NT_n` chunk steps. With few (sequence, head) pairs and
@@ -92,7 +93,8 @@ pub struct SplitDecision {
     pub split_us: Option<f64>,
     /// Piece length of the best split (chunks).
     pub piece_chunks: usize,
-    /// The best split's `subseq_cu_seqlens` (a valid split, spec 5.2).
+    /// The best split's `subseq_cu_seqlens` (a valid split,
+    /// `conformance/spec/ops-delta-rule.md` §5.2).
     pub pieces: Option<Vec<i64>>,
 }
 

@@ -1,5 +1,6 @@
-//! `fwd_h_pre_scan` on the GPU (spec section 3): `hm[s, hv] = [b | M]` (`[S, HV, K, V + K]`,
-//! float32, or float64 for float64 inputs) for every (sub-)sequence `s` of `cu_seqlens`.
+//! `fwd_h_pre_scan` on the GPU (`conformance/spec/ops-delta-rule.md` §3): `hm[s, hv] = [b | M]`
+//! (`[S, HV, K, V + K]`, float32, or float64 for float64 inputs) for every (sub-)sequence `s` of
+//! `cu_seqlens`.
 //!
 //! The chunk map `S ← A_c S + B_c` is affine, so the recurrence kernel of
 //! `chunk_gated_delta_rule_fwd_h` run on the augmented state `X = [b | M]` from `[0 | I]`, with
@@ -20,8 +21,9 @@ use crate::tensor::DeviceTensor;
 use attn_reference::delta::{validate_fwd_h_pre_scan, FwdHPreScanParams, Geometry};
 use attn_reference::{Dtype, Error};
 
-/// Validates a pre-scan call from shapes and dtypes alone (spec 3.4 and the GPU's dtype rules;
-/// `initial_state` must be absent).
+/// Validates a pre-scan call from shapes and dtypes alone
+/// (`conformance/spec/ops-delta-rule.md` §3.4 and the GPU's dtype rules; `initial_state` must be
+/// absent).
 pub fn check_fwd_h_pre_scan(
     meta: &FwdHMeta<'_>,
     cu_seqlens: Option<&[i64]>,

@@ -1,6 +1,6 @@
-//! `chunk_gated_delta_rule_fwd_h_split` on the GPU (spec section 5): the result of
-//! `chunk_gated_delta_rule_fwd_h`, computed by cutting long sequences at chunk boundaries into
-//! pieces, summarising every piece but the last of each split sequence (`fwd_h_pre_scan`:
+//! `chunk_gated_delta_rule_fwd_h_split` on the GPU (`conformance/spec/ops-delta-rule.md` §5): the
+//! result of `chunk_gated_delta_rule_fwd_h`, computed by cutting long sequences at chunk boundaries
+//! into pieces, summarising every piece but the last of each split sequence (`fwd_h_pre_scan`:
 //! `S_out = M S_in + b`), chaining the summaries into the pieces' initial states (the merge:
 //! `X ← M X + b` from `initial_state[n]`), and running the recurrence on every piece from its
 //! initial state, all pieces at once. Because inner boundaries are chunk-aligned the pieces
@@ -10,11 +10,11 @@
 //! The entry point is [`chunk_gated_delta_rule_fwd_h_split`] with a [`SplitMode`]: `Auto` (the
 //! policy of [`super::policy`] decides: serial or split, whichever it estimates faster, with a
 //! margin), `Serial`, `Split` (the policy's best split whatever its estimate) or `Pieces` (an
-//! explicit `subseq_cu_seqlens`, validated per spec 5.2). Like every op of this crate it takes
-//! `cu_seqlens` on the host: the policy and the piece tables are computed there, once per
-//! [`FwdHSplitPlan`]. A caller whose boundaries live only on the device must copy them to the
-//! host first (one synchronisation) or call with `SplitMode::Serial`, which needs nothing the
-//! serial op does not.
+//! explicit `subseq_cu_seqlens`, validated per `conformance/spec/ops-delta-rule.md` §5.2). Like
+//! every op of this crate it takes `cu_seqlens` on the host: the policy and the piece tables are
+//! computed there, once per [`FwdHSplitPlan`]. A caller whose boundaries live only on the device
+//! must copy them to the host first (one synchronisation) or call with `SplitMode::Serial`, which
+//! needs nothing the serial op does not.
 //!
 //! The three stages (pre-scan, merge, re-run) and the final-state copy are queued back to back
 //! on the stream with no host synchronisation between them (a checked [`Gpu`] waits once, at
@@ -44,7 +44,8 @@ pub enum SplitMode<'a> {
     /// The policy's best split even where it estimates no gain (serial when no sequence has
     /// 32 chunks to cut).
     Split,
-    /// This `subseq_cu_seqlens` (spec 5.1: boundaries over the flattened tokens).
+    /// This `subseq_cu_seqlens` (`conformance/spec/ops-delta-rule.md` §5.1: boundaries over the
+    /// flattened tokens).
     Pieces(&'a [i64]),
 }
 
@@ -124,7 +125,8 @@ pub struct FwdHSplitPlan {
 }
 
 impl FwdHSplitPlan {
-    /// Validates the call (spec 5.6), chooses the path by `mode` and uploads the piece tables.
+    /// Validates the call (`conformance/spec/ops-delta-rule.md` §5.6), chooses the path by `mode`
+    /// and uploads the piece tables.
     pub fn new(
         gpu: &Gpu,
         inputs: &FwdHTensors<'_>,
@@ -410,8 +412,9 @@ struct Tables {
 }
 
 impl Tables {
-    /// Validates `pieces` against the sequences of `geo` (spec 5.2) and numbers them; `None`
-    /// when no sequence is cut (the serial kernel is then the same computation).
+    /// Validates `pieces` against the sequences of `geo`
+    /// (`conformance/spec/ops-delta-rule.md` §5.2) and numbers them; `None` when no sequence is cut
+    /// (the serial kernel is then the same computation).
     fn new(geo: &Geometry, varlen: bool, pieces: &[i64]) -> attn_reference::Result<Option<Tables>> {
         let bounds: Vec<(usize, usize)> = geo
             .seqs
@@ -510,8 +513,9 @@ fn grid_x(tasks: usize) -> GpuResult<u32> {
 }
 
 /// `chunk_gated_delta_rule_fwd_h` computed the fastest way `mode` allows, into new outputs
-/// (spec 2.3 / 5.1): the user-facing entry point. `mode = SplitMode::Pieces(subseq_cu_seqlens)`
-/// is the spec's explicit split, `SplitMode::Auto` its "implementation chooses".
+/// (`conformance/spec/ops-delta-rule.md` §2.3 / §5.1): the user-facing entry point. `mode =
+/// SplitMode::Pieces(subseq_cu_seqlens)` is the spec's explicit split, `SplitMode::Auto` its
+/// "implementation chooses".
 pub fn chunk_gated_delta_rule_fwd_h_split(
     gpu: &Gpu,
     inputs: &FwdHTensors<'_>,

@@ -1,6 +1,6 @@
-//! Native sparse attention on the GPU (spec ops-nsa.md): [`nsa_compress_kv`] (one pass over `k`
-//! and `v`, varlen inside the kernel), [`nsa_gate_combine`], [`nsa_select_blocks`], the two
-//! attention branches [`nsa_compression_attention`] and [`nsa_selection_attention`] (one
+//! Native sparse attention on the GPU (`conformance/spec/ops-nsa.md`): [`nsa_compress_kv`] (one
+//! pass over `k` and `v`, varlen inside the kernel), [`nsa_gate_combine`], [`nsa_select_blocks`],
+//! the two attention branches [`nsa_compression_attention`] and [`nsa_selection_attention`] (one
 //! flash-style kernel family, `attend`), and the whole forward [`nsa_fwd`].
 //!
 //! Sequences are always handed to the kernels as packed rows with device offset arrays: fixed

@@ -1,5 +1,5 @@
-//! `nsa_compress_kv` on the GPU (spec ops-nsa.md §2): for sequence `n`, block `c < TC_n` and
-//! head `h`, `pooled[c, h, :] = (1/n_c) sum_{t = c*BS}^{c*BS + n_c - 1} x[t, h, :]` with
+//! `nsa_compress_kv` on the GPU (`conformance/spec/ops-nsa.md` §2): for sequence `n`, block `c <
+//! TC_n` and head `h`, `pooled[c, h, :] = (1/n_c) sum_{t = c*BS}^{c*BS + n_c - 1} x[t, h, :]` with
 //! `n_c = min(BS, L - c*BS)`, for `x = k` and `x = v` in one pass (each element read once,
 //! fp32 sums; fp64 for fp64), then with `w_k` / `w_v` `[H, D, D]`:
 //! `out[c, h, e] = sum_d pooled[c, h, d] * w[h, d, e]` (a second kernel on the unrounded means,

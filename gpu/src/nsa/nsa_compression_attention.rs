@@ -1,7 +1,7 @@
-//! `nsa_compression_attention` on the GPU (spec ops-nsa.md §3): a query at position `t` of its
-//! sequence (head `hq`, KV head `h = hq / G`) attends to its visible compressed rows `C(t)`
-//! (`"complete"`: `c < (t+1)/BS`; `"started"`: `c <= t/BS`; `"all"`: every row of the sequence;
-//! always `c < TC_n`): `z_c = scale * q[t, hq] · k_cmp[c, h]`, `lse = logsumexp z`,
+//! `nsa_compression_attention` on the GPU (`conformance/spec/ops-nsa.md` §3): a query at position
+//! `t` of its sequence (head `hq`, KV head `h = hq / G`) attends to its visible compressed rows
+//! `C(t)` (`"complete"`: `c < (t+1)/BS`; `"started"`: `c <= t/BS`; `"all"`: every row of the
+//! sequence; always `c < TC_n`): `z_c = scale * q[t, hq] · k_cmp[c, h]`, `lse = logsumexp z`,
 //! `o = sum_c exp(z_c - lse) v_cmp[c, h]`; an empty `C(t)` gives `o = 0` and `lse = -inf`
 //! (or 0 with `empty_lse = "zero"`). Tensor cores for bf16/f16 (see [`super::attend`]).
 //!
@@ -28,8 +28,8 @@ pub struct CmpAttnInputs<'a> {
     pub v_cmp: &'a DeviceTensor,
 }
 
-/// The parameters of a call (spec §3 defaults: `block_size` 64, `scale` `K ** -0.5`,
-/// `"complete"`, `"mean_of_valid"`, `"-inf"`).
+/// The parameters of a call (`conformance/spec/ops-nsa.md` §3 defaults: `block_size` 64, `scale` `K
+/// ** -0.5`, `"complete"`, `"mean_of_valid"`, `"-inf"`).
 #[derive(Debug, Clone, Copy)]
 pub struct CmpAttnParams {
     pub block_size: i64,

@@ -1,5 +1,5 @@
-//! `nsa_fwd` on the GPU (spec ops-nsa.md §7): the whole FLA forward, queued on one stream with
-//! no host synchronisation (the computed selection stays on the device):
+//! `nsa_fwd` on the GPU (`conformance/spec/ops-nsa.md` §7): the whole FLA forward, queued on one
+//! stream with no host synchronisation (the computed selection stays on the device):
 //! 1. `k_cmp, v_cmp = nsa_compress_kv(k, v, "mean_of_valid")`;
 //! 2. with `g_cmp`: `o_cmp` = the compressed branch (`"complete"`), and without `block_indices`
 //!    the selection `nsa_select_blocks(mode "fla", block_counts)` (default 16), returned;

@@ -1,4 +1,4 @@
-//! `nsa_gate_combine` on the GPU (spec ops-nsa.md §6): per row `(b, t, hq)`,
+//! `nsa_gate_combine` on the GPU (`conformance/spec/ops-nsa.md` §6): per row `(b, t, hq)`,
 //! `o = g_0 o_cmp + g_1 o_slc + g_2 o_swa` in fp32 (fp64 for fp64), cast once, and the gates
 //! applied (`[B, T, HQ, 3]`, float32 as the spec has them; unrounded below fp64 data). Gates: W form
 //! `g_c = sigmoid(sum_d q[d] W[hq, c, d])` (overflow-safe), G form the given `g_*` widened, U form

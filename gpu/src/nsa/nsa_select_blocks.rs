@@ -1,5 +1,5 @@
-//! `nsa_select_blocks` on the GPU (spec ops-nsa.md §4), both modes, scores in fp32 (fp64 for
-//! fp64) from exact products of the inputs:
+//! `nsa_select_blocks` on the GPU (`conformance/spec/ops-nsa.md` §4), both modes, scores in fp32
+//! (fp64 for fp64) from exact products of the inputs:
 //! - `"fla"`: per token and KV head, `score[c] = (1/G) sum_g softmax_c(scale q[t, hG+g] · k_cmp[c, h])`
 //!   over the complete blocks `c < NC`, 1 for the forced blocks `{0, IC-1, IC}`, the top
 //!   `min(n_sel, IC + 1)` candidates `0..=IC` by (score desc, index asc), then `-1` up to `S`;

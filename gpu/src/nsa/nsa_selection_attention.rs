@@ -1,5 +1,5 @@
-//! `nsa_selection_attention` on the GPU (spec ops-nsa.md §5): for a row `(b, t, h)` with
-//! `n_sel` = `block_counts[b, t, h]` (the tensor form) or all `S` slots, each valid slot
+//! `nsa_selection_attention` on the GPU (`conformance/spec/ops-nsa.md` §5): for a row `(b, t, h)`
+//! with `n_sel` = `block_counts[b, t, h]` (the tensor form) or all `S` slots, each valid slot
 //! (`0 <= idx <= p / BS`, `p` the position in the sequence; tested without computing
 //! `idx * BS`) contributes tokens `idx*BS .. min(idx*BS + BS, p + 1) - 1` of the sequence, a
 //! multiset (duplicates count twice); every query head of the group gets

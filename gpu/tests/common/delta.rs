@@ -1,7 +1,8 @@
-//! Delta-rule inputs for the GPU tests. Realistic ones follow spec 10.2: normalised keys,
-//! log-sigmoid gates (optionally a fraction without decay, or 5% hard-forget tokens at −1000),
-//! `w, u` (and KDA's `kg`) from the reference's `kda_intra` run on exactly the chunks of the
-//! tested layout, so the recurrence stays bounded. Small random ones scale `k, w` down instead.
+//! Delta-rule inputs for the GPU tests. Realistic ones follow
+//! `conformance/spec/ops-delta-rule.md` §10.2: normalised keys, log-sigmoid gates (optionally a
+//! fraction without decay, or 5% hard-forget tokens at −1000), `w, u` (and KDA's `kg`) from the
+//! reference's `kda_intra` run on exactly the chunks of the tested layout, so the recurrence stays
+//! bounded. Small random ones scale `k, w` down instead.
 
 use super::{upload, Rng};
 use attn_gpu::{DeviceTensor, Gpu};
@@ -130,8 +131,8 @@ fn normalised(rng: &mut Rng, shape: [usize; 4]) -> Array4<f64> {
     x
 }
 
-/// Realistic inputs (spec 10.2) for `lay` with `gates`; KDA's `k = kg` needs `H = HV` (with GVA
-/// the raw keys are used with `gk`).
+/// Realistic inputs (`conformance/spec/ops-delta-rule.md` §10.2) for `lay` with `gates`; KDA's `k =
+/// kg` needs `H = HV` (with GVA the raw keys are used with `gk`).
 pub fn realistic(rng: &mut Rng, lay: &Layout, gates: Gates, hard: bool) -> Inputs {
     let (b, t, h, hv, kd, vd) = (lay.b, lay.t, lay.h, lay.hv, lay.k, lay.v);
     let bounds = lay.chunk_bounds();

@@ -1,12 +1,12 @@
-//! The NSA index rule of spec ops-nsa.md §9, shared by the NSA GPU tests.
+//! The NSA index rule of `conformance/spec/ops-nsa.md` §9, shared by the NSA GPU tests.
 
 use attn_reference::nsa::SelectMode;
 use attn_reference::Dtype;
 use ndarray::ArrayD;
 
-/// The index rule of spec §9: per row, the valid entries as a set ("fla") or the row exactly
-/// (tile mode); a differing row passes when every block of the symmetric difference scores
-/// within the band of the row's cut. Returns the rows that passed by the band.
+/// The index rule of `conformance/spec/ops-nsa.md` §9: per row, the valid entries as a set ("fla")
+/// or the row exactly (tile mode); a differing row passes when every block of the symmetric
+/// difference scores within the band of the row's cut. Returns the rows that passed by the band.
 pub fn assert_index_rule(
     what: &str,
     got: &ArrayD<i32>,

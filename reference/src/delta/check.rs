@@ -1,5 +1,6 @@
-//! Input validation shared by the delta-rule ops (spec section 1.5): shapes, heads, `K`,
-//! `chunk_size`, `cu_seqlens`, states, `scale`, and the dtype rules of section 1.4.
+//! Input validation shared by the delta-rule ops (`conformance/spec/ops-delta-rule.md` §1.5):
+//! shapes, heads, `K`, `chunk_size`, `cu_seqlens`, states, `scale`, and the dtype rules of section
+//! 1.4.
 
 use super::MAX_K;
 use crate::dtype::{Dtype, DtypeClass};
@@ -196,7 +197,8 @@ pub(crate) fn scale(scale: Option<f64>, k: usize) -> Result<f64> {
     }
 }
 
-/// The dtypes of one delta-rule call, by argument class (spec section 1.4).
+/// The dtypes of one delta-rule call, by argument class
+/// (`conformance/spec/ops-delta-rule.md` §1.4).
 #[derive(Debug, Clone, Default)]
 pub struct DeltaDtypes<'a> {
     /// Main data (`k, w, u` or `q, k, v`): one common dtype among f64, f32, bf16, f16.
@@ -209,8 +211,9 @@ pub struct DeltaDtypes<'a> {
     pub index: Vec<(&'a str, Dtype)>,
 }
 
-/// Checks the dtype rules of spec section 1.4 for the tensors of one call (the reference itself
-/// computes on widened `f32`/`f64` views; the GPU crate and the case reader call this).
+/// Checks the dtype rules of `conformance/spec/ops-delta-rule.md` §1.4 for the tensors of one call
+/// (the reference itself computes on widened `f32`/`f64` views; the GPU crate and the case reader
+/// call this).
 pub fn validate_delta_dtypes(d: &DeltaDtypes<'_>) -> Result<()> {
     let mut common: Option<(&str, Dtype)> = None;
     for &(arg, dt) in &d.main {

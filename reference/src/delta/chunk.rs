@@ -1,4 +1,5 @@
-//! The per-chunk linear algebra shared by the chunked delta-rule ops (spec 2.4, 3.1, 7.4).
+//! The per-chunk linear algebra shared by the chunked delta-rule ops
+//! (`conformance/spec/ops-delta-rule.md` §2.4, §3.1, §7.4).
 //!
 //! One chunk of one (sequence, value head) has `n` rows. With the chunk's state (or augmented
 //! state) `X` (`K × C`), WY factors `W` (`n × K`), `U` (`n × V`, `V <= C`) and keys `K_c`:

@@ -1,5 +1,5 @@
-//! `chunk_gated_delta_rule_fwd_h` (spec section 2): the inter-chunk state recurrence of a
-//! chunked delta rule, given the per-chunk WY factors `w`, `u`.
+//! `chunk_gated_delta_rule_fwd_h` (`conformance/spec/ops-delta-rule.md` §2): the inter-chunk state
+//! recurrence of a chunked delta rule, given the per-chunk WY factors `w`, `u`.
 //!
 //! For every sequence `n` and value head `hv`, with `S` (`K × V`) starting at
 //! `initial_state[n, hv]` (or zero), for every chunk `c`:
@@ -26,7 +26,8 @@ use rayon::prelude::*;
 /// Allowed `chunk_size` of sections 2, 3 and 5.
 pub(crate) const FWD_H_CHUNK_SIZES: &[usize] = &[16, 32, 64];
 
-/// Parameters of [`chunk_gated_delta_rule_fwd_h`] (spec 2.2; `Default` gives the spec defaults).
+/// Parameters of [`chunk_gated_delta_rule_fwd_h`] (`conformance/spec/ops-delta-rule.md` §2.2;
+/// `Default` gives the spec defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FwdHParams {
     /// `BT`: 16, 32 or 64 (default 64).
@@ -109,7 +110,8 @@ impl<'a, T> FwdHInputs<'a, T> {
     }
 }
 
-/// Outputs of [`chunk_gated_delta_rule_fwd_h`] (spec 2.3), in the compute precision.
+/// Outputs of [`chunk_gated_delta_rule_fwd_h`] (`conformance/spec/ops-delta-rule.md` §2.3), in the
+/// compute precision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FwdHOutputs<T> {
     /// `[B, NT, HV, K, V]` (`[B, NT, HV, V, K]` with `state_v_first`): the state before each chunk.
@@ -120,7 +122,8 @@ pub struct FwdHOutputs<T> {
     pub final_state: Option<Array4<T>>,
 }
 
-/// Checks `k, w, u, g, gk`, `chunk_size` and `cu_seqlens` (spec 1.5, 2.6) without the state.
+/// Checks `k, w, u, g, gk`, `chunk_size` and `cu_seqlens`
+/// (`conformance/spec/ops-delta-rule.md` §1.5, §2.6) without the state.
 pub(crate) fn validate_kwu(
     shapes: &FwdHShapes<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -146,7 +149,8 @@ pub(crate) fn validate_kwu(
     )
 }
 
-/// Validates a [`chunk_gated_delta_rule_fwd_h`] call (spec 1.5, 2.6) from shapes alone.
+/// Validates a [`chunk_gated_delta_rule_fwd_h`] call
+/// (`conformance/spec/ops-delta-rule.md` §1.5, §2.6) from shapes alone.
 pub fn validate_chunk_gated_delta_rule_fwd_h(
     shapes: &FwdHShapes<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -162,9 +166,9 @@ pub fn validate_chunk_gated_delta_rule_fwd_h(
     Ok(geo)
 }
 
-/// Runs the chunked state recurrence of spec 2.4 over every (sequence, value head): from
-/// `S = initial_state[n, hv]` (or 0), for every chunk `c`, `h[c] = S`, `D = U_c − W_c S`
-/// (`v_new` rows), `S ← exp2(G_ℓ) diag(exp2(Gk_ℓ)) S + K̃_cᵀ D` with `K̃_c` rows
+/// Runs the chunked state recurrence of `conformance/spec/ops-delta-rule.md` §2.4 over every
+/// (sequence, value head): from `S = initial_state[n, hv]` (or 0), for every chunk `c`, `h[c] = S`,
+/// `D = U_c − W_c S` (`v_new` rows), `S ← exp2(G_ℓ) diag(exp2(Gk_ℓ)) S + K̃_cᵀ D` with `K̃_c` rows
 /// `exp2(G_ℓ − G_r) k_rᵀ` (each gate factor only when that gate is given); `final_state = S`.
 pub fn chunk_gated_delta_rule_fwd_h<T: Real>(
     inp: &FwdHInputs<'_, T>,
@@ -323,8 +327,8 @@ impl<'v, T: Real> SeqInputs<'v, T> {
         }
     }
 
-    /// The chunk step of spec 2.4 on rows `a..e` (within the sequence): `D = [U | 0] − W X`,
-    /// then `X` advanced to the chunk's exit; returns `D`.
+    /// The chunk step of `conformance/spec/ops-delta-rule.md` §2.4 on rows `a..e` (within the
+    /// sequence): `D = [U | 0] − W X`, then `X` advanced to the chunk's exit; returns `D`.
     pub(crate) fn step(&self, x: &mut Array2<T>, a: usize, e: usize) -> Array2<T> {
         let d = chunk::delta(x, self.w.slice(s![a..e, ..]), self.u.slice(s![a..e, ..]));
         chunk::advance(
@@ -343,7 +347,8 @@ impl<'v, T: Real> SeqInputs<'v, T> {
         (0..len).step_by(bt).map(move |a| (a, (a + bt).min(len)))
     }
 
-    /// Spec 2.4 for the sequence from state `s0` with chunks of `bt` rows.
+    /// `conformance/spec/ops-delta-rule.md` §2.4 for the sequence from state `s0` with chunks of
+    /// `bt` rows.
     pub(crate) fn run(&self, s0: Array2<T>, bt: usize) -> SeqRun<T> {
         let len = self.k.nrows();
         let mut s = s0;

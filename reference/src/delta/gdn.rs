@@ -1,5 +1,6 @@
-//! `gdn_fwd` (spec section 8): Gated DeltaNet with a scalar gate per head, as its recurrent
-//! definition ([`gdn_fwd`]) and as the chunked pipeline of 8.5 ([`gdn_fwd_chunked`]).
+//! `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §8): Gated DeltaNet with a scalar gate per head,
+//! as its recurrent definition ([`gdn_fwd`]) and as the chunked pipeline of 8.5
+//! ([`gdn_fwd_chunked`]).
 //!
 //! Definition, per sequence and value head, with `α_t = exp(g_t)`:
 //!
@@ -23,7 +24,8 @@ use crate::varlen::Seq;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayView4, Axis};
 
-/// Parameters of [`gdn_fwd`] (spec 8.2; `Default` gives the spec defaults).
+/// Parameters of [`gdn_fwd`] (`conformance/spec/ops-delta-rule.md` §8.2; `Default` gives the spec
+/// defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GdnFwdParams {
     /// `None` = `K^-0.5`.
@@ -108,7 +110,8 @@ impl<'a, T> GdnFwdInputs<'a, T> {
     }
 }
 
-/// Validates a [`gdn_fwd`] call (spec 1.5, 8.7) from shapes and parameters.
+/// Validates a [`gdn_fwd`] call (`conformance/spec/ops-delta-rule.md` §1.5, §8.7) from shapes and
+/// parameters.
 pub fn validate_gdn_fwd(
     shapes: &GdnFwdShapes<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -132,8 +135,9 @@ pub fn validate_gdn_fwd(
     Ok(geo)
 }
 
-/// The definition (spec 8.4): the per-token recurrence over every (sequence, value head),
-/// `S_t = exp(g_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`, `o_t = scale · S_tᵀ q_t`.
+/// The definition (`conformance/spec/ops-delta-rule.md` §8.4): the per-token recurrence over every
+/// (sequence, value head), `S_t = exp(g_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`, `o_t = scale
+/// · S_tᵀ q_t`.
 pub fn gdn_fwd<T: Real>(
     inp: &GdnFwdInputs<'_, T>,
     params: &GdnFwdParams,
@@ -143,10 +147,10 @@ pub fn gdn_fwd<T: Real>(
     })
 }
 
-/// The chunked pipeline (spec 8.5): per chunk, the WY factors `w, u` of `A = (I + L)^{-1}`,
-/// `D = u − w S_c`, the output `o_r = scale exp2(G_r) q_rᵀ S_c + scale Σ_{j ≤ r} (q_r · k_j)
-/// exp2(G_r − G_j) D_j` and the state step of section 2 (see the module docs). Equal to
-/// [`gdn_fwd`] in exact arithmetic.
+/// The chunked pipeline (`conformance/spec/ops-delta-rule.md` §8.5): per chunk, the WY factors `w,
+/// u` of `A = (I + L)^{-1}`, `D = u − w S_c`, the output `o_r = scale exp2(G_r) q_rᵀ S_c + scale
+/// Σ_{j ≤ r} (q_r · k_j) exp2(G_r − G_j) D_j` and the state step of section 2 (see the module
+/// docs). Equal to [`gdn_fwd`] in exact arithmetic.
 pub fn gdn_fwd_chunked<T: Real>(
     inp: &GdnFwdInputs<'_, T>,
     params: &GdnFwdParams,

@@ -1,4 +1,4 @@
-//! `kda_intra` (spec section 7): the intra-chunk stage of KDA.
+//! `kda_intra` (`conformance/spec/ops-delta-rule.md` §7): the intra-chunk stage of KDA.
 //!
 //! Per chunk and value head, with `G` the chunk-local cumulative per-key gate (log2 units):
 //!
@@ -28,7 +28,7 @@ pub(crate) const KDA_CHUNK_SIZES: &[usize] = &[32, 64];
 /// Rows of the sub-blocks whose pairs are formed directly.
 const SUB_BLOCK: usize = 16;
 
-/// Parameters of [`kda_intra`] (spec 7.2).
+/// Parameters of [`kda_intra`] (`conformance/spec/ops-delta-rule.md` §7.2).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KdaIntraParams {
     /// `None` = `K^-0.5`.
@@ -75,7 +75,7 @@ pub struct KdaIntraInputs<'a, T> {
     pub cu_seqlens: Option<&'a [i64]>,
 }
 
-/// Outputs of [`kda_intra`] (spec 7.3).
+/// Outputs of [`kda_intra`] (`conformance/spec/ops-delta-rule.md` §7.3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KdaIntraOutputs<T> {
     /// `[B, T, HV, K]`.
@@ -106,7 +106,7 @@ pub(crate) fn validate_qkvb(
     Ok((b, t, h, kd, hv, vd))
 }
 
-/// Validates a [`kda_intra`] call (spec 7.6).
+/// Validates a [`kda_intra`] call (`conformance/spec/ops-delta-rule.md` §7.6).
 pub fn validate_kda_intra(
     shapes: &KdaIntraShapes<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -121,10 +121,10 @@ pub fn validate_kda_intra(
     Ok(geo)
 }
 
-/// The intra stage of spec 7.4 for every chunk of every (sequence, value head): with the
-/// chunk-local log2 gate `G`, `Aqk[r, j] = scale Σ_d q_{r,d} k_{j,d} exp2(G_{r,d} − G_{j,d})`
-/// (`j ≤ r`), `Akk = (I + L)^{-1}` with `L[r, j] = β_r Σ_d k_{r,d} k_{j,d} exp2(G_{r,d} −
-/// G_{j,d})` (`j < r`), `w = Akk diag(β) (K ⊙ exp2(G))`, `u = Akk diag(β) V`,
+/// The intra stage of `conformance/spec/ops-delta-rule.md` §7.4 for every chunk of every (sequence,
+/// value head): with the chunk-local log2 gate `G`, `Aqk[r, j] = scale Σ_d q_{r,d} k_{j,d}
+/// exp2(G_{r,d} − G_{j,d})` (`j ≤ r`), `Akk = (I + L)^{-1}` with `L[r, j] = β_r Σ_d k_{r,d} k_{j,d}
+/// exp2(G_{r,d} − G_{j,d})` (`j < r`), `w = Akk diag(β) (K ⊙ exp2(G))`, `u = Akk diag(β) V`,
 /// `kg_r = k_r ⊙ exp2(G_ℓ − G_r)`.
 pub fn kda_intra<T: Real>(
     inp: &KdaIntraInputs<'_, T>,
@@ -205,7 +205,8 @@ pub(crate) struct IntraChunk<T> {
     pub kg: Array2<T>,
 }
 
-/// Spec 7.4 for one chunk: `q, k` `n × K`, `v` `n × V`, `g` (= `G`) `n × K`, `beta` `n`.
+/// `conformance/spec/ops-delta-rule.md` §7.4 for one chunk: `q, k` `n × K`, `v` `n × V`, `g` (=
+/// `G`) `n × K`, `beta` `n`.
 pub(crate) fn intra_chunk<T: Real>(
     q: ArrayView2<'_, T>,
     k: ArrayView2<'_, T>,

@@ -1,6 +1,6 @@
-//! `kda_fwd` (spec section 6): the Kimi Delta Attention forward, as its recurrent definition
-//! ([`kda_fwd`]) and as the chunked pipeline ([`kda_fwd_chunked`]: gate cumsum → `kda_intra` →
-//! `chunk_gated_delta_rule_fwd_h` → output).
+//! `kda_fwd` (`conformance/spec/ops-delta-rule.md` §6): the Kimi Delta Attention forward, as its
+//! recurrent definition ([`kda_fwd`]) and as the chunked pipeline ([`kda_fwd_chunked`]: gate cumsum
+//! → `kda_intra` → `chunk_gated_delta_rule_fwd_h` → output).
 //!
 //! Definition, per sequence and value head, after the optional in-kernel preprocessing (L2 norm
 //! of `q, k`; `β = sigmoid(beta)·(1|2)`; `a = kda_gate(g, A_log, dt_bias, lower_bound)`):
@@ -23,7 +23,8 @@ use crate::varlen::Seq;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayView1, ArrayView3, ArrayView4, CowArray, Ix4};
 
-/// Parameters of [`kda_fwd`] (spec 6.2; `Default` gives the spec defaults).
+/// Parameters of [`kda_fwd`] (`conformance/spec/ops-delta-rule.md` §6.2; `Default` gives the spec
+/// defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KdaFwdParams {
     /// `None` = `K^-0.5`.
@@ -132,7 +133,8 @@ impl<'a, T> KdaFwdInputs<'a, T> {
     }
 }
 
-/// Validates a [`kda_fwd`] call (spec 1.5, 6.7) from shapes and parameters.
+/// Validates a [`kda_fwd`] call (`conformance/spec/ops-delta-rule.md` §1.5, §6.7) from shapes and
+/// parameters.
 pub fn validate_kda_fwd(
     shapes: &KdaFwdShapes<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -164,7 +166,8 @@ pub fn validate_kda_fwd(
     Ok(geo)
 }
 
-/// `A_log`, `dt_bias`, `lower_bound` and `safe_gate` against `use_gate_in_kernel` (spec 6.7).
+/// `A_log`, `dt_bias`, `lower_bound` and `safe_gate` against `use_gate_in_kernel`
+/// (`conformance/spec/ops-delta-rule.md` §6.7).
 fn validate_gate_args(
     shapes: &KdaFwdShapes<'_>,
     geo: &Geometry,
@@ -212,7 +215,8 @@ fn validate_gate_args(
 /// KDA's prepared tensors: the gate is the per-key natural-log decay `a`.
 type KdaPrepared<'a, T> = Prepared<'a, T, CowArray<'a, T, Ix4>>;
 
-/// Spec 6.4 steps 1–3: L2 norm of `q, k`, `β` from logits, `a = kda_gate(g, ...)`, as asked.
+/// `conformance/spec/ops-delta-rule.md` §6.4 steps 1–3: L2 norm of `q, k`, `β` from logits, `a =
+/// kda_gate(g, ...)`, as asked.
 fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<KdaPrepared<'a, T>> {
     let gate = if p.use_gate_in_kernel {
         crate::gate::kda_gate(inp.g, inp.a_log, inp.dt_bias, p.lower_bound)?.into()
@@ -228,9 +232,9 @@ fn prepare<'a, T: Real>(inp: &KdaFwdInputs<'a, T>, p: &KdaFwdParams) -> Result<K
     })
 }
 
-/// The definition (spec 6.4): the per-token recurrence over every (sequence, value head),
-/// `S_t = (I − β_t k_t k_tᵀ) diag(exp(a_t)) S_{t−1} + β_t k_t v_tᵀ`, `o_t = scale · S_tᵀ q_t`,
-/// after the in-kernel preprocessing the parameters ask for.
+/// The definition (`conformance/spec/ops-delta-rule.md` §6.4): the per-token recurrence over every
+/// (sequence, value head), `S_t = (I − β_t k_t k_tᵀ) diag(exp(a_t)) S_{t−1} + β_t k_t v_tᵀ`, `o_t =
+/// scale · S_tᵀ q_t`, after the in-kernel preprocessing the parameters ask for.
 pub fn kda_fwd<T: Real>(
     inp: &KdaFwdInputs<'_, T>,
     params: &KdaFwdParams,
@@ -240,8 +244,9 @@ pub fn kda_fwd<T: Real>(
     })
 }
 
-/// The chunked pipeline (spec 6.5): per chunk, `G` (exact `1/ln 2`), the intra stage, the
-/// state step of section 2 and the output formula. Equal to [`kda_fwd`] in exact arithmetic.
+/// The chunked pipeline (`conformance/spec/ops-delta-rule.md` §6.5): per chunk, `G` (exact `1/ln
+/// 2`), the intra stage, the state step of section 2 and the output formula. Equal to [`kda_fwd`]
+/// in exact arithmetic.
 pub fn kda_fwd_chunked<T: Real>(
     inp: &KdaFwdInputs<'_, T>,
     params: &KdaFwdParams,

@@ -1,5 +1,6 @@
-//! `fwd_h_merge` (spec section 4): the prefix chain `X ← M_j X + b_j` over the summaries of
-//! each sequence's consecutive sub-sequences, giving the state entering every sub-sequence.
+//! `fwd_h_merge` (`conformance/spec/ops-delta-rule.md` §4): the prefix chain `X ← M_j X + b_j` over
+//! the summaries of each sequence's consecutive sub-sequences, giving the state entering every
+//! sub-sequence.
 
 use super::check::{self, boundary};
 use super::fwd_h::{load_state, store_state};
@@ -27,7 +28,7 @@ pub struct FwdHMergeInputs<'a, T> {
     pub initial_state: Option<ArrayView4<'a, T>>,
 }
 
-/// Parameters of [`fwd_h_merge`] (spec 4.2).
+/// Parameters of [`fwd_h_merge`] (`conformance/spec/ops-delta-rule.md` §4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FwdHMergeParams {
     /// Layout of `initial_state` and of the outputs (`hm` is always key-first).
@@ -35,7 +36,7 @@ pub struct FwdHMergeParams {
     pub output_final_state: bool,
 }
 
-/// Outputs of [`fwd_h_merge`] (spec 4.3).
+/// Outputs of [`fwd_h_merge`] (`conformance/spec/ops-delta-rule.md` §4.3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FwdHMergeOutputs<T> {
     /// `[S, HV, K, V]` (or `[S, HV, V, K]`): the state entering every sub-sequence.
@@ -54,7 +55,7 @@ pub struct MergePlan {
     pub v: usize,
 }
 
-/// Validates a [`fwd_h_merge`] call (spec 4.6).
+/// Validates a [`fwd_h_merge`] call (`conformance/spec/ops-delta-rule.md` §4.6).
 pub fn validate_fwd_h_merge(
     shapes: &FwdHMergeShapes<'_>,
     subseq_offsets: &[i64],
@@ -118,9 +119,9 @@ pub fn validate_fwd_h_merge(
     Ok(MergePlan { s, n, hv, k, v })
 }
 
-/// The prefix chain of spec 4.4: for every sequence `n` and head, `X ← initial_state[n]`,
-/// then for each of its sub-sequences `j`: `initial_states[j] = X`, `X ← M_j X + b_j`;
-/// `final_state[n] = X`.
+/// The prefix chain of `conformance/spec/ops-delta-rule.md` §4.4: for every sequence `n` and head,
+/// `X ← initial_state[n]`, then for each of its sub-sequences `j`: `initial_states[j] = X`, `X ←
+/// M_j X + b_j`; `final_state[n] = X`.
 pub fn fwd_h_merge<T: Real>(
     inp: &FwdHMergeInputs<'_, T>,
     params: &FwdHMergeParams,

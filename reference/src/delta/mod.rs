@@ -1,4 +1,4 @@
-//! The gated delta rule family (spec `ops-delta-rule.md`): the chunked state recurrence
+//! The gated delta rule family (`conformance/spec/ops-delta-rule.md`): the chunked state recurrence
 //! `chunk_gated_delta_rule_fwd_h`, its affine summaries `fwd_h_pre_scan` / `fwd_h_merge` and the
 //! intra-card split `chunk_gated_delta_rule_fwd_h_split`, the KDA intra stage `kda_intra`, and
 //! the full forwards `kda_fwd` (Kimi Delta Attention) and `gdn_fwd` (Gated DeltaNet).

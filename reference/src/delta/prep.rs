@@ -1,7 +1,7 @@
 //! Pieces shared by `kda_fwd` and `gdn_fwd`: their common validation (6.7, 8.7), the in-kernel
-//! preprocessing (spec 6.4 steps 1–2) and the prepared tensors, the recurrent definition (6.4,
-//! 8.4) for one (sequence, value head), and the parallel run over (sequence, value head) with the
-//! assembly of the outputs.
+//! preprocessing (`conformance/spec/ops-delta-rule.md` §6.4 steps 1–2) and the prepared tensors,
+//! the recurrent definition (6.4, 8.4) for one (sequence, value head), and the parallel run over
+//! (sequence, value head) with the assembly of the outputs.
 
 use super::check::{self, Geometry};
 use super::fwd_h::{load_state, scatter, store_state, tasks};
@@ -16,7 +16,8 @@ use ndarray::{
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Outputs of `kda_fwd` and `gdn_fwd` (spec 6.3, 8.3), in the compute precision.
+/// Outputs of `kda_fwd` and `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §6.3, §8.3), in the
+/// compute precision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeltaFwdOutputs<T> {
     /// `[B, T, HV, V]`.
@@ -25,7 +26,8 @@ pub struct DeltaFwdOutputs<T> {
     pub final_state: Option<Array4<T>>,
 }
 
-/// `x / sqrt(Σ_d x_d² + 1e-6)` along the last axis when `on` (spec 6.4 step 1), else `x`.
+/// `x / sqrt(Σ_d x_d² + 1e-6)` along the last axis when `on`
+/// (`conformance/spec/ops-delta-rule.md` §6.4 step 1), else `x`.
 pub(crate) fn l2norm<'a, T: Real>(x: ArrayView4<'a, T>, on: bool) -> CowArray<'a, T, Ix4> {
     if !on {
         return x.into();
@@ -39,7 +41,8 @@ pub(crate) fn l2norm<'a, T: Real>(x: ArrayView4<'a, T>, on: bool) -> CowArray<'a
     y.into()
 }
 
-/// `β = sigmoid(beta) · (2 if allow_neg_eigval)` when `sigmoid`, else `beta` (spec 6.4 step 2).
+/// `β = sigmoid(beta) · (2 if allow_neg_eigval)` when `sigmoid`, else `beta`
+/// (`conformance/spec/ops-delta-rule.md` §6.4 step 2).
 pub(crate) fn beta<'a, T: Real>(
     beta: ArrayView3<'a, T>,
     sigmoid: bool,
@@ -94,8 +97,8 @@ pub(crate) struct Prepared<'a, T: Real, G> {
 }
 
 impl<T: Real, G: GateRows<T>> Prepared<'_, T, G> {
-    /// The recurrent definition (spec 6.4, 8.4) of sequence `seq`, value head `hv`, from `s0`:
-    /// [`recurrence`] on its rows.
+    /// The recurrent definition (`conformance/spec/ops-delta-rule.md` §6.4, §8.4) of sequence
+    /// `seq`, value head `hv`, from `s0`: [`recurrence`] on its rows.
     pub(crate) fn recurrence(
         &self,
         geo: &Geometry,
@@ -117,9 +120,9 @@ impl<T: Real, G: GateRows<T>> Prepared<'_, T, G> {
     }
 }
 
-/// The recurrence of spec 6.4 / 8.4 for one (sequence, value head): for every token,
-/// `S ← diag(α_t) S`, `δ_t = β_t (v_t − Sᵀ k_t)`, `S ← S + k_t δ_tᵀ`, `o_t = scale · Sᵀ q_t`,
-/// with `α_t = exp(a_t)`. Returns `o` (`L × V`) and the final state.
+/// The recurrence of `conformance/spec/ops-delta-rule.md` §6.4 / §8.4 for one (sequence, value
+/// head): for every token, `S ← diag(α_t) S`, `δ_t = β_t (v_t − Sᵀ k_t)`, `S ← S + k_t δ_tᵀ`, `o_t
+/// = scale · Sᵀ q_t`, with `α_t = exp(a_t)`. Returns `o` (`L × V`) and the final state.
 pub(crate) fn recurrence<T: Real>(
     q: ArrayView2<'_, T>,
     k: ArrayView2<'_, T>,
@@ -180,9 +183,10 @@ pub(crate) fn recurrence<T: Real>(
     (o, fin)
 }
 
-/// The checks shared by `kda_fwd` and `gdn_fwd` (spec 6.7, 8.7), in order: `q, k, v, beta`,
-/// the gate `g` (`[B, T, HV, K]` per key, else `[B, T, HV]`), `chunk_size` in `allowed` and
-/// `cu_seqlens`, then `initial_state`. The op checks its own parameters after these.
+/// The checks shared by `kda_fwd` and `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §6.7, §8.7),
+/// in order: `q, k, v, beta`, the gate `g` (`[B, T, HV, K]` per key, else `[B, T, HV]`),
+/// `chunk_size` in `allowed` and `cu_seqlens`, then `initial_state`. The op checks its own
+/// parameters after these.
 pub(crate) struct ForwardCall<'a> {
     pub q: &'a [usize],
     pub k: &'a [usize],

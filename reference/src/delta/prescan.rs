@@ -1,5 +1,5 @@
-//! `fwd_h_pre_scan` (spec section 3): the affine summary of each (sub-)sequence's chunk
-//! recurrence, used by the intra-card split.
+//! `fwd_h_pre_scan` (`conformance/spec/ops-delta-rule.md` §3): the affine summary of each
+//! (sub-)sequence's chunk recurrence, used by the intra-card split.
 //!
 //! Each chunk map is affine in the incoming state, `S_{c+1} = A_c S_c + B_c` with
 //! `A_c = γ_c diag(λ_c) − K̃_cᵀ W_c` and `B_c = K̃_cᵀ U_c`. The summary of a sub-sequence of
@@ -18,7 +18,7 @@ use rayon::prelude::*;
 /// `None`); `cu_seqlens` delimits the summarised (sub-)sequences.
 pub type FwdHPreScanInputs<'a, T> = FwdHInputs<'a, T>;
 
-/// Parameters of [`fwd_h_pre_scan`] (spec 3.2).
+/// Parameters of [`fwd_h_pre_scan`] (`conformance/spec/ops-delta-rule.md` §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FwdHPreScanParams {
     /// `BT`: 16, 32 or 64 (default 64).
@@ -31,14 +31,14 @@ impl Default for FwdHPreScanParams {
     }
 }
 
-/// Output of [`fwd_h_pre_scan`] (spec 3.2).
+/// Output of [`fwd_h_pre_scan`] (`conformance/spec/ops-delta-rule.md` §3.2).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FwdHPreScanOutputs<T> {
     /// `[S, HV, K, V + K]`: `hm[s, hv] = [b | M]`.
     pub hm: Array4<T>,
 }
 
-/// Validates a [`fwd_h_pre_scan`] call (spec 3.4).
+/// Validates a [`fwd_h_pre_scan`] call (`conformance/spec/ops-delta-rule.md` §3.4).
 pub fn validate_fwd_h_pre_scan(
     shapes: &FwdHShapes<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -56,8 +56,8 @@ pub fn validate_fwd_h_pre_scan(
 }
 
 /// `hm[s, hv] = [b | M]` (`[S, HV, K, V + K]`) for every (sub-)sequence `s` of `cu_seqlens`
-/// (spec 3.1): `M = A_{m−1} ⋯ A_0` and `b` the exit state from `S = 0`. An empty
-/// sub-sequence has `[0 | I]`.
+/// (`conformance/spec/ops-delta-rule.md` §3.1): `M = A_{m−1} ⋯ A_0` and `b` the exit state from `S
+/// = 0`. An empty sub-sequence has `[0 | I]`.
 pub fn fwd_h_pre_scan<T: Real>(
     inp: &FwdHPreScanInputs<'_, T>,
     params: &FwdHPreScanParams,

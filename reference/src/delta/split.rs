@@ -1,7 +1,8 @@
-//! `chunk_gated_delta_rule_fwd_h_split` (spec section 5): section 2 computed by splitting
-//! sequences at chunk boundaries into sub-sequences, summarising them (`fwd_h_pre_scan`),
-//! merging the summaries into the pieces' initial states (`fwd_h_merge`) and running section 2
-//! on the pieces. Also the validation of a split (5.2) and the project's split policy (5.4).
+//! `chunk_gated_delta_rule_fwd_h_split` (`conformance/spec/ops-delta-rule.md` §5): section 2
+//! computed by splitting sequences at chunk boundaries into sub-sequences, summarising them
+//! (`fwd_h_pre_scan`), merging the summaries into the pieces' initial states (`fwd_h_merge`) and
+//! running section 2 on the pieces. Also the validation of a split (5.2) and the project's split
+//! policy (5.4).
 
 use super::check::{boundary, Geometry};
 use super::fwd_h::{self, chunk_gated_delta_rule_fwd_h, FwdHInputs, FwdHParams, FwdHShapes};
@@ -14,8 +15,9 @@ use ndarray::{Array3, Array4, ArrayView3, ArrayView4, Axis};
 /// The SM count assumed by the automatic split policy when none is given (H100/H200: 132).
 pub const DEFAULT_NUM_SMS: usize = 132;
 
-/// The project's split policy (spec 5.4, used when `subseq_cu_seqlens` is absent), over
-/// sequences of `seq_lens` tokens packed in order, for `HV` heads, value dim `V`, chunk `BT`:
+/// The project's split policy (`conformance/spec/ops-delta-rule.md` §5.4, used when
+/// `subseq_cu_seqlens` is absent), over sequences of `seq_lens` tokens packed in order, for `HV`
+/// heads, value dim `V`, chunk `BT`:
 ///
 /// - a section-2 kernel runs `HV · ceil(V / 64)` work units per sequence; nothing is split when
 ///   `N · HV · ceil(V/64) >= num_sms / 2` (the GPU is already half full);
@@ -25,8 +27,8 @@ pub const DEFAULT_NUM_SMS: usize = 132;
 ///   with the most pieces loses one.
 ///
 /// Returns the `subseq_cu_seqlens` (chunk-aligned inner boundaries, one empty piece per empty
-/// sequence), a valid split in the sense of spec 5.2. `bt == 0` is refused (named
-/// `chunk_size`).
+/// sequence), a valid split in the sense of `conformance/spec/ops-delta-rule.md` §5.2. `bt == 0` is
+/// refused (named `chunk_size`).
 pub fn auto_subseq_cu_seqlens(
     seq_lens: &[usize],
     hv: usize,
@@ -62,8 +64,8 @@ pub fn auto_subseq_cu_seqlens(
 
 /// The `subseq_cu_seqlens` cutting sequence `n` (`seq_lens[n]` tokens, packed in order) into
 /// `counts[n]` pieces of `ceil(NT_n / counts[n])` chunks of `bt` tokens, the last shorter (fewer
-/// pieces when the chunks run out; a count of 0 is taken as 1). A valid split (spec 5.2) for
-/// `bt >= 1`.
+/// pieces when the chunks run out; a count of 0 is taken as 1). A valid split
+/// (`conformance/spec/ops-delta-rule.md` §5.2) for `bt >= 1`.
 pub fn subseq_from_counts(seq_lens: &[usize], bt: usize, counts: &[usize]) -> Vec<i64> {
     let mut out = vec![0i64];
     let mut bos = 0usize;
@@ -89,10 +91,10 @@ fn positive_chunk(bt: usize) -> Result<()> {
 }
 
 /// `subseq_offsets` of a valid split: sequence `n` owns pieces `offsets[n] .. offsets[n+1]`.
-/// Validates `subseq_cu_seqlens` against the sequences (spec 5.2): each sequence `n` is cut at
-/// `bos_n = p_0 < … < p_m = eos_n` (`m >= 1`, inner boundaries `chunk_size`-aligned), a
-/// zero-length sequence is exactly one empty piece, and the list ends at the last `eos`.
-/// `bounds` are the sequences' `(bos, eos)` in flattened token coordinates.
+/// Validates `subseq_cu_seqlens` against the sequences (`conformance/spec/ops-delta-rule.md` §5.2):
+/// each sequence `n` is cut at `bos_n = p_0 < … < p_m = eos_n` (`m >= 1`, inner boundaries
+/// `chunk_size`-aligned), a zero-length sequence is exactly one empty piece, and the list ends at
+/// the last `eos`. `bounds` are the sequences' `(bos, eos)` in flattened token coordinates.
 pub fn subseq_offsets(subseq: &[i64], bounds: &[(usize, usize)], bt: usize) -> Result<Vec<i64>> {
     positive_chunk(bt)?;
     let arg = "subseq_cu_seqlens";
@@ -190,8 +192,8 @@ pub struct SplitPlan {
     pub subseq_offsets: Vec<i64>,
 }
 
-/// Validates a [`chunk_gated_delta_rule_fwd_h_split`] call (spec 5.6): section 2's checks plus
-/// a valid split (5.2).
+/// Validates a [`chunk_gated_delta_rule_fwd_h_split`] call
+/// (`conformance/spec/ops-delta-rule.md` §5.6): section 2's checks plus a valid split (5.2).
 pub fn validate_chunk_gated_delta_rule_fwd_h_split(
     shapes: &FwdHShapes<'_>,
     cu_seqlens: Option<&[i64]>,
@@ -219,8 +221,8 @@ pub fn validate_chunk_gated_delta_rule_fwd_h_split(
     })
 }
 
-/// Section 2 computed through the split (spec 5.3): pre-scan of the pieces, merge into the
-/// pieces' initial states, section 2 on the pieces. Equal to
+/// Section 2 computed through the split (`conformance/spec/ops-delta-rule.md` §5.3): pre-scan of
+/// the pieces, merge into the pieces' initial states, section 2 on the pieces. Equal to
 /// [`chunk_gated_delta_rule_fwd_h`] on the same inputs whatever the (valid) split.
 pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
     inp: &FwdHSplitInputs<'_, T>,

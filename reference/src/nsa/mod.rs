@@ -1,5 +1,5 @@
-//! Native sparse attention (spec `ops-nsa.md`): key/value compression, the compressed branch,
-//! block selection, the selected branch, gating, and the whole FLA forward.
+//! Native sparse attention (`conformance/spec/ops-nsa.md`): key/value compression, the compressed
+//! branch, block selection, the selected branch, gating, and the whole FLA forward.
 //!
 //! Letters: `B` batch, `T` tokens, `HQ` query heads, `H` key/value heads, `G = HQ / H` (query
 //! head `hq` reads KV head `hq / G`), `K`, `V` feature dims, `BS` = `block_size`. Every position,
@@ -41,7 +41,7 @@ pub struct AttnOut<T> {
     pub lse: Array3<T>,
 }
 
-/// How a sequence's trailing partial block is compressed (spec §2).
+/// How a sequence's trailing partial block is compressed (`conformance/spec/ops-nsa.md` §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PartialBlock {
     /// FLA: `TC_n = ceil(L_n / BS)`; the partial block is divided by its real token count.

@@ -1,5 +1,5 @@
-//! `nsa_compress_kv` (spec §2): non-overlapping mean pooling of `k` and `v` along time, with an
-//! optional per-KV-head projection after pooling.
+//! `nsa_compress_kv` (`conformance/spec/ops-nsa.md` §2): non-overlapping mean pooling of `k` and
+//! `v` along time, with an optional per-KV-head projection after pooling.
 
 use super::{check_block_size, CmpLayout, PartialBlock};
 use crate::error::{Error, Result};

@@ -1,4 +1,5 @@
-//! `nsa_compression_attention` (spec §3): each query attends to the compressed blocks it may see.
+//! `nsa_compression_attention` (`conformance/spec/ops-nsa.md` §3): each query attends to the
+//! compressed blocks it may see.
 
 use super::attend::group_attention;
 use super::PartialBlock;

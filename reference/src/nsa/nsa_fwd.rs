@@ -1,5 +1,5 @@
-//! `nsa_fwd` (spec §7): the whole FLA forward — compressed, selected and sliding-window
-//! branches, gated and summed — and the window branch on its own.
+//! `nsa_fwd` (`conformance/spec/ops-nsa.md` §7): the whole FLA forward — compressed, selected and
+//! sliding-window branches, gated and summed — and the window branch on its own.
 
 use super::attend::group_attention;
 use super::nsa_selection_attention::{check_kv, widen_indices};

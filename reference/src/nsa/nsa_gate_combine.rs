@@ -1,5 +1,5 @@
-//! `nsa_gate_combine` (spec §6): three branch gates and the gated sum of the branch outputs.
-//! Branch order `c = 0, 1, 2` is (cmp, slc, swa).
+//! `nsa_gate_combine` (`conformance/spec/ops-nsa.md` §6): three branch gates and the gated sum of
+//! the branch outputs. Branch order `c = 0, 1, 2` is (cmp, slc, swa).
 
 use crate::error::{Error, Result};
 use crate::scalar::Real;

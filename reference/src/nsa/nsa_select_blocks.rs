@@ -1,5 +1,6 @@
-//! `nsa_select_blocks` (spec §4): block importance scores and top-k, in FLA's mode (one row per
-//! token and KV head) or MSLK's tile-mean mode (one row per query tile and query head).
+//! `nsa_select_blocks` (`conformance/spec/ops-nsa.md` §4): block importance scores and top-k, in
+//! FLA's mode (one row per token and KV head) or MSLK's tile-mean mode (one row per query tile and
+//! query head).
 
 use super::nsa_compression_attention::check_cmp_shapes;
 use super::{check_block_size, check_scale, BlockCounts, CmpLayout, PartialBlock};
@@ -46,7 +47,7 @@ impl FromStr for SelectMode {
     }
 }
 
-/// The default integer `block_counts` (spec §4).
+/// The default integer `block_counts` (`conformance/spec/ops-nsa.md` §4).
 pub const DEFAULT_BLOCK_COUNTS: i64 = 16;
 /// The default `q_tile_size` of `"mslk_tile_mean"`.
 pub const DEFAULT_Q_TILE_SIZE: i64 = 256;
@@ -63,7 +64,7 @@ pub struct SelectOut<T> {
     /// The score of every block of each row, `[.., .., .., W]` with `W` the largest `TC_n`:
     /// `"fla"`: the importance (1 for forced blocks), `-inf` for non-candidates;
     /// `"mslk_tile_mean"`: the scaled tile-mean logit, `-inf` where the block is not allowed.
-    /// The index comparison rule's near-tie band reads it (spec §9).
+    /// The index comparison rule's near-tie band reads it (`conformance/spec/ops-nsa.md` §9).
     pub scores: Array4<T>,
 }
 

@@ -1,5 +1,5 @@
-//! `nsa_selection_attention` (spec §5): each query attends to the tokens of its selected blocks,
-//! with token-level causal masking.
+//! `nsa_selection_attention` (`conformance/spec/ops-nsa.md` §5): each query attends to the tokens
+//! of its selected blocks, with token-level causal masking.
 
 use super::attend::group_attention;
 use super::{check_block_size, check_features, check_groups, check_scale, AttnOut, BlockCounts};

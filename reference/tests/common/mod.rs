@@ -1,5 +1,5 @@
 //! Shared helpers of the reference's integration tests: a seeded generator for fresh random
-//! inputs, and the spec's comparison rule (README "Comparison").
+//! inputs, and the spec's comparison rule (`conformance/spec/README.md`, "Comparison").
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub use attn_testkit::Rng;
@@ -33,9 +33,9 @@ pub fn ratio<'a>(
     (num / n as f64).sqrt() / ((den / n as f64).sqrt() + 1e-8)
 }
 
-/// The README rule: same shape, no NaN/Inf in `x` where `ref` is finite, and `max_abs <= 1e-6`
-/// or `ratio <= threshold`. Non-finite `ref` entries must be matched exactly (NaN by NaN, Inf by
-/// the same Inf) and are left out of `max_abs`/`ratio`.
+/// The rule of `conformance/spec/README.md`: same shape, no NaN/Inf in `x` where `ref` is finite,
+/// and `max_abs <= 1e-6` or `ratio <= threshold`. Non-finite `ref` entries must be matched exactly
+/// (NaN by NaN, Inf by the same Inf) and are left out of `max_abs`/`ratio`.
 pub fn check_close(
     name: &str,
     r: &ArrayD<f64>,

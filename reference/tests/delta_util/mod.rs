@@ -1,5 +1,6 @@
-//! Helpers of the delta-rule tests: a seeded generator of realistic inputs (spec 10.2), an
-//! independent per-token oracle of the recurrence with its trace, and the comparison rule.
+//! Helpers of the delta-rule tests: a seeded generator of realistic inputs
+//! (`conformance/spec/ops-delta-rule.md` §10.2), an independent per-token oracle of the recurrence
+//! with its trace, and the comparison rule.
 #![allow(dead_code)]
 
 use ndarray::{s, Array1, Array2, Array3, Array4, ArrayD, ArrayView4, Axis, Dimension};
@@ -23,7 +24,8 @@ pub fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// `logsigmoid(randn) / n`, then a fraction `p_zero` of entries set to 0 (spec 10.2).
+/// `logsigmoid(randn) / n`, then a fraction `p_zero` of entries set to 0
+/// (`conformance/spec/ops-delta-rule.md` §10.2).
 pub fn gates<D: Dimension, Sh: ndarray::ShapeBuilder<Dim = D>>(
     rng: &mut Rng,
     shape: Sh,
@@ -91,9 +93,9 @@ pub fn chunk_cumsum_log2(a: &ArrayD<f64>, bt: usize, cu: Option<&[i64]>) -> Arra
     out * std::f64::consts::LOG2_E
 }
 
-/// The recurrence of spec 6.4 for one (sequence, head), written per element as the oracle:
-/// returns `o` rows, the deltas `δ_t`, and the state after every token (`states[t+1]`, with
-/// `states[0]` the initial state).
+/// The recurrence of `conformance/spec/ops-delta-rule.md` §6.4 for one (sequence, head), written
+/// per element as the oracle: returns `o` rows, the deltas `δ_t`, and the state after every token
+/// (`states[t+1]`, with `states[0]` the initial state).
 pub struct Trace {
     pub o: Array2<f64>,
     pub delta: Array2<f64>,
@@ -168,10 +170,11 @@ pub fn rows(x: &Array4<f64>, b: usize, bos: usize, eos: usize, h: usize) -> Arra
     x.slice(s![b, bos..eos, h, ..]).to_owned()
 }
 
-/// A random realistic delta-rule case (spec 10.2): shapes, layout and tensors.
+/// A random realistic delta-rule case (`conformance/spec/ops-delta-rule.md` §10.2): shapes, layout
+/// and tensors.
 pub struct Case {
     pub seed: u64,
-    /// 5% of tokens carry gates of −1000 (spec 10.2 hard forget).
+    /// 5% of tokens carry gates of −1000 (`conformance/spec/ops-delta-rule.md` §10.2 hard forget).
     pub hard_forget: bool,
     pub b: usize,
     pub t: usize,
@@ -234,7 +237,8 @@ impl Case {
         let mut g = gates(&mut rng, (b, t, hv, kd), gate_n, p_zero);
         let mut gs = gates(&mut rng, (b, t, hv), gate_n, p_zero);
         if hard_forget {
-            // 5% of tokens forget everything (spec 10.2): catches unmasked 0 · inf
+            // 5% of tokens forget everything (`conformance/spec/ops-delta-rule.md` §10.2): catches
+            // unmasked 0 · inf
             for bi in 0..b {
                 for ti in 0..t {
                     if rng.uniform(0.0, 1.0) < 0.05 {
@@ -322,8 +326,8 @@ pub enum GateMode {
     Both,
 }
 
-/// Realistic inputs of section 2 (spec 10.2): `w`, `u`, `kg` from `kda_intra` on the case,
-/// chunk-local log2 gates for chunk size `bt`.
+/// Realistic inputs of section 2 (`conformance/spec/ops-delta-rule.md` §10.2): `w`, `u`, `kg` from
+/// `kda_intra` on the case, chunk-local log2 gates for chunk size `bt`.
 pub struct FwdHCase {
     pub k: Array4<f64>,
     pub w: Array4<f64>,

@@ -105,7 +105,8 @@ pub fn brute_attention(
     (o, lse)
 }
 
-/// Brute-force mean pooling (spec §2) with `drop` or `mean_of_valid`, optional projection.
+/// Brute-force mean pooling (`conformance/spec/ops-nsa.md` §2) with `drop` or `mean_of_valid`,
+/// optional projection.
 pub fn brute_pool(
     x: &Array4<f64>,
     bs: usize,
@@ -150,8 +151,8 @@ pub fn brute_pool(
     out
 }
 
-/// Brute-force FLA selection scores of one row (spec §4.1 steps 1-4): `score[c]` for the
-/// candidates `c <= IC`.
+/// Brute-force FLA selection scores of one row (`conformance/spec/ops-nsa.md` §4.1 steps 1-4):
+/// `score[c]` for the candidates `c <= IC`.
 pub fn brute_fla_scores(
     q: &Array4<f64>,
     k_cmp: &Array4<f64>,

@@ -134,7 +134,7 @@ fn delta(t: usize) {
     let q = l2norm(randn((b, t, h, kd)));
     let k = l2norm(randn((b, t, h, kd)));
     let v = randn((b, t, h, vd));
-    // logsigmoid(randn) / 10, beta = sigmoid(randn) (spec 10.2)
+    // logsigmoid(randn) / 10, beta = sigmoid(randn) (`conformance/spec/ops-delta-rule.md` §10.2)
     let g = randn((b, t, h, kd)).mapv(|x| -(-x).exp().ln_1p() / 10.0);
     let beta = Array3::from_shape_simple_fn((b, t, h), || {
         1.0 / (1.0 + (-rng.sample::<f64, _>(StandardNormal)).exp())

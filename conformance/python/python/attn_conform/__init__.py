@@ -17,11 +17,11 @@ int32, int64. ``inputs`` and ``outputs`` map the op's argument and output names 
 arguments raise ``TypeError`` or ``ValueError`` whose message starts with the argument
 (``inputs['q']: ...``); a missing GPU for ``device="gpu"`` raises ``RuntimeError``.
 
-The comparison is the spec's: ``max_abs = max|ref - x|``, ``ratio = RMS(ref - x) / (RMS(ref) +
-1e-8)``; an output passes when it has no NaN/Inf where the reference is finite, and ``max_abs
-<= 1e-6`` or ``ratio <= threshold``, the threshold following the precision the candidate was
-computed in (float64 1e-10, float32 1e-5, bfloat16/float16 5e-3) unless ``tolerance`` overrides
-it.
+The comparison is the spec's (``conformance/spec/README.md`` of the repository, "Comparison"):
+``max_abs = max|ref - x|``, ``ratio = RMS(ref - x) / (RMS(ref) + 1e-8)``; an output passes
+when it has no NaN/Inf where the reference is finite, and ``max_abs <= 1e-6`` or
+``ratio <= threshold``, the threshold following the precision the candidate was computed in
+(float64 1e-10, float32 1e-5, bfloat16/float16 5e-3) unless ``tolerance`` overrides it.
 """
 
 from __future__ import annotations
@@ -177,8 +177,8 @@ def save_case(
     tolerance: dict[str, float] | None = None,
     note: str | None = None,
 ) -> str:
-    """Writes the call as an ``attn-case/1`` file (``fixture-format.md``) for ``attn-conform
-    verify`` and for sharing; returns ``path``.
+    """Writes the call as an ``attn-case/1`` file (``conformance/spec/fixture-format.md``) for
+    ``attn-conform verify`` and for sharing; returns ``path``.
 
     ``source`` says who computed ``outputs``: a dict with at least ``"impl"``, or just the impl
     name (default ``"python"``). The case is checked as ``check`` checks it (op, parameters,

@@ -1,6 +1,7 @@
 //! The delta-rule cases of `bench_gpu`: `chunk_gated_delta_rule_fwd_h` on the rows of the fwd_h
-//! table of spec `anchors.md` (bf16, K = V = 128, chunk 64, `gk`, `initial_state`, final state,
-//! `v_new`, varlen `cu_seqlens`) and `fwd_h_pre_scan` on H = 4, T = 131072 cut into 32 pieces.
+//! table of `conformance/spec/anchors.md` (bf16, K = V = 128, chunk 64, `gk`, `initial_state`,
+//! final state, `v_new`, varlen `cu_seqlens`) and `fwd_h_pre_scan` on H = 4, T = 131072 cut into 32
+//! pieces.
 //!
 //! Inputs are random (`k, w` in ±0.02, `u` in ±1, `gk` in [−0.1, 0], the state in ±1): a
 //! kernel's time does not depend on the values. Bytes = `k, w, u, v_new, h` (bf16) + `gk` (fp32)

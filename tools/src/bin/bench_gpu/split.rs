@@ -1,6 +1,6 @@
 //! The intra-card split cases of `bench_gpu` (`fwd_h_split_*`): the fwd_h rows of spec
-//! `anchors.md` plus the cuLA report's shapes (H = 4 and 8: 64K, 128K, 64K + 512 + 256 + 128,
-//! 128K + 1K, 128K + 2×1K, 128K + 5×1K; the bypass shapes 8×4K, 4×8K, 2×16K, 24K + 8K,
+//! `conformance/spec/anchors.md` plus the cuLA report's shapes (H = 4 and 8: 64K, 128K, 64K + 512 +
+//! 256 + 128, 128K + 1K, 128K + 2×1K, 128K + 5×1K; the bypass shapes 8×4K, 4×8K, 2×16K, 24K + 8K,
 //! 32K + 256 + 256, 40K + 1K + 8K), same inputs as [`super::delta`] (bf16, K = V = 128, chunk
 //! 64, `gk`, `initial_state`, final state, `v_new`, varlen). Each row times our serial kernel,
 //! our auto path (the policy's choice: the row's `median_ms`) and the policy's best split forced
