@@ -16,8 +16,8 @@
 // factor of theirs is selected to 0 (never 0 * exp2(.)), and they are not stored.
 // `exp2(G_r - G_j)` is only formed for j <= r, where it is <= 1 for non-positive gates.
 //
-// intra_fma<T, Acc>: every product with FMAs in Acc (fp32 for half and fp32 data, fp64 for
-// fp64 data), over key tiles of INTRA_KT columns recomputed from the inputs in each pass. The
+// intra_mma<T> (bf16 / f16): the products on tensor cores (see its section below).
+// intra_fma<T, Acc> (fp32 / fp64 data): every product with FMAs in Acc (IEEE fp32, or fp64), over key tiles of INTRA_KT columns recomputed from the inputs in each pass. The
 // solve: the four diagonal 16 x 16 blocks by forward substitution, then the off-diagonal blocks
 // X_ij = -X_ii Σ_{m=j}^{i-1} L_im X_mj by distance.
 
@@ -72,30 +72,39 @@ struct IntraChunk {
     i64 hv, kh;
 };
 
-// Loads key tile [k0, k0 + INTRA_KT) of q, k (normalised, rounded to T) and the cumulative gate
-// G into shared memory; columns >= K and rows >= n_c are 0 (G of such rows: G of row n_c - 1 is
-// never used with them).
-template <typename T, typename Acc, int FORM>
-__device__ void intra_load_tile(const IntraArgs& a, IntraSmem<Acc>& sm, const IntraChunk& c, int k0) {
+// An element of a q / k tile: the value rounded to T, held as E (T itself in the tensor-core
+// kernel, the accumulator type in the FMA kernel).
+template <typename E, typename T, typename Acc> struct Elem {
+    __device__ __forceinline__ static E from(Acc v) { return (E)rnd<T, Acc>(v); }
+};
+template <typename T> struct Elem<T, T, float> {
+    __device__ __forceinline__ static T from(float v) { return Narrow<T>::from(v); }
+};
+
+// Loads key tile [k0, k0 + KW) of q, k (normalised, rounded to T, stored as E) and the
+// cumulative gate G (Acc) into shared memory; columns >= K and rows >= n_c are 0 (G of such
+// rows is G of row n_c - 1, or 0 for a read G, and never used with valid rows).
+template <typename T, typename Acc, typename E, int FORM, int KW, typename Sm>
+__device__ void intra_load_tile(const IntraArgs& a, Sm& sm, const IntraChunk& c, int k0) {
     const int tid = threadIdx.x;
     const T* qp = reinterpret_cast<const T*>(a.q);
     const T* kp = reinterpret_cast<const T*>(a.k);
-    for (int i = tid; i < INTRA_BT * INTRA_KT; i += INTRA_THREADS) {
-        const int r = i / INTRA_KT, d = i % INTRA_KT;
+    for (int i = tid; i < INTRA_BT * KW; i += INTRA_THREADS) {
+        const int r = i / KW, d = i % KW;
         const bool ok = r < c.nc && k0 + d < a.K;
         const i64 off = ((c.row0 + r) * a.H + c.kh) * a.K + k0 + d;
-        sm.q[r][d] = ok ? rnd<T, Acc>((Acc)widen(qp[off]) * sm.invq[r]) : Acc(0);
-        sm.k[r][d] = ok ? rnd<T, Acc>((Acc)widen(kp[off]) * sm.invk[r]) : Acc(0);
+        sm.q[r][d] = Elem<E, T, Acc>::from(ok ? (Acc)widen(qp[off]) * sm.invq[r] : Acc(0));
+        sm.k[r][d] = Elem<E, T, Acc>::from(ok ? (Acc)widen(kp[off]) * sm.invk[r] : Acc(0));
     }
     if (a.scalar_gate) {
-        for (int i = tid; i < INTRA_BT * INTRA_KT; i += INTRA_THREADS) {
-            const int r = i / INTRA_KT, d = i % INTRA_KT;
+        for (int i = tid; i < INTRA_BT * KW; i += INTRA_THREADS) {
+            const int r = i / KW, d = i % KW;
             sm.G[r][d] = sm.gs[r];
         }
     } else {
         // the per-row gate values, then one thread per column sums its rows in order
-        for (int i = tid; i < INTRA_BT * INTRA_KT; i += INTRA_THREADS) {
-            const int r = i / INTRA_KT, d = i % INTRA_KT;
+        for (int i = tid; i < INTRA_BT * KW; i += INTRA_THREADS) {
+            const int r = i / KW, d = i % KW;
             Acc x[1] = {Acc(0)};
             if (r < c.nc && k0 + d < a.K) {
                 x[0] = load_f<Acc>(reinterpret_cast<const void*>(a.g), a.g_dtype, ((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d);
@@ -109,7 +118,7 @@ __device__ void intra_load_tile(const IntraArgs& a, IntraSmem<Acc>& sm, const In
         }
         if (a.gate_mode != 0) {
             __syncthreads();
-            for (int d = tid; d < INTRA_KT; d += INTRA_THREADS) {
+            for (int d = tid; d < KW; d += INTRA_THREADS) {
                 Acc run = Acc(0);
                 for (int r = 0; r < INTRA_BT; ++r) {
                     run += sm.G[r][d];
@@ -122,8 +131,8 @@ __device__ void intra_load_tile(const IntraArgs& a, IntraSmem<Acc>& sm, const In
 }
 
 // Scalar gate: G of every row into sm.gs (one warp; rows in order).
-template <typename Acc>
-__device__ void intra_scalar_gate(const IntraArgs& a, IntraSmem<Acc>& sm, const IntraChunk& c) {
+template <typename Acc, typename Sm>
+__device__ void intra_scalar_gate(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
     const int tid = threadIdx.x;
     if (tid < INTRA_BT) {
         sm.gs[tid] = tid < c.nc ? load_f<Acc>(reinterpret_cast<const void*>(a.g), a.g_dtype, (c.row0 + tid) * a.HV + c.hv) : Acc(0);
@@ -139,8 +148,8 @@ __device__ void intra_scalar_gate(const IntraArgs& a, IntraSmem<Acc>& sm, const 
 }
 
 // Per row: 1 / sqrt(Σ q² + 1e-6) (1 without l2norm), the same for k, and β.
-template <typename T, typename Acc>
-__device__ void intra_rows(const IntraArgs& a, IntraSmem<Acc>& sm, const IntraChunk& c) {
+template <typename T, typename Acc, typename Sm>
+__device__ void intra_rows(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const T* qp = reinterpret_cast<const T*>(a.q);
     const T* kp = reinterpret_cast<const T*>(a.k);
@@ -169,19 +178,20 @@ __device__ void intra_rows(const IntraArgs& a, IntraSmem<Acc>& sm, const IntraCh
     }
 }
 
-// Akk = (I + L)^-1 of the strictly lower L in sm.L, into sm.X (every element written).
+// X = (I + L)^-1 of the strictly lower 64 x 64 L (every element of X written); tmp holds the
+// sums of one distance's off-diagonal blocks.
 template <typename Acc>
-__device__ void intra_solve(IntraSmem<Acc>& sm) {
+__device__ void intra_solve(Acc (*L)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1], Acc (*tmp)[17]) {
     const int tid = threadIdx.x;
-    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) sm.X[i / INTRA_BT][i % INTRA_BT] = Acc(0);
+    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) X[i / INTRA_BT][i % INTRA_BT] = Acc(0);
     __syncthreads();
     if (tid < INTRA_BT) {  // column tid of its diagonal block, by forward substitution
         const int c = tid, end = (c / 16) * 16 + 16;
-        sm.X[c][c] = Acc(1);
+        X[c][c] = Acc(1);
         for (int r = c + 1; r < end; ++r) {
             Acc s = Acc(0);
-            for (int j = c; j < r; ++j) s = fma(sm.L[r][j], sm.X[j][c], s);
-            sm.X[r][c] = -s;
+            for (int j = c; j < r; ++j) s = fma(L[r][j], X[j][c], s);
+            X[r][c] = -s;
         }
     }
     __syncthreads();
@@ -190,17 +200,69 @@ __device__ void intra_solve(IntraSmem<Acc>& sm) {
         for (int e = tid; e < nblk * 256; e += INTRA_THREADS) {
             const int bi = dist + e / 256, bj = bi - dist, rr = (e % 256) / 16, cc = e % 16;
             Acc s = Acc(0);
-            for (int m = 16 * bj; m < 16 * bi; ++m) s = fma(sm.L[16 * bi + rr][m], sm.X[m][16 * bj + cc], s);
-            sm.tmp[16 * (e / 256) + rr][cc] = s;
+            for (int m = 16 * bj; m < 16 * bi; ++m) s = fma(L[16 * bi + rr][m], X[m][16 * bj + cc], s);
+            tmp[16 * (e / 256) + rr][cc] = s;
         }
         __syncthreads();
         for (int e = tid; e < nblk * 256; e += INTRA_THREADS) {
             const int bi = dist + e / 256, bj = bi - dist, rr = (e % 256) / 16, cc = e % 16;
             Acc s = Acc(0);
-            for (int m = 0; m <= rr; ++m) s = fma(sm.X[16 * bi + rr][16 * bi + m], sm.tmp[16 * (e / 256) + m][cc], s);
-            sm.X[16 * bi + rr][16 * bj + cc] = -s;
+            for (int m = 0; m <= rr; ++m) s = fma(X[16 * bi + rr][16 * bi + m], tmp[16 * (e / 256) + m][cc], s);
+            X[16 * bi + rr][16 * bj + cc] = -s;
         }
         __syncthreads();
+    }
+}
+
+// This CTA's chunk (grid x: the chunk table's row, grid y: the value head).
+__device__ __forceinline__ IntraChunk intra_chunk(const IntraArgs& a) {
+    const i64* ch = reinterpret_cast<const i64*>(a.chunks) + blockIdx.x * 3;
+    IntraChunk c;
+    c.row0 = ch[0];
+    c.nc = (int)ch[1];
+    c.cidx = ch[2];
+    c.hv = blockIdx.y;
+    c.kh = c.hv / (a.HV / a.H);
+    return c;
+}
+
+// The Aqk and Akk rows of the chunk from A and X = Akk (every column of the chunk width
+// written; 0 above the diagonal).
+template <typename T, typename Acc>
+__device__ void intra_store_a(const IntraArgs& a, const IntraChunk& c, Acc (*A)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1]) {
+    const int bt = (int)a.bt;
+    for (int i = threadIdx.x; i < c.nc * bt; i += INTRA_THREADS) {
+        const int r = i / bt, j = i % bt;
+        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.bt + j;
+        if (a.aqk != 0) reinterpret_cast<T*>(a.aqk)[o] = Narrow<T>::from(A[r][j]);
+        if (a.akk != 0) reinterpret_cast<T*>(a.akk)[o] = Narrow<T>::from(j <= r ? X[r][j] : Acc(0));
+    }
+}
+
+// kg, qg, G and lam of the loaded key tile k0 (KW columns).
+template <typename T, typename Acc, int KW, typename Sm>
+__device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, const Sm& sm, int k0) {
+    const int l = c.nc - 1;
+    for (int i = threadIdx.x; i < c.nc * KW; i += INTRA_THREADS) {
+        const int r = i / KW, d = i % KW;
+        if (k0 + d >= a.K) continue;
+        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d;
+        if (a.kg != 0) {
+            const Acc f = a.kg_gated ? exp2_acc<Acc>(sm.G[l][d] - sm.G[r][d]) : Acc(1);
+            reinterpret_cast<T*>(a.kg)[o] = Narrow<T>::from((Acc)widen(sm.k[r][d]) * f);
+        }
+        if (a.qg != 0) {
+            reinterpret_cast<T*>(a.qg)[o] = Narrow<T>::from((Acc)a.qg_scale * ((Acc)widen(sm.q[r][d]) * exp2_acc<Acc>(sm.G[r][d])));
+        }
+        if (a.gout != 0) {
+            if (!a.scalar_gate) reinterpret_cast<Acc*>(a.gout)[o] = sm.G[r][d];
+            else if (k0 + d == 0) reinterpret_cast<Acc*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = sm.G[r][0];
+        }
+    }
+    if (a.lam != 0) {
+        for (int d = threadIdx.x; d < KW; d += INTRA_THREADS) {
+            if (k0 + d < a.K) reinterpret_cast<float*>(a.lam)[(c.cidx * a.HV + c.hv) * a.K + k0 + d] = (float)exp2_acc<Acc>(sm.G[l][d]);
+        }
     }
 }
 
@@ -209,14 +271,7 @@ __device__ void intra_fma(const IntraArgs& a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     IntraSmem<Acc>& sm = *reinterpret_cast<IntraSmem<Acc>*>(smem_raw);
     const int tid = threadIdx.x;
-    const i64* ch = reinterpret_cast<const i64*>(a.chunks) + blockIdx.x * 3;
-    IntraChunk c;
-    c.row0 = ch[0];
-    c.nc = (int)ch[1];
-    c.cidx = ch[2];
-    c.hv = blockIdx.y;
-    c.kh = c.hv / (a.HV / a.H);
-    const int bt = (int)a.bt;
+    const IntraChunk c = intra_chunk(a);
 
     intra_rows<T, Acc>(a, sm, c);
     if (a.scalar_gate) intra_scalar_gate<Acc>(a, sm, c);
@@ -228,7 +283,7 @@ __device__ void intra_fma(const IntraArgs& a) {
 #pragma unroll
     for (int i = 0; i < PP; ++i) accl[i] = acca[i] = Acc(0);
     for (int k0 = 0; k0 < a.K; k0 += INTRA_KT) {
-        intra_load_tile<T, Acc, FORM>(a, sm, c, k0);
+        intra_load_tile<T, Acc, Acc, FORM, INTRA_KT>(a, sm, c, k0);
 #pragma unroll
         for (int i = 0; i < PP; ++i) {
             const int p = tid + i * INTRA_THREADS, r = p / INTRA_BT, j = p % INTRA_BT;
@@ -253,51 +308,27 @@ __device__ void intra_fma(const IntraArgs& a) {
         sm.A[r][j] = (in && j <= r) ? (Acc)a.scale * acca[i] : Acc(0);
     }
     __syncthreads();
-    intra_solve<Acc>(sm);
-
-    // Aqk and Akk rows (every column of the chunk width written; 0 above the diagonal)
-    for (int i = tid; i < c.nc * bt; i += INTRA_THREADS) {
-        const int r = i / bt, j = i % bt;
-        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.bt + j;
-        if (a.aqk != 0) reinterpret_cast<T*>(a.aqk)[o] = Narrow<T>::from(sm.A[r][j]);
-        if (a.akk != 0) reinterpret_cast<T*>(a.akk)[o] = Narrow<T>::from(j <= r ? sm.X[r][j] : Acc(0));
-    }
+    intra_solve<Acc>(sm.L, sm.X, sm.tmp);
+    intra_store_a<T, Acc>(a, c, sm.A, sm.X);
 
     // pass 2, per key tile: w, kg, qg, gout, lam
-    const int l = c.nc - 1;
     for (int k0 = 0; k0 < a.K; k0 += INTRA_KT) {
-        intra_load_tile<T, Acc, FORM>(a, sm, c, k0);
+        intra_load_tile<T, Acc, Acc, FORM, INTRA_KT>(a, sm, c, k0);
         for (int i = tid; i < INTRA_BT * INTRA_KT; i += INTRA_THREADS) {
             const int r = i / INTRA_KT, d = i % INTRA_KT;
             sm.x[r][d] = r < c.nc ? rnd<T, Acc>(sm.beta[r] * sm.k[r][d] * exp2_acc<Acc>(sm.G[r][d])) : Acc(0);
         }
         __syncthreads();
-        for (int i = tid; i < c.nc * INTRA_KT; i += INTRA_THREADS) {
-            const int r = i / INTRA_KT, d = i % INTRA_KT;
-            if (k0 + d >= a.K) continue;
-            const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d;
-            if (a.w != 0) {
+        if (a.w != 0) {
+            for (int i = tid; i < c.nc * INTRA_KT; i += INTRA_THREADS) {
+                const int r = i / INTRA_KT, d = i % INTRA_KT;
+                if (k0 + d >= a.K) continue;
                 Acc s = Acc(0);
                 for (int j = 0; j <= r; ++j) s = fma(rnd<T, Acc>(sm.X[r][j]), sm.x[j][d], s);
-                reinterpret_cast<T*>(a.w)[o] = Narrow<T>::from(s);
-            }
-            if (a.kg != 0) {
-                const Acc f = a.kg_gated ? exp2_acc<Acc>(sm.G[l][d] - sm.G[r][d]) : Acc(1);
-                reinterpret_cast<T*>(a.kg)[o] = Narrow<T>::from(sm.k[r][d] * f);
-            }
-            if (a.qg != 0) {
-                reinterpret_cast<T*>(a.qg)[o] = Narrow<T>::from((Acc)a.qg_scale * (sm.q[r][d] * exp2_acc<Acc>(sm.G[r][d])));
-            }
-            if (a.gout != 0) {
-                if (!a.scalar_gate) reinterpret_cast<Acc*>(a.gout)[o] = sm.G[r][d];
-                else if (k0 + d == 0) reinterpret_cast<Acc*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = sm.G[r][0];
+                reinterpret_cast<T*>(a.w)[((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d] = Narrow<T>::from(s);
             }
         }
-        if (a.lam != 0) {
-            for (int d = tid; d < INTRA_KT; d += INTRA_THREADS) {
-                if (k0 + d < a.K) reinterpret_cast<float*>(a.lam)[(c.cidx * a.HV + c.hv) * a.K + k0 + d] = (float)exp2_acc<Acc>(sm.G[l][d]);
-            }
-        }
+        intra_store_tile<T, Acc, INTRA_KT>(a, c, sm, k0);
         __syncthreads();
     }
 
@@ -318,6 +349,235 @@ __device__ void intra_fma(const IntraArgs& a) {
                 for (int j = 0; j <= r; ++j) s = fma(rnd<T, Acc>(sm.X[r][j]), sm.x[j][e], s);
                 reinterpret_cast<T*>(a.u)[((c.row0 + r) * a.HV + c.hv) * a.V + v0 + e] = Narrow<T>::from(s);
             }
+            __syncthreads();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core intra kernel (bf16 / f16), key tiles of 64 columns:
+//  * off the diagonal 16 x 16 blocks (block rows bi > bj): with m = 16 bi (bj < m <= r),
+//      exp2(G_r - G_j) = exp2(G_r - G_m) exp2(G_m - G_j), both factors <= 1,
+//    so Aqk and L blocks are products of qe = q . exp2(G_r - G_m), ke = k . exp2(G_r - G_m) and
+//    kf_bi = k_j . exp2(G_m - G_j), rounded to T (mma.sync, fp32 accumulation; warps 0-5, one
+//    block pair each);
+//  * on the diagonal blocks (j <= r in one block): FMAs with exp2(G_r - G_j) as the running
+//    product of the steps exp2(G_s - G_{s-1}), s = j+1 .. r (each <= 1), one thread per
+//    (block, column j, 16 of the 64 keys), reduced over the key groups at the end;
+//  * w = Akk (β k . exp2(G)) and u = Akk (β v) on tensor cores, Akk rounded to T.
+
+#define IM_KT 64
+#define IM_P (IM_KT + 8)
+
+template <typename T> struct IntraMmaSmem {
+    T q[INTRA_BT][IM_P];    // normalised q of the key tile
+    T k[INTRA_BT][IM_P];    // normalised k of the key tile
+    T qe[INTRA_BT][IM_P];   // q . exp2(G_r - G_m(r)); pass 2 and 3: the product operand
+    T ke[INTRA_BT][IM_P];   // k . exp2(G_r - G_m(r))
+    T kf[96][IM_P];         // k_j . exp2(G_16i - G_j), i = 1 (rows 0-15), 2 (16-47), 3 (48-95)
+    float G[INTRA_BT][INTRA_BT + 1];  // cumulative gate; then the steps exp2(G_r - G_{r-1})
+    float X[INTRA_BT][INTRA_BT + 1];  // Akk
+    T xa[INTRA_BT][IM_P];   // Akk rounded to T
+    float tmp[48][17];
+    float invq[INTRA_BT], invk[INTRA_BT], beta[INTRA_BT], gs[INTRA_BT];
+};
+
+// C (64 x 64 lower block rows) = xa (Akk, T) . sm.qe (64 x 64 operand): warp w owns row tile
+// w / 2 and column tiles (w % 2) * 4 .. + 3; stores the valid rows / columns (< ncols) of dst
+// (row stride ld, first column col0).
+template <typename T>
+__device__ __forceinline__ void intra_akk_product(IntraMmaSmem<T>& sm, int nc, T* dst, i64 ld, int ncols) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t4 = lane & 3;
+    const int mt = warp >> 1;
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int js = 0; js <= mt; ++js) {
+        unsigned af[4];
+        ldsm_x4(af, smem_u32(&sm.xa[mt * 16 + (lane & 15)][js * 16 + (lane >> 4) * 8]));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int nt = (warp & 1) * 4 + j;
+            unsigned bf[2];
+            ldsm_x2_t(bf, smem_u32(&sm.qe[js * 16 + (lane & 15)][nt * 8]));
+            Mma<T>::run(acc[j], af, bf);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int nt = (warp & 1) * 4 + j;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
+            if (r < nc && col < ncols) dst[r * ld + col] = Narrow<T>::from(acc[j][e]);
+        }
+    }
+}
+
+template <typename T, int FORM>
+__device__ void intra_mma(const IntraArgs& a) {
+    using Sm = IntraMmaSmem<T>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
+    // L and Aqk (fp32) overlay the key tiles once pass 1 is done
+    float (*Ls)[INTRA_BT + 1] = reinterpret_cast<float (*)[INTRA_BT + 1]>(&sm.q[0][0]);
+    float (*As)[INTRA_BT + 1] = Ls + INTRA_BT;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
+    const IntraChunk c = intra_chunk(a);
+    const int nc = c.nc;
+
+    intra_rows<T, float>(a, sm, c);
+    if (a.scalar_gate) intra_scalar_gate<float>(a, sm, c);
+    __syncthreads();
+
+    // off-diagonal block pair of warps 0-5: (bi, bj) = (1,0) (2,0) (2,1) (3,0) (3,1) (3,2)
+    const int bi = warp < 1 ? 1 : (warp < 3 ? 2 : 3);
+    const int bj = warp < 1 ? 0 : (warp < 3 ? warp - 1 : warp - 3);
+    const int kf_base = bi == 1 ? 0 : (bi == 2 ? 16 : 48);
+    float offa[2][4], offl[2][4];
+    // the diagonal: block db, column j, keys dg, dg + 4, ... of the tile
+    const int db = tid >> 6, dj = (tid >> 2) & 15, dg = tid & 3;
+    float da[16], dl[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) da[i] = dl[i] = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) offa[n][e] = offl[n][e] = 0.f;
+
+    for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
+        intra_load_tile<T, float, T, FORM, IM_KT>(a, sm, c, k0);
+        // the factored operands (rows >= n_c selected to 0)
+        for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
+            const int r = i / IM_KT, d = i % IM_KT, m = r & ~15;
+            const float e = r < nc ? exp2f(sm.G[r][d] - sm.G[m][d]) : 0.f;
+            sm.qe[r][d] = Narrow<T>::from(widen(sm.q[r][d]) * e);
+            sm.ke[r][d] = Narrow<T>::from(widen(sm.k[r][d]) * e);
+        }
+        for (int i = tid; i < 96 * IM_KT; i += INTRA_THREADS) {
+            const int row = i / IM_KT, d = i % IM_KT;
+            const int b = row < 16 ? 1 : (row < 48 ? 2 : 3), j = row - (b == 1 ? 0 : (b == 2 ? 16 : 48));
+            const bool ok = j < nc && 16 * b < nc;
+            sm.kf[row][d] = Narrow<T>::from(ok ? widen(sm.k[j][d]) * exp2f(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
+        }
+        __syncthreads();
+        // the steps exp2(G_r - G_{r-1}) inside each block, in place of G
+        float st[INTRA_BT * IM_KT / INTRA_THREADS];
+#pragma unroll
+        for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
+            const int i = tid + q * INTRA_THREADS, r = i / IM_KT, d = i % IM_KT;
+            st[q] = ((r & 15) != 0 && r < nc) ? exp2f(sm.G[r][d] - sm.G[r - 1][d]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
+            const int i = tid + q * INTRA_THREADS;
+            sm.G[i / IM_KT][i % IM_KT] = st[q];
+        }
+        // off-diagonal blocks on tensor cores
+        if (warp < 6) {
+#pragma unroll
+            for (int ks = 0; ks < IM_KT / 16; ++ks) {
+                unsigned qf[4], kef[4], bf[4];
+                ldsm_x4(qf, smem_u32(&sm.qe[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                ldsm_x4(kef, smem_u32(&sm.ke[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                ldsm_x4(bf, smem_u32(&sm.kf[kf_base + bj * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
+                const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                Mma<T>::run(offa[0], qf, b0);
+                Mma<T>::run(offa[1], qf, b1);
+                Mma<T>::run(offl[0], kef, b0);
+                Mma<T>::run(offl[1], kef, b1);
+            }
+        }
+        __syncthreads();  // the steps are visible
+        // diagonal blocks: running products of the steps
+        {
+            const int jr = db * 16 + dj;
+#pragma unroll 1
+            for (int d = dg; d < IM_KT; d += 4) {
+                const float kj = widen(sm.k[jr][d]);
+                float e = 1.f;
+#pragma unroll
+                for (int r = 0; r < 16; ++r) {
+                    if (r > dj) e *= sm.G[db * 16 + r][d];
+                    if (r >= dj) {
+                        const float t = kj * e;
+                        dl[r] = fmaf(widen(sm.k[db * 16 + r][d]), t, dl[r]);
+                        da[r] = fmaf(widen(sm.q[db * 16 + r][d]), t, da[r]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // before the next tile overwrites
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+        dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 1);
+        dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 2);
+        da[r] += __shfl_xor_sync(0xffffffffu, da[r], 1);
+        da[r] += __shfl_xor_sync(0xffffffffu, da[r], 2);
+    }
+    for (int i = tid; i < 2 * INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&Ls[0][0])[i] = 0.f;
+    __syncthreads();
+    const float scale = (float)a.scale;
+    if (dg == 0) {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            const int R = db * 16 + r, J = db * 16 + dj;
+            if (R < nc && r >= dj) As[R][J] = scale * da[r];
+            if (R < nc && r > dj) Ls[R][J] = sm.beta[R] * dl[r];
+        }
+    }
+    if (warp < 6) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int R = bi * 16 + gid + (e >> 1) * 8, J = bj * 16 + n * 8 + t4 * 2 + (e & 1);
+                if (R < nc) {
+                    As[R][J] = scale * offa[n][e];
+                    Ls[R][J] = sm.beta[R] * offl[n][e];
+                }
+            }
+    }
+    __syncthreads();
+    intra_solve<float>(Ls, sm.X, sm.tmp);
+    intra_store_a<T, float>(a, c, As, sm.X);
+    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) {
+        const int r = i / INTRA_BT, j = i % INTRA_BT;
+        sm.xa[r][j] = Narrow<T>::from(sm.X[r][j]);
+    }
+    __syncthreads();  // xa visible; As / Ls no longer read
+
+    // pass 2, per key tile: w = Akk (β k . exp2(G)); kg, qg, G, lam
+    for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
+        intra_load_tile<T, float, T, FORM, IM_KT>(a, sm, c, k0);
+        for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
+            const int r = i / IM_KT, d = i % IM_KT;
+            sm.qe[r][d] = Narrow<T>::from(r < nc ? sm.beta[r] * widen(sm.k[r][d]) * exp2f(sm.G[r][d]) : 0.f);
+        }
+        __syncthreads();
+        if (a.w != 0) {
+            T* wp = reinterpret_cast<T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
+            intra_akk_product<T>(sm, nc, wp, a.HV * a.K, (int)min((i64)IM_KT, a.K - k0));
+        }
+        intra_store_tile<T, float, IM_KT>(a, c, sm, k0);
+        __syncthreads();
+    }
+    // pass 3, per value tile: u = Akk (β v)
+    if (a.u != 0) {
+        const T* vp = reinterpret_cast<const T*>(a.v);
+        for (int v0 = 0; v0 < a.V; v0 += IM_KT) {
+            for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
+                const int r = i / IM_KT, e = i % IM_KT;
+                const bool ok = r < nc && v0 + e < a.V;
+                sm.qe[r][e] = Narrow<T>::from(ok ? sm.beta[r] * widen(vp[((c.row0 + r) * a.HV + c.hv) * a.V + v0 + e]) : 0.f);
+            }
+            __syncthreads();
+            T* up = reinterpret_cast<T*>(a.u) + (c.row0 * a.HV + c.hv) * a.V + v0;
+            intra_akk_product<T>(sm, nc, up, a.HV * a.V, (int)min((i64)IM_KT, a.V - v0));
             __syncthreads();
         }
     }
@@ -402,15 +662,25 @@ __device__ void delta_output(const OutArgs& a) {
     }
 }
 
-#define INTRA_KERNELS(T, ACC, TAG) \
+#define INTRA_FMA_KERNEL(T, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_fma_##TAG(const IntraArgs a) { \
-        GATE_DISPATCH(a, (intra_fma<T, ACC, FORM>(a))) \
-    } \
+        GATE_DISPATCH(a, (intra_fma<T, T, FORM>(a))) \
+    }
+#define OUTPUT_KERNEL(T, ACC, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) delta_output_fma_##TAG(const OutArgs a) { \
         delta_output<T, ACC>(a); \
     }
 
-INTRA_KERNELS(float, float, f32)
-INTRA_KERNELS(double, double, f64)
-INTRA_KERNELS(bf16, float, bf16)
-INTRA_KERNELS(f16, float, f16)
+#define INTRA_MMA_KERNEL(T, TAG) \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_mma_##TAG(const IntraArgs a) { \
+        GATE_DISPATCH(a, (intra_mma<T, FORM>(a))) \
+    }
+
+INTRA_FMA_KERNEL(float, f32)
+INTRA_FMA_KERNEL(double, f64)
+INTRA_MMA_KERNEL(bf16, bf16)
+INTRA_MMA_KERNEL(f16, f16)
+OUTPUT_KERNEL(float, float, f32)
+OUTPUT_KERNEL(double, double, f64)
+OUTPUT_KERNEL(bf16, float, bf16)
+OUTPUT_KERNEL(f16, float, f16)

@@ -443,11 +443,24 @@ fn chunk_table(gpu: &Gpu, geo: &Geometry, varlen: bool) -> GpuResult<(DeviceTens
     Ok((DeviceTensor::from_slice(gpu, &rows)?, n))
 }
 
-/// Smem bytes of the FMA intra kernel (`IntraSmem<Acc>`).
-fn intra_smem(dtype: Dtype) -> u32 {
-    let p = KT + 1;
-    let elems = 4 * MAX_BT * p + 3 * MAX_BT * (MAX_BT + 1) + 48 * 17 + 4 * MAX_BT;
-    (elems * acc_dtype(dtype).size_bytes()) as u32
+/// The intra kernel of `dtype` and its shared memory: tensor cores for bf16/f16
+/// (`IntraMmaSmem<T>`, key tiles of 64), FMAs for float32/float64 (`IntraSmem<Acc>`).
+fn intra_kernel(dtype: Dtype) -> (String, u32) {
+    let sq = MAX_BT * (MAX_BT + 1);
+    let small = 48 * 17 + 4 * MAX_BT;
+    match dtype {
+        Dtype::BF16 | Dtype::F16 => {
+            let p = 64 + 8;
+            let half = (5 * MAX_BT + 96) * p * 2;
+            let bytes = half + 2 * sq * 4 + small * 4;
+            (format!("kda_intra_mma_{}", tag(dtype)), bytes as u32)
+        }
+        _ => {
+            let elems = 4 * MAX_BT * (KT + 1) + 3 * sq + small;
+            let bytes = elems * acc_dtype(dtype).size_bytes();
+            (format!("kda_intra_fma_{}", tag(dtype)), bytes as u32)
+        }
+    }
 }
 
 /// Smem bytes of the output kernel (`OutSmem<Acc>`).
@@ -470,13 +483,13 @@ fn launch_intra(
         .ok()
         .filter(|&x| x <= i32::MAX as u32)
         .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![chunks]))?;
-    let name = format!("kda_intra_fma_{}", tag(dtype));
+    let (name, smem) = intra_kernel(dtype);
     gpu.launch_with_smem(
         Module::KdaIntra,
         &name,
         (grid_x, hv as u32),
         THREADS,
-        intra_smem(dtype),
+        smem,
         args,
     )
 }
