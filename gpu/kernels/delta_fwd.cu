@@ -5,14 +5,15 @@
 // the per-chunk decay lam = exp2(G_l) (kda_intra.cu). For every chunk c (n_c valid rows):
 //
 //   D = U_c - W_c S                    (rounded to T: FLA's v_new)
-//   o = Qg_c S + Aqk_c D               (S rounded to T, as FLA's stored h; fp32 accumulation)
+//   o = diag(qf_c) Qg_c S + Aqk_c D    (S rounded to T, as FLA's stored h; fp32 accumulation;
+//                                      qf: fp32 row factors, the scale and GDN's exp2(G_r))
 //   S <- diag(lam_c) S + Kg_c^T D
 //
 // Tensor cores (mma.sync m16n8k16, bf16/f16 operands, fp32 accumulation); the next chunk's
 // tiles are loaded by cp.async into the second buffer while the current one computes.
 
 struct FusedArgs {
-    u64 kg, w, qg, u, aqk, lam, h0;  // inputs (h0: 0 when absent)
+    u64 kg, w, qg, qf, u, aqk, lam, h0;  // inputs (h0: 0 when absent)
     u64 seqs;                        // i64 [N][3]: first packed token row, length, first chunk index
     u64 o, ht;                       // outputs (ht: 0 when absent)
     i64 HV, K, V, bt;
@@ -28,6 +29,7 @@ template <typename T, int KP, int BV> struct FusedSmem {
     T u[2][FWDH_BT][VPITCH];
     T aq[2][FWDH_BT][APITCH];
     float lam[2][KP];
+    float qf[2][FWDH_BT];
     T s[KP][VPITCH];
     T d[FWDH_BT][VPITCH];
 };
@@ -82,6 +84,8 @@ __device__ __forceinline__ void load_fused(const FusedArgs& a, FusedSmem<T, KP, 
         const bool ok = r < nc;
         cp_async16(smem_u32(&sm.aq[b][r][c8]), ap + (ok ? r * as + c8 : 0), ok ? 16 : 0);
     }
+    const float* fp = reinterpret_cast<const float*>(a.qf) + row0 * a.HV + hv;
+    for (int r = tid; r < bt; r += FWDH_THREADS) cp_async4(smem_u32(&sm.qf[b][r]), fp + (r < nc ? r * a.HV : 0), r < nc ? 4 : 0);
     const float* lp = reinterpret_cast<const float*>(a.lam) + (ci * a.HV + hv) * a.K;
     if (a.K % 4 == 0) {
         for (int i = tid; i < KP / 4; i += FWDH_THREADS) {
@@ -220,7 +224,8 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
             }
         }
         __syncthreads();  // D is visible
-        // 5. o += Aqk D (Aqk is lower triangular: key steps up to the tile's own rows), stored
+        // 5. o = diag(qf) o + Aqk D (Aqk is lower triangular: key steps up to the tile's own
+        //    rows), stored
         T* orow = reinterpret_cast<T*>(a.o) + ((row0 + c * bt) * a.HV + hv) * a.V + c0;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
@@ -228,6 +233,8 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
             if (u < ntiles) {
                 const int mt = u / NTN, nt = u % NTN;
                 const unsigned aa = a_s + buf * ASTAGE + a3_lane + mt * 16 * AROW;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) oacc[j][e] *= sm.qf[buf][mt * 16 + gid + (e >> 1) * 8];
                 for (int js = 0; js <= mt; ++js) {
                     unsigned af[4], bf[2];
                     ldsm_x4(af, aa + js * 32);

@@ -10,7 +10,9 @@
 //   L[r, j]   = β_r   Σ_d k_rd k_jd exp2(G_rd - G_jd)           j <  r
 //   Akk       = (I + L)^-1                                       (unit lower triangular)
 //   w_r = Σ_{j<=r} Akk[r, j] β_j k_j . exp2(G_j),   u_r = Σ_{j<=r} Akk[r, j] β_j v_j
-//   kg_r = k_r . exp2(G_l - G_r) (or k_r),  qg_r = qg_scale q_r . exp2(G_r),  lam = exp2(G_l)
+//   kg_r = k_r . exp2(G_l - G_r) (or k_r),  lam = exp2(G_l),
+//   qg_r = q_r . exp2(G_r) and qf_r = scale (per-key gate), qg_r = q_r and qf_r = scale exp2(G_r)
+//   (scalar gate: the factor stays in fp32, as FLA's GDN output applies it), o_r = qf_r qg_r S + ...
 //
 // A scalar gate (GDN) is the same with G broadcast over d. Rows r >= n_c are absent: every
 // factor of theirs is selected to 0 (never 0 * exp2(.)), and they are not stored.
@@ -31,7 +33,7 @@ struct IntraArgs {
     u64 q, k, v, g, beta;  // inputs: q, k [rows][H][K], v [rows][HV][V], g (gate_mode), beta [rows][HV]
     GateArgs gate;         // the in-kernel gate (gate_mode 2)
     u64 chunks;            // i64 [NC][3]: first packed token row, rows n_c, global chunk index
-    u64 w, u, kg, qg, aqk, akk, lam, gout;  // outputs (0: not written)
+    u64 w, u, kg, qg, qf, aqk, akk, lam, gout;  // outputs (0: not written)
     i64 H, HV, K, V, bt;
     i64 g_dtype, beta_dtype;
     i64 gate_mode;    // 0: g is G; 1: g is the per-step natural-log gate; 2: g is the KDA gate input
@@ -40,7 +42,6 @@ struct IntraArgs {
     i64 beta_mode;    // 0: beta as given; 1: sigmoid(beta); 2: 2 sigmoid(beta)
     i64 kg_gated;     // kg = k . exp2(G_l - G_r) (1) or k (0)
     double scale;     // of Aqk
-    double qg_scale;  // of qg
 };
 
 template <typename Acc> __device__ __forceinline__ Acc exp2_acc(Acc x);
@@ -239,7 +240,7 @@ __device__ void intra_store_a(const IntraArgs& a, const IntraChunk& c, Acc (*A)[
     }
 }
 
-// kg, qg, G and lam of the loaded key tile k0 (KW columns).
+// kg, qg, G and lam of the loaded key tile k0 (KW columns), and qf with the first tile.
 template <typename T, typename Acc, int KW, typename Sm>
 __device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, const Sm& sm, int k0) {
     const int l = c.nc - 1;
@@ -252,11 +253,18 @@ __device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, const 
             reinterpret_cast<T*>(a.kg)[o] = Narrow<T>::from((Acc)widen(sm.k[r][d]) * f);
         }
         if (a.qg != 0) {
-            reinterpret_cast<T*>(a.qg)[o] = Narrow<T>::from((Acc)a.qg_scale * ((Acc)widen(sm.q[r][d]) * exp2_acc<Acc>(sm.G[r][d])));
+            const Acc f = a.scalar_gate ? Acc(1) : exp2_acc<Acc>(sm.G[r][d]);
+            reinterpret_cast<T*>(a.qg)[o] = Narrow<T>::from((Acc)widen(sm.q[r][d]) * f);
         }
         if (a.gout != 0) {
             if (!a.scalar_gate) reinterpret_cast<Acc*>(a.gout)[o] = sm.G[r][d];
             else if (k0 + d == 0) reinterpret_cast<Acc*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = sm.G[r][0];
+        }
+    }
+    if (a.qf != 0 && k0 == 0) {
+        for (int r = threadIdx.x; r < c.nc; r += INTRA_THREADS) {
+            const Acc f = a.scalar_gate ? exp2_acc<Acc>(sm.G[r][0]) : Acc(1);
+            reinterpret_cast<float*>(a.qf)[(c.row0 + r) * a.HV + c.hv] = (float)((Acc)a.scale * f);
         }
     }
     if (a.lam != 0) {
@@ -364,6 +372,8 @@ __device__ void intra_fma(const IntraArgs& a) {
 //  * on the diagonal blocks (j <= r in one block): FMAs with exp2(G_r - G_j) as the running
 //    product of the steps exp2(G_s - G_{s-1}), s = j+1 .. r (each <= 1), one thread per
 //    (block, column j, 16 of the 64 keys), reduced over the key groups at the end;
+//  * a scalar gate (GDN) needs no factoring: every block is a product of the raw q, k (exact
+//    in T), times exp2(G_r - G_j) in fp32 afterwards (as FLA's GDN kernels do);
 //  * w = Akk (β k . exp2(G)) and u = Akk (β v) on tensor cores, Akk rounded to T.
 
 #define IM_KT 64
@@ -416,7 +426,7 @@ __device__ __forceinline__ void intra_akk_product(IntraMmaSmem<T>& sm, int nc, T
     }
 }
 
-template <typename T, int FORM>
+template <typename T, int FORM, bool SCALAR>
 __device__ void intra_mma(const IntraArgs& a) {
     using Sm = IntraMmaSmem<T>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -427,6 +437,7 @@ __device__ void intra_mma(const IntraArgs& a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
     const IntraChunk c = intra_chunk(a);
     const int nc = c.nc;
+    constexpr bool scalar = SCALAR;
 
     intra_rows<T, float>(a, sm, c);
     if (a.scalar_gate) intra_scalar_gate<float>(a, sm, c);
@@ -442,6 +453,10 @@ __device__ void intra_mma(const IntraArgs& a) {
     float da[16], dl[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) da[i] = dl[i] = 0.f;
+    // scalar gate: the diagonal blocks of warps 6, 7 (two blocks, two 8-column tiles each)
+    float sda[2][2][4], sdl[2][2][4];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) (&sda[0][0][0])[i] = (&sdl[0][0][0])[i] = 0.f;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -449,51 +464,75 @@ __device__ void intra_mma(const IntraArgs& a) {
 
     for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
         intra_load_tile<T, float, T, FORM, IM_KT>(a, sm, c, k0);
-        // the factored operands (rows >= n_c selected to 0)
-        for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
-            const int r = i / IM_KT, d = i % IM_KT, m = r & ~15;
-            const float e = r < nc ? exp2f(sm.G[r][d] - sm.G[m][d]) : 0.f;
-            sm.qe[r][d] = Narrow<T>::from(widen(sm.q[r][d]) * e);
-            sm.ke[r][d] = Narrow<T>::from(widen(sm.k[r][d]) * e);
-        }
-        for (int i = tid; i < 96 * IM_KT; i += INTRA_THREADS) {
-            const int row = i / IM_KT, d = i % IM_KT;
-            const int b = row < 16 ? 1 : (row < 48 ? 2 : 3), j = row - (b == 1 ? 0 : (b == 2 ? 16 : 48));
-            const bool ok = j < nc && 16 * b < nc;
-            sm.kf[row][d] = Narrow<T>::from(ok ? widen(sm.k[j][d]) * exp2f(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
-        }
-        __syncthreads();
-        // the steps exp2(G_r - G_{r-1}) inside each block, in place of G
-        float st[INTRA_BT * IM_KT / INTRA_THREADS];
+        if (!scalar) {
+            // the factored operands (rows >= n_c selected to 0)
+            for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
+                const int r = i / IM_KT, d = i % IM_KT, m = r & ~15;
+                const float e = r < nc ? exp2f(sm.G[r][d] - sm.G[m][d]) : 0.f;
+                sm.qe[r][d] = Narrow<T>::from(widen(sm.q[r][d]) * e);
+                sm.ke[r][d] = Narrow<T>::from(widen(sm.k[r][d]) * e);
+            }
+            for (int i = tid; i < 96 * IM_KT; i += INTRA_THREADS) {
+                const int row = i / IM_KT, d = i % IM_KT;
+                const int b = row < 16 ? 1 : (row < 48 ? 2 : 3), j = row - (b == 1 ? 0 : (b == 2 ? 16 : 48));
+                const bool ok = j < nc && 16 * b < nc;
+                sm.kf[row][d] = Narrow<T>::from(ok ? widen(sm.k[j][d]) * exp2f(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
+            }
+            __syncthreads();
+            // the steps exp2(G_r - G_{r-1}) inside each block, in place of G
+            float st[INTRA_BT * IM_KT / INTRA_THREADS];
 #pragma unroll
-        for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
-            const int i = tid + q * INTRA_THREADS, r = i / IM_KT, d = i % IM_KT;
-            st[q] = ((r & 15) != 0 && r < nc) ? exp2f(sm.G[r][d] - sm.G[r - 1][d]) : 0.f;
-        }
-        __syncthreads();
+            for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
+                const int i = tid + q * INTRA_THREADS, r = i / IM_KT, d = i % IM_KT;
+                st[q] = ((r & 15) != 0 && r < nc) ? exp2f(sm.G[r][d] - sm.G[r - 1][d]) : 0.f;
+            }
+            __syncthreads();
 #pragma unroll
-        for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
-            const int i = tid + q * INTRA_THREADS;
-            sm.G[i / IM_KT][i % IM_KT] = st[q];
+            for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
+                const int i = tid + q * INTRA_THREADS;
+                sm.G[i / IM_KT][i % IM_KT] = st[q];
+            }
         }
-        // off-diagonal blocks on tensor cores
+        // tensor cores: the off-diagonal blocks (warps 0-5; the raw q, k with a scalar gate,
+        // whose factor is applied in fp32 afterwards), and with a scalar gate the diagonal
+        // blocks too (warps 6, 7: two blocks each)
         if (warp < 6) {
+            T (*qa)[IM_P] = SCALAR ? sm.q : sm.qe;
+            T (*ka)[IM_P] = SCALAR ? sm.k : sm.ke;
+            T (*kb)[IM_P] = SCALAR ? sm.k : sm.kf + kf_base;
 #pragma unroll
             for (int ks = 0; ks < IM_KT / 16; ++ks) {
                 unsigned qf[4], kef[4], bf[4];
-                ldsm_x4(qf, smem_u32(&sm.qe[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                ldsm_x4(kef, smem_u32(&sm.ke[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                ldsm_x4(bf, smem_u32(&sm.kf[kf_base + bj * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
+                ldsm_x4(qf, smem_u32(&qa[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                ldsm_x4(kef, smem_u32(&ka[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                ldsm_x4(bf, smem_u32(&kb[bj * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
                 const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
                 Mma<T>::run(offa[0], qf, b0);
                 Mma<T>::run(offa[1], qf, b1);
                 Mma<T>::run(offl[0], kef, b0);
                 Mma<T>::run(offl[1], kef, b1);
             }
+        } else if constexpr (SCALAR) {
+#pragma unroll
+            for (int blk = 0; blk < 2; ++blk) {
+                const int rb = 2 * (warp - 6) + blk;
+#pragma unroll
+                for (int ks = 0; ks < IM_KT / 16; ++ks) {
+                    unsigned qf[4], kef[4], bf[4];
+                    ldsm_x4(qf, smem_u32(&sm.q[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                    ldsm_x4(kef, smem_u32(&sm.k[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                    ldsm_x4(bf, smem_u32(&sm.k[rb * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
+                    const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                    Mma<T>::run(sda[blk][0], qf, b0);
+                    Mma<T>::run(sda[blk][1], qf, b1);
+                    Mma<T>::run(sdl[blk][0], kef, b0);
+                    Mma<T>::run(sdl[blk][1], kef, b1);
+                }
+            }
         }
         __syncthreads();  // the steps are visible
-        // diagonal blocks: running products of the steps
-        {
+        if (!scalar) {
+            // diagonal blocks: running products of the steps
             const int jr = db * 16 + dj;
 #pragma unroll 1
             for (int d = dg; d < IM_KT; d += 4) {
@@ -512,36 +551,44 @@ __device__ void intra_mma(const IntraArgs& a) {
         }
         __syncthreads();  // before the next tile overwrites
     }
+    if (!scalar) {
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-        dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 1);
-        dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 2);
-        da[r] += __shfl_xor_sync(0xffffffffu, da[r], 1);
-        da[r] += __shfl_xor_sync(0xffffffffu, da[r], 2);
+        for (int r = 0; r < 16; ++r) {
+            dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 1);
+            dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 2);
+            da[r] += __shfl_xor_sync(0xffffffffu, da[r], 1);
+            da[r] += __shfl_xor_sync(0xffffffffu, da[r], 2);
+        }
     }
     for (int i = tid; i < 2 * INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&Ls[0][0])[i] = 0.f;
     __syncthreads();
     const float scale = (float)a.scale;
-    if (dg == 0) {
+    // an mma fragment's (R, J) entry: Aqk and L with the scalar gate's factor exp2(G_R - G_J)
+    auto put = [&](int R, int J, float va, float vl) {
+        if (R >= nc || J > R) return;
+        const float f = scalar ? exp2f(sm.gs[R] - sm.gs[J]) : 1.f;
+        As[R][J] = scale * va * f;
+        if (J < R) Ls[R][J] = sm.beta[R] * vl * f;
+    };
+    if (!scalar && dg == 0) {
 #pragma unroll
-        for (int r = 0; r < 16; ++r) {
-            const int R = db * 16 + r, J = db * 16 + dj;
-            if (R < nc && r >= dj) As[R][J] = scale * da[r];
-            if (R < nc && r > dj) Ls[R][J] = sm.beta[R] * dl[r];
-        }
+        for (int r = 0; r < 16; ++r) put(db * 16 + r, db * 16 + dj, da[r], dl[r]);
     }
-    if (warp < 6) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int R = bi * 16 + gid + (e >> 1) * 8, J = bj * 16 + n * 8 + t4 * 2 + (e & 1);
-                if (R < nc) {
-                    As[R][J] = scale * offa[n][e];
-                    Ls[R][J] = sm.beta[R] * offl[n][e];
+        for (int e = 0; e < 4; ++e) {
+            const int R0 = gid + (e >> 1) * 8, J0 = n * 8 + t4 * 2 + (e & 1);
+            if (warp < 6) {
+                put(bi * 16 + R0, bj * 16 + J0, offa[n][e], offl[n][e]);
+            } else if constexpr (SCALAR) {
+#pragma unroll
+                for (int blk = 0; blk < 2; ++blk) {
+                    const int rb = 2 * (warp - 6) + blk;
+                    put(rb * 16 + R0, rb * 16 + J0, sda[blk][n][e], sdl[blk][n][e]);
                 }
             }
-    }
+        }
     __syncthreads();
     intra_solve<float>(Ls, sm.X, sm.tmp);
     intra_store_a<T, float>(a, c, As, sm.X);
@@ -586,13 +633,13 @@ __device__ void intra_mma(const IntraArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // The output of the staged forward (`conformance/spec/ops-delta-rule.md` §6.5 step 5, 8.5 step 4), one CTA per (chunk, value
 // head, block of OUT_BV value columns):
-//   o_r = Σ_d qg_rd h[c]_d,: + Σ_{j<=r} Aqk[r, j] v_new_j          (qg carries the scale)
+//   o_r = qf_r Σ_d qg_rd h[c]_d,: + Σ_{j<=r} Aqk[r, j] v_new_j       (qf_r fp32: the scale, GDN's decay)
 // qg, h, Aqk and v_new in their stored dtype T, products in Acc.
 
 #define OUT_BV 32
 
 struct OutArgs {
-    u64 qg, h, aqk, v_new, o;
+    u64 qg, qf, h, aqk, v_new, o;
     u64 chunks;  // as IntraArgs::chunks
     i64 HV, K, V, bt;
     i64 v_first;  // h holds S^T
@@ -641,6 +688,12 @@ __device__ void delta_output(const OutArgs& a) {
         }
         step(INTRA_KT);
     }
+    const float* qf = reinterpret_cast<const float*>(a.qf) + row0 * a.HV + hv;
+#pragma unroll
+    for (int i = 0; i < INTRA_BT / RSTEP; ++i) {
+        const int r = rg + i * RSTEP;
+        if (r < nc) acc[i] *= (Acc)qf[r * a.HV];
+    }
     for (int j0 = 0; j0 < nc; j0 += INTRA_KT) {
         for (int i = tid; i < INTRA_BT * INTRA_KT; i += INTRA_THREADS) {
             const int r = i / INTRA_KT, j = i % INTRA_KT;
@@ -673,7 +726,10 @@ __device__ void delta_output(const OutArgs& a) {
 
 #define INTRA_MMA_KERNEL(T, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_mma_##TAG(const IntraArgs a) { \
-        GATE_DISPATCH(a, (intra_mma<T, FORM>(a))) \
+        GATE_DISPATCH(a, (intra_mma<T, FORM, false>(a))) \
+    } \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_mma_scalar_##TAG(const IntraArgs a) { \
+        intra_mma<T, GATE_NONE, true>(a); \
     }
 
 INTRA_FMA_KERNEL(float, f32)

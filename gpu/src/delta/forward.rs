@@ -157,6 +157,7 @@ struct IntraArgs {
     u: u64,
     kg: u64,
     qg: u64,
+    qf: u64,
     aqk: u64,
     akk: u64,
     lam: u64,
@@ -174,7 +175,6 @@ struct IntraArgs {
     beta_mode: i64,
     kg_gated: i64,
     scale: f64,
-    qg_scale: f64,
 }
 // SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
 unsafe impl DeviceRepr for IntraArgs {}
@@ -184,6 +184,7 @@ unsafe impl DeviceRepr for IntraArgs {}
 #[derive(Debug, Clone, Copy, Default)]
 struct OutArgs {
     qg: u64,
+    qf: u64,
     h: u64,
     aqk: u64,
     v_new: u64,
@@ -205,6 +206,7 @@ struct FusedArgs {
     kg: u64,
     w: u64,
     qg: u64,
+    qf: u64,
     u: u64,
     aqk: u64,
     lam: u64,
@@ -356,7 +358,7 @@ impl FusedChoice {
     fn smem_bytes(self) -> usize {
         let (kpitch, vpitch, apitch) = (self.kp + 8, self.bv + 8, MAX_BT + 8);
         let tiles = 2 * MAX_BT * (3 * kpitch + vpitch + apitch) * 2;
-        tiles + 2 * self.kp * 4 + (self.kp + MAX_BT) * vpitch * 2
+        tiles + 2 * (self.kp + MAX_BT) * 4 + (self.kp + MAX_BT) * vpitch * 2
     }
 }
 
@@ -445,7 +447,7 @@ fn chunk_table(gpu: &Gpu, geo: &Geometry, varlen: bool) -> GpuResult<(DeviceTens
 
 /// The intra kernel of `dtype` and its shared memory: tensor cores for bf16/f16
 /// (`IntraMmaSmem<T>`, key tiles of 64), FMAs for float32/float64 (`IntraSmem<Acc>`).
-fn intra_kernel(dtype: Dtype) -> (String, u32) {
+fn intra_kernel(dtype: Dtype, scalar_gate: bool) -> (String, u32) {
     let sq = MAX_BT * (MAX_BT + 1);
     let small = 48 * 17 + 4 * MAX_BT;
     match dtype {
@@ -453,7 +455,8 @@ fn intra_kernel(dtype: Dtype) -> (String, u32) {
             let p = 64 + 8;
             let half = (5 * MAX_BT + 96) * p * 2;
             let bytes = half + 2 * sq * 4 + small * 4;
-            (format!("kda_intra_mma_{}", tag(dtype)), bytes as u32)
+            let kind = if scalar_gate { "mma_scalar" } else { "mma" };
+            (format!("kda_intra_{kind}_{}", tag(dtype)), bytes as u32)
         }
         _ => {
             let elems = 4 * MAX_BT * (KT + 1) + 3 * sq + small;
@@ -483,7 +486,7 @@ fn launch_intra(
         .ok()
         .filter(|&x| x <= i32::MAX as u32)
         .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![chunks]))?;
-    let (name, smem) = intra_kernel(dtype);
+    let (name, smem) = intra_kernel(dtype, args.scalar_gate != 0);
     gpu.launch_with_smem(
         Module::KdaIntra,
         &name,
@@ -520,6 +523,8 @@ pub struct DeltaFwdWorkspace {
     u: DeviceTensor,
     kg: DeviceTensor,
     qg: DeviceTensor,
+    /// Per-token fp32 row factors of the output (`[B, T, HV]`).
+    qf: DeviceTensor,
     aqk: DeviceTensor,
     /// Fused: `exp2(G_ℓ)` per chunk `[NT, HV, K]` f32. Staged: `G` `[B, T, HV(, K)]`.
     gate: DeviceTensor,
@@ -633,6 +638,7 @@ impl DeltaFwdPlan {
             u: tok(g.v)?,
             kg: tok(g.k)?,
             qg: tok(g.k)?,
+            qf: DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], Dtype::F32)?,
             aqk: tok(g.bt)?,
             gate,
             staged: None,
@@ -711,6 +717,48 @@ impl DeltaFwdPlan {
         }
     }
 
+    /// The intra stage alone into `ws` (benchmarks time the stages apart; [`DeltaFwdPlan::run`]
+    /// runs it first).
+    pub fn run_intra(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+    ) -> GpuResult<()> {
+        let geo = self.call.validate(t, self.cu_seqlens.as_deref())?;
+        if geo != self.geo || t.q.dtype() != self.dtype {
+            return Err(Error::shape(
+                "q",
+                "the shapes and dtype the plan was made for",
+                t.q.shape(),
+            )
+            .into());
+        }
+        self.intra(gpu, t, ws)
+    }
+
+    fn intra(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+    ) -> GpuResult<()> {
+        let mut args = self.intra_args(gpu, t)?;
+        args.w = ws.w.ptr_mut(gpu);
+        args.u = ws.u.ptr_mut(gpu);
+        args.kg = ws.kg.ptr_mut(gpu);
+        args.qg = ws.qg.ptr_mut(gpu);
+        args.qf = ws.qf.ptr_mut(gpu);
+        args.aqk = ws.aqk.ptr_mut(gpu);
+        args.kg_gated = (self.fused.is_some() || !self.prep.scalar_gate) as i64;
+        if self.fused.is_some() {
+            args.lam = ws.gate.ptr_mut(gpu);
+        } else {
+            args.gout = ws.gate.ptr_mut(gpu);
+        }
+        launch_intra(gpu, self.dtype, self.nchunks, self.geo.hv, &args)
+    }
+
     /// Runs the forward of `t` (the tensors the plan was validated on, or others of the same
     /// shapes and dtypes) into `out`, with `ws` from [`DeltaFwdPlan::alloc_workspace`].
     pub fn run(
@@ -721,20 +769,7 @@ impl DeltaFwdPlan {
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         self.check_call(t, out)?;
-        let g = &self.geo;
-        let mut args = self.intra_args(gpu, t)?;
-        args.w = ws.w.ptr_mut(gpu);
-        args.u = ws.u.ptr_mut(gpu);
-        args.kg = ws.kg.ptr_mut(gpu);
-        args.qg = ws.qg.ptr_mut(gpu);
-        args.aqk = ws.aqk.ptr_mut(gpu);
-        args.kg_gated = (self.fused.is_some() || !self.prep.scalar_gate) as i64;
-        if self.fused.is_some() {
-            args.lam = ws.gate.ptr_mut(gpu);
-        } else {
-            args.gout = ws.gate.ptr_mut(gpu);
-        }
-        launch_intra(gpu, self.dtype, self.nchunks, g.hv, &args)?;
+        self.intra(gpu, t, ws)?;
         match (self.fused, ws.staged.as_mut()) {
             (Some(choice), _) => self.run_fused(gpu, t, choice, ws, out),
             (None, Some((plan, fo))) => {
@@ -755,7 +790,7 @@ impl DeltaFwdPlan {
                     .v_new
                     .as_ref()
                     .ok_or_else(|| Error::missing("v_new", "the staged plan's v_new", "none"))?;
-                self.run_output(gpu, &ws.qg, &fo.h, &ws.aqk, v_new, &mut out.o)
+                self.run_output(gpu, [&ws.qg, &ws.qf, &ws.aqk], &fo.h, v_new, &mut out.o)
             }
             (None, None) => {
                 Err(Error::missing("ws", "a workspace of this plan", "a fused one").into())
@@ -801,7 +836,6 @@ impl DeltaFwdPlan {
             l2norm: self.prep.l2norm as i64,
             beta_mode: self.prep.beta_mode,
             scale: self.prep.scale,
-            qg_scale: self.prep.scale,
             ..IntraArgs::default()
         })
     }
@@ -824,6 +858,7 @@ impl DeltaFwdPlan {
             kg: ws.kg.ptr(gpu),
             w: ws.w.ptr(gpu),
             qg: ws.qg.ptr(gpu),
+            qf: ws.qf.ptr(gpu),
             u: ws.u.ptr(gpu),
             aqk: ws.aqk.ptr(gpu),
             lam: ws.gate.ptr(gpu),
@@ -858,75 +893,47 @@ impl DeltaFwdPlan {
         )
     }
 
+    /// The staged path's output kernel on `[qg, qf, Aqk]` of the intra stage and `fwd_h`'s `h`
+    /// and `v_new`.
     fn run_output(
         &self,
         gpu: &Gpu,
-        qg: &DeviceTensor,
+        [qg, qf, aqk]: [&DeviceTensor; 3],
         h: &DeviceTensor,
-        aqk: &DeviceTensor,
         v_new: &DeviceTensor,
         o: &mut DeviceTensor,
     ) -> GpuResult<()> {
-        launch_output(
-            gpu,
-            self.dtype,
-            &self.geo,
-            &self.chunks,
-            self.nchunks,
-            self.state_v_first,
-            qg,
-            h,
-            aqk,
-            v_new,
-            o,
+        let g = &self.geo;
+        if self.nchunks == 0 || g.hv == 0 || g.v == 0 {
+            return Ok(());
+        }
+        let args = OutArgs {
+            qg: qg.ptr(gpu),
+            qf: qf.ptr(gpu),
+            h: h.ptr(gpu),
+            aqk: aqk.ptr(gpu),
+            v_new: v_new.ptr(gpu),
+            o: o.ptr_mut(gpu),
+            chunks: self.chunks.ptr(gpu),
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            v_dim: g.v as i64,
+            bt: g.bt as i64,
+            v_first: self.state_v_first as i64,
+        };
+        let grid_x = u32::try_from(self.nchunks)
+            .ok()
+            .filter(|&x| x <= i32::MAX as u32)
+            .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![self.nchunks]))?;
+        gpu.launch_3d(
+            Module::KdaIntra,
+            &format!("delta_output_fma_{}", tag(self.dtype)),
+            (grid_x, g.hv as u32, g.v.div_ceil(KT) as u32),
+            THREADS,
+            out_smem(self.dtype),
+            &args,
         )
     }
-}
-
-/// The output kernel `o = qg h + Aqk v_new` over every chunk, value head and block of value
-/// columns (the staged path's last stage).
-#[allow(clippy::too_many_arguments)]
-fn launch_output(
-    gpu: &Gpu,
-    dtype: Dtype,
-    g: &Geometry,
-    chunks: &DeviceTensor,
-    nchunks: usize,
-    v_first: bool,
-    qg: &DeviceTensor,
-    h: &DeviceTensor,
-    aqk: &DeviceTensor,
-    v_new: &DeviceTensor,
-    o: &mut DeviceTensor,
-) -> GpuResult<()> {
-    if nchunks == 0 || g.hv == 0 || g.v == 0 {
-        return Ok(());
-    }
-    let args = OutArgs {
-        qg: qg.ptr(gpu),
-        h: h.ptr(gpu),
-        aqk: aqk.ptr(gpu),
-        v_new: v_new.ptr(gpu),
-        o: o.ptr_mut(gpu),
-        chunks: chunks.ptr(gpu),
-        value_heads: g.hv as i64,
-        k_dim: g.k as i64,
-        v_dim: g.v as i64,
-        bt: g.bt as i64,
-        v_first: v_first as i64,
-    };
-    let grid_x = u32::try_from(nchunks)
-        .ok()
-        .filter(|&x| x <= i32::MAX as u32)
-        .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![nchunks]))?;
-    gpu.launch_3d(
-        Module::KdaIntra,
-        &format!("delta_output_fma_{}", tag(dtype)),
-        (grid_x, g.hv as u32, g.v.div_ceil(KT) as u32),
-        THREADS,
-        out_smem(dtype),
-        &args,
-    )
 }
 
 /// `kda_fwd` into new outputs (`conformance/spec/ops-delta-rule.md` §6.3).
@@ -1030,7 +1037,6 @@ pub fn kda_intra(
         gate_mode: 0,
         kg_gated: 1,
         scale,
-        qg_scale: scale,
         ..IntraArgs::default()
     };
     launch_intra(gpu, dtype, nchunks, geo.hv, &args)?;

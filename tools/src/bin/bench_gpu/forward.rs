@@ -165,6 +165,9 @@ pub fn run(
     let ms = time_ms(gpu, iters, |i| {
         plan.run(gpu, &data[i % nsets].tensors(case.kda), &mut ws, &mut out)
     })?;
+    let intra_ms = time_ms(gpu, iters, |i| {
+        plan.run_intra(gpu, &data[i % nsets].tensors(case.kda), &mut ws)
+    })?;
     let bytes = in_bytes + out_bytes;
     let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
     let chunks: usize = case.seqs.iter().map(|s| s.div_ceil(BT)).sum();
@@ -175,18 +178,20 @@ pub fn run(
     let tflops = (chunks * hv) as f64 * per_chunk / (ms * 1e-3) / 1e12;
     let choice = plan.fused_choice();
     println!(
-        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {:?} {:.1} TFLOP/s",
+        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {:?} {:.1} TFLOP/s, intra {:.4} ms",
         case.name,
         ms,
         gbps,
         100.0 * gbps / ceiling,
         nsets,
         choice,
-        tflops
+        tflops,
+        intra_ms
     );
     Ok(json!({
         "name": case.name, "shape": [1, t, h, hv, K, V], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
         "seqs": case.seqs, "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling,
         "sets": nsets, "kernel": format!("{choice:?}"), "tflops": tflops, "path": format!("{:?}", plan.path()),
+        "intra_ms": intra_ms,
     }))
 }
