@@ -1,12 +1,13 @@
 //! Bad input is refused before any launch, with an error naming the argument. These checks
 //! work from shapes and dtypes alone, so they run without a GPU.
 
+mod common;
+
 use attn_gpu::cumsum::check_cumsum;
 use attn_gpu::gate::check_kda_gate;
 use attn_gpu::seq_scan::check_seq_scan;
 use attn_reference::{Dtype, ErrorKind};
 
-#[test]
 fn cumsum_refuses_bad_dim_dtype_and_output() {
     let s = [2usize, 3, 4];
     let e = check_cumsum(&s, Dtype::F32, 3, &s, Dtype::F32).unwrap_err();
@@ -30,7 +31,6 @@ fn cumsum_refuses_bad_dim_dtype_and_output() {
     }
 }
 
-#[test]
 fn seq_scans_refuse_bad_rank_chunk_size_and_cu_seqlens() {
     let g = [1usize, 10, 2, 4];
     let ok = |cu: Option<&[i64]>, cs| check_seq_scan(&g, Dtype::BF16, cu, cs, &g, Dtype::F32);
@@ -59,7 +59,6 @@ fn seq_scans_refuse_bad_rank_chunk_size_and_cu_seqlens() {
     assert_eq!(e.arg, "o");
 }
 
-#[test]
 fn kda_gate_refuses_bad_side_inputs() {
     let g = [1usize, 5, 3, 4];
     let a = [3usize];
@@ -123,8 +122,7 @@ mod decode {
         check_decode_attention(m(0), m(1), m(2), m(3), Some(m(4)), CacheLayout::Bshd).map(|_| ())
     }
 
-    #[test]
-    fn decode_attention_refuses_bad_shapes_and_dtypes() {
+    pub fn decode_attention_refuses_bad_shapes_and_dtypes() {
         assert!(attention("q", &[2, 1, 8, 64], BF).is_ok());
         let cases: [(&str, &[usize], Dtype, ErrorKind, &str); 11] = [
             ("q", &[2, 1, 8, 32], BF, ErrorKind::Shape, "q"), // D differs from the caches
@@ -211,8 +209,7 @@ mod decode {
         assert_eq!(e.arg, "q");
     }
 
-    #[test]
-    fn kv_cache_update_refuses_bad_shapes_and_dtypes() {
+    pub fn kv_cache_update_refuses_bad_shapes_and_dtypes() {
         let (kc, k) = ([3usize, 2, 16, 8], [2usize, 4, 2, 8]); // bhsd: H_kv 2, S 16
         let ok = |k_shape: &[usize], v_dtype: Dtype, sl: (&[usize], Dtype), layout| {
             check_kv_cache_update(
@@ -253,8 +250,7 @@ mod decode {
         }
     }
 
-    #[test]
-    fn split_plan_covers_the_cache_from_shapes_alone() {
+    pub fn split_plan_covers_the_cache_from_shapes_alone() {
         for sm in [1usize, 78, 132] {
             for pairs in [1usize, 8, 128, 512, 4096] {
                 for s in [0usize, 1, 127, 128, 129, 4096, 8192, 32768, 1 << 20] {
@@ -276,8 +272,7 @@ mod decode {
         assert!(n >= 8 && chunk == 128, "({n}, {chunk})");
     }
 
-    #[test]
-    fn device_flag_words_name_the_argument() {
+    pub fn device_flag_words_name_the_argument() {
         assert!(flag_error(0).is_none());
         for (word, arg) in [
             (1, "cache_seqlens"),
@@ -322,8 +317,7 @@ mod delta_rule {
         (e.kind, e.arg)
     }
 
-    #[test]
-    fn fwd_h_refuses_every_spec_bad_input_by_name() {
+    pub fn fwd_h_refuses_every_spec_bad_input_by_name() {
         let (k, w, u) = ([1usize, 10, 2, 8], [1usize, 10, 4, 8], [1usize, 10, 4, 6]);
         let (g, gk, h0) = ([1usize, 10, 4], [1usize, 10, 4, 8], [2usize, 4, 8, 6]);
         let p = FwdHParams::default();
@@ -556,8 +550,7 @@ mod delta_rule {
         assert!(check_fwd_h(&mz, Some(&[0, 0, 0]), &p).is_ok());
     }
 
-    #[test]
-    fn pre_scan_refuses_a_state_and_bad_shapes() {
+    pub fn pre_scan_refuses_a_state_and_bad_shapes() {
         let (k, w, u) = ([1usize, 10, 2, 8], [1usize, 10, 4, 8], [1usize, 10, 4, 6]);
         let (g, gk, h0) = ([1usize, 10, 4], [1usize, 10, 4, 8], [2usize, 4, 8, 6]);
         let p = FwdHPreScanParams::default();
@@ -586,8 +579,7 @@ mod delta_rule {
         assert_eq!(e.arg, "cu_seqlens");
     }
 
-    #[test]
-    fn merge_refuses_bad_hm_offsets_and_states() {
+    pub fn merge_refuses_bad_hm_offsets_and_states() {
         let hm = [5usize, 2, 8, 14];
         let p = FwdHMergeParams::default();
         let f = Dtype::F32;
@@ -648,3 +640,16 @@ mod delta_rule {
         );
     }
 }
+
+gpu_tests!(
+    cumsum_refuses_bad_dim_dtype_and_output,
+    seq_scans_refuse_bad_rank_chunk_size_and_cu_seqlens,
+    kda_gate_refuses_bad_side_inputs,
+    decode::decode_attention_refuses_bad_shapes_and_dtypes,
+    decode::kv_cache_update_refuses_bad_shapes_and_dtypes,
+    decode::split_plan_covers_the_cache_from_shapes_alone,
+    decode::device_flag_words_name_the_argument,
+    delta_rule::fwd_h_refuses_every_spec_bad_input_by_name,
+    delta_rule::pre_scan_refuses_a_state_and_bad_shapes,
+    delta_rule::merge_refuses_bad_hm_offsets_and_states
+);

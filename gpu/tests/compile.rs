@@ -1,11 +1,14 @@
 //! Every kernel module compiles with NVRTC for Hopper. Needs NVRTC but no GPU: where NVRTC is
-//! absent the test says so and passes (fails with `ATTN_REQUIRE_GPU=1`).
+//! absent the test is reported not run (fails with `ATTN_REQUIRE_GPU=1`).
+
+mod common;
 
 use attn_gpu::device::compile_all_ptx;
 use attn_gpu::GpuError;
+use common::harness::not_run;
+use libtest_mimic::{Completion, Failed};
 
-#[test]
-fn all_modules_compile_for_sm90() {
+fn all_modules_compile_for_sm90() -> Result<Completion, Failed> {
     match compile_all_ptx((9, 0)) {
         Ok(mods) => {
             for (m, ptx) in mods {
@@ -18,14 +21,11 @@ fn all_modules_compile_for_sm90() {
                     std::fs::write(format!("{dir}/{}.ptx", m.name()), &ptx).unwrap();
                 }
             }
+            Ok(Completion::Completed)
         }
-        Err(GpuError::Unavailable(why)) => {
-            assert!(
-                std::env::var("ATTN_REQUIRE_GPU").as_deref() != Ok("1"),
-                "ATTN_REQUIRE_GPU=1 but {why}"
-            );
-            eprintln!("skipped: {why}");
-        }
+        Err(GpuError::Unavailable(why)) => not_run(why),
         Err(e) => panic!("{e}"),
     }
 }
+
+gpu_tests!(all_modules_compile_for_sm90);

@@ -226,11 +226,7 @@ fn check_attention(gpu: &Gpu, c: &Case, dtype: Dtype, what: &str) {
 const DTYPES: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
 const LAYOUTS: [CacheLayout; 2] = [CacheLayout::Bshd, CacheLayout::Bhsd];
 
-#[test]
-fn spec_cases_match_reference() {
-    let Some(gpu) = gpu_or_skip("spec_cases_match_reference") else {
-        return;
-    };
+fn spec_cases_match_reference(gpu: &Gpu) {
     let mut rng = Rng::new(12);
     let mut k = 0usize;
     for d in [64usize, 80, 96, 128, 256] {
@@ -269,11 +265,7 @@ fn spec_cases_match_reference() {
     }
 }
 
-#[test]
-fn long_rows_match_reference() {
-    let Some(gpu) = gpu_or_skip("long_rows_match_reference") else {
-        return;
-    };
+fn long_rows_match_reference(gpu: &Gpu) {
     let mut rng = Rng::new(4000);
     for (k, (dtype, layout)) in [Dtype::BF16, Dtype::F32]
         .into_iter()
@@ -301,11 +293,7 @@ fn long_rows_match_reference() {
     }
 }
 
-#[test]
-fn random_shapes_match_reference() {
-    let Some(gpu) = gpu_or_skip("random_shapes_match_reference") else {
-        return;
-    };
+fn random_shapes_match_reference(gpu: &Gpu) {
     let s = (
         (1..5usize, 0..3usize, 1..400usize),
         (
@@ -346,11 +334,7 @@ fn random_shapes_match_reference() {
         .unwrap();
 }
 
-#[test]
-fn attention_is_bit_identical_over_100_launches() {
-    let Some(gpu) = gpu_or_skip("attention_is_bit_identical_over_100_launches") else {
-        return;
-    };
+fn attention_is_bit_identical_over_100_launches(gpu: &Gpu) {
     let mut rng = Rng::new(100);
     let g = Geo {
         b: 4,
@@ -428,11 +412,7 @@ fn reference_update(c: &mut Case, k: &ArrayD<f64>, v: &ArrayD<f64>) {
     c.v_cache = vc.into_dyn();
 }
 
-#[test]
-fn kv_cache_update_is_bit_exact() {
-    let Some(gpu) = gpu_or_skip("kv_cache_update_is_bit_exact") else {
-        return;
-    };
+fn kv_cache_update_is_bit_exact(gpu: &Gpu) {
     let s = (
         (1..5usize, 0..3usize, 1..100usize, 1..9usize),
         (
@@ -496,11 +476,7 @@ fn kv_cache_update_is_bit_exact() {
         .unwrap();
 }
 
-#[test]
-fn fused_step_equals_update_then_attention() {
-    let Some(gpu) = gpu_or_skip("fused_step_equals_update_then_attention") else {
-        return;
-    };
+fn fused_step_equals_update_then_attention(gpu: &Gpu) {
     let mut rng = Rng::new(77);
     for (k, (dtype, layout)) in DTYPES
         .into_iter()
@@ -598,11 +574,7 @@ fn fused_step_equals_update_then_attention() {
     }
 }
 
-#[test]
-fn graph_replay_follows_lengths_in_device_memory() {
-    let Some(shared) = gpu_or_skip("graph_replay_follows_lengths_in_device_memory") else {
-        return;
-    };
+fn graph_replay_follows_lengths_in_device_memory(shared: &Gpu) {
     let gpu = &shared.fork().unwrap();
     let mut rng = Rng::new(2024);
     for (dtype, layout, idx) in [
@@ -698,11 +670,7 @@ fn copy_into(gpu: &Gpu, dst: &mut DeviceTensor, src: &DeviceTensor) {
     gpu.stream().memcpy_dtod(&from, &mut to).unwrap();
 }
 
-#[test]
-fn out_of_range_rows_raise_the_device_flag() {
-    let Some(gpu) = gpu_or_skip("out_of_range_rows_raise_the_device_flag") else {
-        return;
-    };
+fn out_of_range_rows_raise_the_device_flag(gpu: &Gpu) {
     let mut rng = Rng::new(5);
     let g = Geo {
         b: 3,
@@ -804,3 +772,14 @@ fn out_of_range_rows_raise_the_device_flag() {
         );
     }
 }
+
+gpu_tests!(
+    spec_cases_match_reference,
+    long_rows_match_reference,
+    random_shapes_match_reference,
+    attention_is_bit_identical_over_100_launches,
+    kv_cache_update_is_bit_exact,
+    fused_step_equals_update_then_attention,
+    graph_replay_follows_lengths_in_device_memory,
+    out_of_range_rows_raise_the_device_flag
+);

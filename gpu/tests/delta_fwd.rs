@@ -293,8 +293,7 @@ fn table(per_key: bool) -> Vec<(String, Case)> {
 
 /// Runs every row of the table (each row's failure recorded, not stopping the others) and
 /// fails naming every failed row.
-fn run_table(test: &str, per_key: bool) {
-    let Some(gpu) = gpu_or_skip(test) else { return };
+fn run_table(gpu: &Gpu, test: &str, per_key: bool) {
     let rows = table(per_key);
     let total = rows.len();
     let mut failed = Vec::new();
@@ -341,22 +340,16 @@ fn run_row(gpu: &Gpu, test: &str, i: usize, name: &str, mut c: Case) {
     }
 }
 
-#[test]
-fn kda_fwd_matches_the_reference() {
-    run_table("kda_fwd_matches_the_reference", true);
+fn kda_fwd_matches_the_reference(gpu: &Gpu) {
+    run_table(gpu, "kda_fwd_matches_the_reference", true);
 }
 
-#[test]
-fn gdn_fwd_matches_the_reference() {
-    run_table("gdn_fwd_matches_the_reference", false);
+fn gdn_fwd_matches_the_reference(gpu: &Gpu) {
+    run_table(gpu, "gdn_fwd_matches_the_reference", false);
 }
 
 /// The fused and the staged GPU paths agree with each other (same dtype, 5e-3), in every regime.
-#[test]
-fn fused_and_staged_agree() {
-    let Some(gpu) = gpu_or_skip("fused_and_staged_agree") else {
-        return;
-    };
+fn fused_and_staged_agree(gpu: &Gpu) {
     for (i, regime) in REGIMES.into_iter().enumerate() {
         for per_key in [true, false] {
             for dtype in [Dtype::BF16, Dtype::F16] {
@@ -385,11 +378,7 @@ fn fused_and_staged_agree() {
 
 /// Long sequences (spec "long" thresholds): 8192 and 32768 tokens, every regime that keeps the
 /// state bounded, fused bf16 and staged float32.
-#[test]
-fn long_sequences() {
-    let Some(gpu) = gpu_or_skip("long_sequences") else {
-        return;
-    };
+fn long_sequences(gpu: &Gpu) {
     let rows: Vec<(usize, Regime, Dtype, bool)> = vec![
         (8192, Regime::Strong, Dtype::BF16, true),
         (8192, Regime::Long, Dtype::BF16, false),
@@ -417,11 +406,7 @@ fn long_sequences() {
 }
 
 /// 100 launches of one plan give bit-identical outputs (fused and staged).
-#[test]
-fn hundred_launches_are_bit_identical() {
-    let Some(gpu) = gpu_or_skip("hundred_launches_are_bit_identical") else {
-        return;
-    };
+fn hundred_launches_are_bit_identical(gpu: &Gpu) {
     for path in [ForwardPath::Fused, ForwardPath::Staged] {
         let mut c = base(true, Dtype::BF16);
         c.draw.t = 1000;
@@ -460,11 +445,7 @@ type IntraRow = (
 );
 
 /// `kda_intra` against the reference (`conformance/spec/ops-delta-rule.md` §7.7: every output, README thresholds).
-#[test]
-fn kda_intra_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("kda_intra_matches_the_reference") else {
-        return;
-    };
+fn kda_intra_matches_the_reference(gpu: &Gpu) {
     let rows: Vec<IntraRow> = vec![
         (1, 64, 64, 1, 1, 64, None, Regime::Strong),
         (15, 64, 60, 1, 2, 32, None, Regime::Mild),
@@ -606,11 +587,7 @@ fn kda_intra_matches_the_reference() {
 
 /// Bad input: a typed error naming the argument, before any launch; the outputs of a plan's
 /// run stay untouched (still NaN).
-#[test]
-fn bad_input_is_refused_before_any_launch() {
-    let Some(gpu) = gpu_or_skip("bad_input_is_refused_before_any_launch") else {
-        return;
-    };
+fn bad_input_is_refused_before_any_launch(gpu: &Gpu) {
     let c = base(true, Dtype::BF16);
     let (_, dev) = draw_case(gpu, &c, 3);
     let p = plan(gpu, &c, &dev, ForwardPath::Auto);
@@ -718,3 +695,13 @@ fn bad_input_is_refused_before_any_launch() {
         "chunk_size"
     );
 }
+
+gpu_tests!(
+    kda_fwd_matches_the_reference,
+    gdn_fwd_matches_the_reference,
+    fused_and_staged_agree,
+    long_sequences,
+    hundred_launches_are_bit_identical,
+    kda_intra_matches_the_reference,
+    bad_input_is_refused_before_any_launch,
+);

@@ -157,11 +157,7 @@ fn params(bt: usize, bits: u8) -> FwdHParams {
     }
 }
 
-#[test]
-fn realistic_inputs_match_reference() {
-    let Some(gpu) = gpu_or_skip("realistic_inputs_match_reference") else {
-        return;
-    };
+fn realistic_inputs_match_reference(gpu: &Gpu) {
     let s = (
         (0..3usize, 0..3usize, 0..6usize, 0..6usize, 0..4usize),
         (0..4usize, 0..9usize, 0..8usize, any::<u8>(), any::<bool>()),
@@ -198,12 +194,7 @@ fn realistic_inputs_match_reference() {
         .unwrap();
 }
 
-#[test]
-fn small_random_inputs_with_gva_and_key_gates_match_reference() {
-    let Some(gpu) = gpu_or_skip("small_random_inputs_with_gva_and_key_gates_match_reference")
-    else {
-        return;
-    };
+fn small_random_inputs_with_gva_and_key_gates_match_reference(gpu: &Gpu) {
     let s = (
         (
             0..3usize,
@@ -234,11 +225,7 @@ fn small_random_inputs_with_gva_and_key_gates_match_reference() {
         .unwrap();
 }
 
-#[test]
-fn spec_varlen_layouts_every_chunk_size_and_gate() {
-    let Some(gpu) = gpu_or_skip("spec_varlen_layouts_every_chunk_size_and_gate") else {
-        return;
-    };
+fn spec_varlen_layouts_every_chunk_size_and_gate(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0001);
     for (li, cu) in VARLEN.iter().enumerate() {
         for (bi, bt) in [16usize, 32, 64].into_iter().enumerate() {
@@ -258,11 +245,7 @@ fn spec_varlen_layouts_every_chunk_size_and_gate() {
     }
 }
 
-#[test]
-fn every_tensor_core_tile_variant_matches_reference() {
-    let Some(gpu) = gpu_or_skip("every_tensor_core_tile_variant_matches_reference") else {
-        return;
-    };
+fn every_tensor_core_tile_variant_matches_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0002);
     for (kp, bv) in [
         (64, 16),
@@ -303,11 +286,7 @@ fn every_tensor_core_tile_variant_matches_reference() {
     }
 }
 
-#[test]
-fn hard_forget_gates_stay_finite_and_match() {
-    let Some(gpu) = gpu_or_skip("hard_forget_gates_stay_finite_and_match") else {
-        return;
-    };
+fn hard_forget_gates_stay_finite_and_match(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0003);
     for dtype in DTYPES {
         for gates in [Gates::G, Gates::Gk, Gates::Both] {
@@ -341,11 +320,7 @@ fn transposed(a: &ArrayD<f64>) -> ArrayD<f64> {
     t.as_standard_layout().into_owned()
 }
 
-#[test]
-fn state_v_first_is_the_transposed_key_first_result() {
-    let Some(gpu) = gpu_or_skip("state_v_first_is_the_transposed_key_first_result") else {
-        return;
-    };
+fn state_v_first_is_the_transposed_key_first_result(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0004);
     for (dtype, k, v) in [
         (Dtype::BF16, 128, 128),
@@ -382,11 +357,7 @@ fn state_v_first_is_the_transposed_key_first_result() {
     }
 }
 
-#[test]
-fn long_sequences_match_reference_with_long_thresholds() {
-    let Some(gpu) = gpu_or_skip("long_sequences_match_reference_with_long_thresholds") else {
-        return;
-    };
+fn long_sequences_match_reference_with_long_thresholds(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0005);
     for (t, dtype, gates) in [
         (8192, Dtype::BF16, Gates::Gk),
@@ -407,11 +378,7 @@ fn long_sequences_match_reference_with_long_thresholds() {
     }
 }
 
-#[test]
-fn hundred_launches_are_bit_identical() {
-    let Some(gpu) = gpu_or_skip("hundred_launches_are_bit_identical") else {
-        return;
-    };
+fn hundred_launches_are_bit_identical(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0006);
     for dtype in [Dtype::BF16, Dtype::F32] {
         let lay = layout(
@@ -446,11 +413,7 @@ fn hundred_launches_are_bit_identical() {
     }
 }
 
-#[test]
-fn float64_inputs_match_reference_to_1e_10() {
-    let Some(gpu) = gpu_or_skip("float64_inputs_match_reference_to_1e_10") else {
-        return;
-    };
+fn float64_inputs_match_reference_to_1e_10(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0007);
     for (li, gates) in GATES.into_iter().enumerate() {
         let cu = VARLEN[li + 1];
@@ -476,3 +439,15 @@ fn float64_inputs_match_reference_to_1e_10() {
         assert!(got.final_state.is_some(), "final_state asked for");
     }
 }
+
+gpu_tests!(
+    realistic_inputs_match_reference,
+    small_random_inputs_with_gva_and_key_gates_match_reference,
+    spec_varlen_layouts_every_chunk_size_and_gate,
+    every_tensor_core_tile_variant_matches_reference,
+    hard_forget_gates_stay_finite_and_match,
+    state_v_first_is_the_transposed_key_first_result,
+    long_sequences_match_reference_with_long_thresholds,
+    hundred_launches_are_bit_identical,
+    float64_inputs_match_reference_to_1e_10
+);

@@ -2,6 +2,8 @@
 //! for half inputs the key padding and the column-block width of the cost rule on the spec's
 //! anchor shapes (132 multiprocessors), measured best in run 6 of NOTES.md.
 
+mod common;
+
 use attn_gpu::delta::{kernel_choice, KernelChoice, Workload};
 use attn_reference::Dtype;
 
@@ -17,14 +19,12 @@ fn choose(dtype: Dtype, k: usize, cols: &[usize], seqs: &[usize], hv: usize) -> 
     kernel_choice(&w, 132)
 }
 
-#[test]
 fn float_inputs_take_the_fma_kernel() {
     for d in [Dtype::F32, Dtype::F64] {
         assert_eq!(choose(d, 128, &[128], &[4096], 4), KernelChoice::Fma);
     }
 }
 
-#[test]
 fn half_inputs_pad_keys_and_pick_the_measured_block_width() {
     let bv = |hv, seqs: &[usize]| match choose(Dtype::BF16, 128, &[128], seqs, hv) {
         KernelChoice::Mma { kp: 128, bv } => bv,
@@ -72,3 +72,8 @@ fn half_inputs_pad_keys_and_pick_the_measured_block_width() {
         KernelChoice::Mma { kp: 128, .. }
     ));
 }
+
+gpu_tests!(
+    float_inputs_take_the_fma_kernel,
+    half_inputs_pad_keys_and_pick_the_measured_block_width
+);

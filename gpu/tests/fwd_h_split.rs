@@ -174,11 +174,7 @@ fn explicit_cases() -> Vec<Case> {
     ]
 }
 
-#[test]
-fn explicit_splits_match_reference() {
-    let Some(gpu) = gpu_or_skip("explicit_splits_match_reference") else {
-        return;
-    };
+fn explicit_splits_match_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_1401);
     let dtypes = [Dtype::BF16, Dtype::F32, Dtype::F16, Dtype::F64];
     let heads = [(1, 1), (2, 2), (1, 4), (2, 4)];
@@ -254,11 +250,7 @@ fn explicit_splits_match_reference() {
     }
 }
 
-#[test]
-fn long_sequences_match_reference_and_the_serial_kernel() {
-    let Some(gpu) = gpu_or_skip("long_sequences_match_reference_and_the_serial_kernel") else {
-        return;
-    };
+fn long_sequences_match_reference_and_the_serial_kernel(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_1402);
     let mut long_tail = vec![131072];
     long_tail.extend([1024; 10]);
@@ -307,11 +299,7 @@ fn long_sequences_match_reference_and_the_serial_kernel() {
     }
 }
 
-#[test]
-fn auto_policy_on_long_sequences_equals_the_serial_kernel() {
-    let Some(gpu) = gpu_or_skip("auto_policy_on_long_sequences_equals_the_serial_kernel") else {
-        return;
-    };
+fn auto_policy_on_long_sequences_equals_the_serial_kernel(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_1403);
     let mut split_seen = false;
     for (lens, heads, dtype) in [
@@ -361,11 +349,7 @@ fn auto_policy_on_long_sequences_equals_the_serial_kernel() {
     );
 }
 
-#[test]
-fn split_hundred_launches_are_bit_identical() {
-    let Some(gpu) = gpu_or_skip("split_hundred_launches_are_bit_identical") else {
-        return;
-    };
+fn split_hundred_launches_are_bit_identical(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_1404);
     let lens = [3000usize, 100, 2500];
     let cu = cu_of(&lens);
@@ -418,11 +402,7 @@ fn split_hundred_launches_are_bit_identical() {
     }
 }
 
-#[test]
-fn bad_splits_are_typed_errors_naming_the_argument() {
-    let Some(gpu) = gpu_or_skip("bad_splits_are_typed_errors_naming_the_argument") else {
-        return;
-    };
+fn bad_splits_are_typed_errors_naming_the_argument(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_1405);
     let cu = vec![0i64, 300, 500];
     let lay = Layout {
@@ -480,3 +460,11 @@ fn bad_splits_are_typed_errors_naming_the_argument() {
         other => panic!("w: {other}"),
     }
 }
+
+gpu_tests!(
+    explicit_splits_match_reference,
+    long_sequences_match_reference_and_the_serial_kernel,
+    auto_policy_on_long_sequences_equals_the_serial_kernel,
+    split_hundred_launches_are_bit_identical,
+    bad_splits_are_typed_errors_naming_the_argument
+);

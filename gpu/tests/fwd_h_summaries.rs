@@ -65,11 +65,7 @@ fn pieces(rng: &mut Rng, t: usize, bt: usize, cuts: usize, empty: bool) -> Vec<i
     cu
 }
 
-#[test]
-fn pre_scan_matches_reference() {
-    let Some(gpu) = gpu_or_skip("pre_scan_matches_reference") else {
-        return;
-    };
+fn pre_scan_matches_reference(gpu: &Gpu) {
     let s = (
         (
             0..3usize,
@@ -126,11 +122,7 @@ fn pre_scan_matches_reference() {
         .unwrap();
 }
 
-#[test]
-fn pre_scan_of_200_chunks_and_empty_pieces() {
-    let Some(gpu) = gpu_or_skip("pre_scan_of_200_chunks_and_empty_pieces") else {
-        return;
-    };
+fn pre_scan_of_200_chunks_and_empty_pieces(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0101);
     for dtype in [Dtype::BF16, Dtype::F32] {
         // pieces of 200 chunks, 1 chunk, empty, a partial chunk
@@ -182,11 +174,7 @@ fn apply(hm: &Array4<f64>, s0: &Array4<f64>) -> Array4<f64> {
     out
 }
 
-#[test]
-fn summary_applied_to_a_state_equals_the_final_state() {
-    let Some(gpu) = gpu_or_skip("summary_applied_to_a_state_equals_the_final_state") else {
-        return;
-    };
+fn summary_applied_to_a_state_equals_the_final_state(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0102);
     for (dtype, gates, k, v) in [
         (Dtype::BF16, Gates::Gk, 128, 128),
@@ -283,11 +271,7 @@ fn check_merge(
     (got_init, got_final)
 }
 
-#[test]
-fn merge_chains_match_reference() {
-    let Some(gpu) = gpu_or_skip("merge_chains_match_reference") else {
-        return;
-    };
+fn merge_chains_match_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0103);
     // several sequences of different counts (0, 1, 2, 5, 32, 40 sub-sequences)
     let counts = [1usize, 2, 0, 5, 32, 40];
@@ -329,13 +313,7 @@ fn merge_chains_match_reference() {
     }
 }
 
-#[test]
-fn merge_of_pre_scan_summaries_and_composition_equal_the_unsplit_run() {
-    let Some(gpu) =
-        gpu_or_skip("merge_of_pre_scan_summaries_and_composition_equal_the_unsplit_run")
-    else {
-        return;
-    };
+fn merge_of_pre_scan_summaries_and_composition_equal_the_unsplit_run(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0104);
     for (dtype, gates) in [
         (Dtype::BF16, Gates::Gk),
@@ -404,11 +382,7 @@ fn merge_of_pre_scan_summaries_and_composition_equal_the_unsplit_run() {
     }
 }
 
-#[test]
-fn pre_scan_and_merge_are_deterministic() {
-    let Some(gpu) = gpu_or_skip("pre_scan_and_merge_are_deterministic") else {
-        return;
-    };
+fn pre_scan_and_merge_are_deterministic(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_0105);
     let cu = vec![0i64, 640, 1280, 2000];
     let lay = Layout {
@@ -446,3 +420,12 @@ fn pre_scan_and_merge_are_deterministic() {
         }
     }
 }
+
+gpu_tests!(
+    pre_scan_matches_reference,
+    pre_scan_of_200_chunks_and_empty_pieces,
+    summary_applied_to_a_state_equals_the_final_state,
+    merge_chains_match_reference,
+    merge_of_pre_scan_summaries_and_composition_equal_the_unsplit_run,
+    pre_scan_and_merge_are_deterministic
+);

@@ -85,11 +85,7 @@ fn views(
     )
 }
 
-#[test]
-fn kda_gate_matches_reference() {
-    let Some(gpu) = gpu_or_skip("kda_gate_matches_reference") else {
-        return;
-    };
+fn kda_gate_matches_reference(gpu: &Gpu) {
     let s = (
         1..3usize,
         1..200usize,
@@ -127,11 +123,7 @@ fn kda_gate_matches_reference() {
         .unwrap();
 }
 
-#[test]
-fn kda_gate_chunk_cumsum_matches_reference() {
-    let Some(gpu) = gpu_or_skip("kda_gate_chunk_cumsum_matches_reference") else {
-        return;
-    };
+fn kda_gate_chunk_cumsum_matches_reference(gpu: &Gpu) {
     let s = (
         1..3usize,
         prop::sample::select(vec![1usize, 15, 63, 64, 65, 200, 1000]),
@@ -175,12 +167,7 @@ fn kda_gate_chunk_cumsum_matches_reference() {
         .unwrap();
 }
 
-#[test]
-fn kda_gate_chunk_cumsum_is_bit_identical_over_repeated_launches() {
-    let Some(gpu) = gpu_or_skip("kda_gate_chunk_cumsum_is_bit_identical_over_repeated_launches")
-    else {
-        return;
-    };
+fn kda_gate_chunk_cumsum_is_bit_identical_over_repeated_launches(gpu: &Gpu) {
     let shape = [2usize, 300, 4, 128];
     let mut rng = Rng::new(3);
     let case = gate_case(&mut rng, &shape, 0);
@@ -204,3 +191,9 @@ fn kda_gate_chunk_cumsum_is_bit_identical_over_repeated_launches() {
         assert_bit_identical("repeated fused gate", &first, &download(gpu, &o));
     }
 }
+
+gpu_tests!(
+    kda_gate_matches_reference,
+    kda_gate_chunk_cumsum_matches_reference,
+    kda_gate_chunk_cumsum_is_bit_identical_over_repeated_launches
+);

@@ -11,7 +11,7 @@ use attn_gpu::tile::{chunk_scan_kernel, ChunkScanKernel};
 use attn_gpu::{chunk_local_cumsum_into, cumsum_into, DeviceTensor};
 use attn_reference::cumsum::validate_cumsum;
 use attn_reference::Dtype;
-use common::{gpu_or_skip, poisoned};
+use common::{poisoned, Gpu};
 use half::bf16;
 use ndarray::{ArrayViewD, IxDyn};
 
@@ -41,11 +41,7 @@ fn ternary_at(i: usize, seed: u64) -> i8 {
     (z % 3) as i8 - 1
 }
 
-#[test]
-fn cumsum_over_more_than_2_pow_31_elements_is_exact() {
-    let Some(gpu) = gpu_or_skip("cumsum_over_more_than_2_pow_31_elements_is_exact") else {
-        return;
-    };
+fn cumsum_over_more_than_2_pow_31_elements_is_exact(gpu: &Gpu) {
     let cases: [(&[usize], i64, CumsumStrategy); 3] = [
         (&[(1 << 31) + 4099], 0, CumsumStrategy::Lookback),
         (&[(1 << 21) + 1, 1024], -1, CumsumStrategy::Rows),
@@ -114,13 +110,7 @@ fn cumsum_over_more_than_2_pow_31_elements_is_exact() {
     }
 }
 
-#[test]
-fn chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact() {
-    let Some(gpu) =
-        gpu_or_skip("chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact")
-    else {
-        return;
-    };
+fn chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact(gpu: &Gpu) {
     // [1, T, 4096] in chunks of 64 (the last one partial), scanned in reverse
     let (t, cols, chunk) = ((1usize << 19) + 37, 4096usize, 64usize);
     let shape = [1, t, cols];
@@ -169,3 +159,8 @@ fn chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact() {
         }
     });
 }
+
+gpu_tests!(
+    cumsum_over_more_than_2_pow_31_elements_is_exact,
+    chunk_local_cumsum_tile_over_more_than_2_pow_31_elements_is_exact
+);

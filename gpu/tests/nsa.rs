@@ -107,11 +107,7 @@ fn compress_case(
     }
 }
 
-#[test]
-fn compress_kv_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("compress_kv_matches_the_reference") else {
-        return;
-    };
+fn compress_kv_matches_the_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed);
     let n = cases(24).cases as usize;
     for i in 0..n {
@@ -133,11 +129,7 @@ fn compress_kv_matches_the_reference() {
     }
 }
 
-#[test]
-fn compress_kv_the_performance_shape() {
-    let Some(gpu) = gpu_or_skip("compress_kv_the_performance_shape") else {
-        return;
-    };
+fn compress_kv_the_performance_shape(gpu: &Gpu) {
     let mut rng = Rng::new(7);
     for partial in [PartialBlock::MeanOfValid, PartialBlock::Drop] {
         // [1, 4096 + 17, 4, 128] bf16, BS 32: a partial last block (the benchmark's layout)
@@ -169,11 +161,7 @@ fn compress_kv_the_performance_shape() {
 /// int32 offsets upstream kernels overflow. Only the first and last 4096 tokens are random (the
 /// rest zero); every compressed row is checked: the random ones against the reference, the
 /// zero ones exactly.
-#[test]
-fn compress_kv_past_2_31_elements() {
-    let Some(gpu) = gpu_or_skip("compress_kv_past_2_31_elements") else {
-        return;
-    };
+fn compress_kv_past_2_31_elements(gpu: &Gpu) {
     let (t, h, kd, bs, edge) = ((1usize << 21) + 4160, 8usize, 128usize, 64usize, 4096usize);
     let mut rng = Rng::new(31);
     let row = h * kd;
@@ -243,11 +231,7 @@ fn compress_kv_past_2_31_elements() {
 
 // ---------------------------------------------------------------- nsa_gate_combine
 
-#[test]
-fn gate_combine_matches_the_reference_in_every_form() {
-    let Some(gpu) = gpu_or_skip("gate_combine_matches_the_reference_in_every_form") else {
-        return;
-    };
+fn gate_combine_matches_the_reference_in_every_form(gpu: &Gpu) {
     let mut rng = Rng::new(0x6a7e);
     for i in 0..cases(24).cases as usize {
         let dtype = FLOATS[i % 4];
@@ -401,11 +385,7 @@ fn fla_case(
     )
 }
 
-#[test]
-fn select_blocks_fla_matches_the_reference_by_the_index_rule() {
-    let Some(gpu) = gpu_or_skip("select_blocks_fla_matches_the_reference_by_the_index_rule") else {
-        return;
-    };
+fn select_blocks_fla_matches_the_reference_by_the_index_rule(gpu: &Gpu) {
     let mut rng = Rng::new(0x5e1);
     let mut banded = 0;
     for i in 0..cases(16).cases as usize {
@@ -420,11 +400,7 @@ fn select_blocks_fla_matches_the_reference_by_the_index_rule() {
 
 /// The tensor-core kernel (bf16 / f16, `G` and `K` multiples of 16) on each instantiated tile
 /// shape, fixed length and varlen, integer and per-token counts.
-#[test]
-fn select_blocks_fla_tensor_core_path_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("select_blocks_fla_tensor_core_path_matches_the_reference") else {
-        return;
-    };
+fn select_blocks_fla_tensor_core_path_matches_the_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0x3a3a);
     let mut banded = 0;
     let shapes = [
@@ -444,12 +420,7 @@ fn select_blocks_fla_tensor_core_path_matches_the_reference() {
     eprintln!("select fla (tensor cores): {banded} rows passed by the near-tie band");
 }
 
-#[test]
-fn select_blocks_tile_mean_matches_the_reference_by_the_index_rule() {
-    let Some(gpu) = gpu_or_skip("select_blocks_tile_mean_matches_the_reference_by_the_index_rule")
-    else {
-        return;
-    };
+fn select_blocks_tile_mean_matches_the_reference_by_the_index_rule(gpu: &Gpu) {
     let mut rng = Rng::new(0x711e);
     let mut banded = 0;
     for i in 0..cases(16).cases as usize {
@@ -536,11 +507,7 @@ fn select_blocks_tile_mean_matches_the_reference_by_the_index_rule() {
 
 // ---------------------------------------------------------------- determinism, bad input
 
-#[test]
-fn repeated_launches_are_bit_identical() {
-    let Some(gpu) = gpu_or_skip("repeated_launches_are_bit_identical") else {
-        return;
-    };
+fn repeated_launches_are_bit_identical(gpu: &Gpu) {
     let mut rng = Rng::new(100);
     let (k, _) = upload(gpu, &rng.array(&[1, 1000, 4, 64], -2.0, 2.0), Dtype::BF16);
     let (q, _) = upload(gpu, &rng.array(&[1, 1000, 16, 64], -2.0, 2.0), Dtype::BF16);
@@ -597,11 +564,7 @@ fn arg_of(e: GpuError) -> String {
     }
 }
 
-#[test]
-fn bad_input_is_refused_naming_the_argument() {
-    let Some(gpu) = gpu_or_skip("bad_input_is_refused_naming_the_argument") else {
-        return;
-    };
+fn bad_input_is_refused_naming_the_argument(gpu: &Gpu) {
     let mut rng = Rng::new(1);
     let (k, _) = upload(gpu, &rng.array(&[1, 64, 2, 300], -1.0, 1.0), Dtype::BF16);
     let (w, _) = upload(gpu, &rng.array(&[2, 300, 300], -1.0, 1.0), Dtype::F32);
@@ -679,3 +642,15 @@ fn bad_input_is_refused_naming_the_argument() {
     assert_eq!(arg_of(combine(&o_f32).unwrap_err()), "o_slc");
     assert!(combine(&o).is_ok());
 }
+
+gpu_tests!(
+    compress_kv_matches_the_reference,
+    compress_kv_the_performance_shape,
+    compress_kv_past_2_31_elements,
+    gate_combine_matches_the_reference_in_every_form,
+    select_blocks_fla_matches_the_reference_by_the_index_rule,
+    select_blocks_fla_tensor_core_path_matches_the_reference,
+    select_blocks_tile_mean_matches_the_reference_by_the_index_rule,
+    repeated_launches_are_bit_identical,
+    bad_input_is_refused_naming_the_argument
+);

@@ -126,11 +126,7 @@ fn cmp_case(
     check_attn(&what, gpu, &o, &lse, &want, dtype);
 }
 
-#[test]
-fn compression_attention_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("compression_attention_matches_the_reference") else {
-        return;
-    };
+fn compression_attention_matches_the_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0xc0de);
     let n = cases(28).cases as usize;
     let vis = [Visibility::Complete, Visibility::Started, Visibility::All];
@@ -280,11 +276,7 @@ fn sel_case(
     check_attn(&what, gpu, &o, &lse, &want, dtype);
 }
 
-#[test]
-fn selection_attention_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("selection_attention_matches_the_reference") else {
-        return;
-    };
+fn selection_attention_matches_the_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0x5e1);
     let n = cases(28).cases as usize;
     for i in 0..n {
@@ -306,11 +298,7 @@ fn selection_attention_matches_the_reference() {
     }
 }
 
-#[test]
-fn selection_attention_counts_duplicates_twice() {
-    let Some(gpu) = gpu_or_skip("selection_attention_counts_duplicates_twice") else {
-        return;
-    };
+fn selection_attention_counts_duplicates_twice(gpu: &Gpu) {
     // a row selecting block 0 twice must weigh its keys twice: differs from selecting it once
     let mut rng = Rng::new(22);
     let (t, hq, h, d, bs) = (64, 16, 1, 64, 16i64);
@@ -489,11 +477,7 @@ fn fwd_case(
     );
 }
 
-#[test]
-fn fwd_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("fwd_matches_the_reference") else {
-        return;
-    };
+fn fwd_matches_the_reference(gpu: &Gpu) {
     let mut rng = Rng::new(0xf0d);
     let n = cases(25).cases as usize;
     // G 1, 4 (CPU and GPU only) and 16
@@ -516,11 +500,7 @@ fn fwd_matches_the_reference() {
 
 // ---------------------------------------------------------------- isolation, determinism, errors
 
-#[test]
-fn varlen_sequences_are_isolated() {
-    let Some(gpu) = gpu_or_skip("varlen_sequences_are_isolated") else {
-        return;
-    };
+fn varlen_sequences_are_isolated(gpu: &Gpu) {
     let mut rng = Rng::new(77);
     let cu = [0i64, 70, 150, 230];
     let (t, hq, h, d, bs) = (230, 16, 2, 64, 16i64);
@@ -581,11 +561,7 @@ fn varlen_sequences_are_isolated() {
     assert!(changed > 0, "the changed sequence's outputs must change");
 }
 
-#[test]
-fn repeated_launches_are_bit_identical() {
-    let Some(gpu) = gpu_or_skip("repeated_launches_are_bit_identical") else {
-        return;
-    };
+fn repeated_launches_are_bit_identical(gpu: &Gpu) {
     let mut rng = Rng::new(100);
     let (t, hq, h, d) = (1000, 32, 2, 128);
     let q = upload(gpu, &rng.array(&[1, t, hq, d], -2.0, 2.0), Dtype::BF16).0;
@@ -626,11 +602,7 @@ fn arg_of(e: GpuError) -> String {
     }
 }
 
-#[test]
-fn bad_input_is_refused_before_any_launch() {
-    let Some(gpu) = gpu_or_skip("bad_input_is_refused_before_any_launch") else {
-        return;
-    };
+fn bad_input_is_refused_before_any_launch(gpu: &Gpu) {
     let mut rng = Rng::new(3);
     let up = |rng: &mut Rng, s: &[usize], d| upload(gpu, &rng.array(s, -1.0, 1.0), d).0;
     let q = up(&mut rng, &[1, 64, 4, 32], Dtype::BF16);
@@ -807,3 +779,13 @@ fn bad_input_is_refused_before_any_launch() {
     );
     assert!(fwd(with_cmp, Some(BlockCounts::Int(4)), 0).is_ok());
 }
+
+gpu_tests!(
+    compression_attention_matches_the_reference,
+    selection_attention_matches_the_reference,
+    selection_attention_counts_duplicates_twice,
+    fwd_matches_the_reference,
+    varlen_sequences_are_isolated,
+    repeated_launches_are_bit_identical,
+    bad_input_is_refused_before_any_launch
+);

@@ -50,11 +50,7 @@ fn dims_strategy() -> impl Strategy<Value = Vec<usize>> {
         .prop_filter("bounded size", |d| d.iter().product::<usize>() <= 1 << 18)
 }
 
-#[test]
-fn cumsum_any_rank_dim_dtype_matches_reference() {
-    let Some(gpu) = gpu_or_skip("cumsum_any_rank_dim_dtype_matches_reference") else {
-        return;
-    };
+fn cumsum_any_rank_dim_dtype_matches_reference(gpu: &Gpu) {
     let s = (
         dims_strategy(),
         any::<i64>(),
@@ -74,11 +70,7 @@ fn cumsum_any_rank_dim_dtype_matches_reference() {
         .unwrap();
 }
 
-#[test]
-fn cumsum_every_strategy_matches_reference() {
-    let Some(gpu) = gpu_or_skip("cumsum_every_strategy_matches_reference") else {
-        return;
-    };
+fn cumsum_every_strategy_matches_reference(gpu: &Gpu) {
     // (outer, len, inner) shapes chosen to land on each kernel, with odd sizes for the scalar
     // (unaligned) variants.
     let s = (
@@ -113,11 +105,7 @@ fn cumsum_every_strategy_matches_reference() {
         .unwrap();
 }
 
-#[test]
-fn cumsum_strategies_are_the_intended_ones() {
-    let Some(gpu) = gpu_or_skip("cumsum_strategies_are_the_intended_ones") else {
-        return;
-    };
+fn cumsum_strategies_are_the_intended_ones(gpu: &Gpu) {
     let sm = gpu.sm_count();
     let plan = |s: &[usize], d| refr::validate_cumsum(s, d).unwrap();
     assert_eq!(
@@ -138,12 +126,7 @@ fn cumsum_strategies_are_the_intended_ones() {
     );
 }
 
-#[test]
-fn cumsum_long_lane_lookback_matches_reference_and_is_deterministic() {
-    let Some(gpu) = gpu_or_skip("cumsum_long_lane_lookback_matches_reference_and_is_deterministic")
-    else {
-        return;
-    };
+fn cumsum_long_lane_lookback_matches_reference_and_is_deterministic(gpu: &Gpu) {
     // More than 1024 tiles of 8192 elements: exercises groups and super-groups of the look-back.
     for (len, din, reverse) in [
         (9_000_011usize, Dtype::F32, false),
@@ -166,11 +149,7 @@ fn cumsum_long_lane_lookback_matches_reference_and_is_deterministic() {
     }
 }
 
-#[test]
-fn cumsum_is_bit_identical_over_repeated_launches() {
-    let Some(gpu) = gpu_or_skip("cumsum_is_bit_identical_over_repeated_launches") else {
-        return;
-    };
+fn cumsum_is_bit_identical_over_repeated_launches(gpu: &Gpu) {
     for (shape, dim) in [
         (vec![64usize, 3000], -1i64),
         (vec![4, 256, 96], 1),
@@ -189,11 +168,7 @@ fn cumsum_is_bit_identical_over_repeated_launches() {
     }
 }
 
-#[test]
-fn cumsum_nan_and_inf_propagate_like_sequential_summation() {
-    let Some(gpu) = gpu_or_skip("cumsum_nan_and_inf_propagate_like_sequential_summation") else {
-        return;
-    };
+fn cumsum_nan_and_inf_propagate_like_sequential_summation(gpu: &Gpu) {
     let s = (
         prop::sample::select(vec![
             vec![50, 700],
@@ -296,11 +271,7 @@ fn check_seq_scan(gpu: &Gpu, local: bool, case: SeqCase) {
     );
 }
 
-#[test]
-fn chunk_local_cumsum_matches_reference() {
-    let Some(gpu) = gpu_or_skip("chunk_local_cumsum_matches_reference") else {
-        return;
-    };
+fn chunk_local_cumsum_matches_reference(gpu: &Gpu) {
     TestRunner::new(cases(48))
         .run(&seq_case(), |case| {
             check_seq_scan(gpu, true, case);
@@ -309,11 +280,7 @@ fn chunk_local_cumsum_matches_reference() {
         .unwrap();
 }
 
-#[test]
-fn chunk_global_cumsum_matches_reference() {
-    let Some(gpu) = gpu_or_skip("chunk_global_cumsum_matches_reference") else {
-        return;
-    };
+fn chunk_global_cumsum_matches_reference(gpu: &Gpu) {
     TestRunner::new(cases(48))
         .run(&seq_case(), |case| {
             check_seq_scan(gpu, false, case);
@@ -322,7 +289,6 @@ fn chunk_global_cumsum_matches_reference() {
         .unwrap();
 }
 
-#[test]
 fn chunk_scan_kernels_are_the_intended_ones() {
     use ChunkScanKernel::{Strided, Tile};
     let (bf, f32_) = (Dtype::BF16, Dtype::F32);
@@ -345,11 +311,7 @@ fn chunk_scan_kernels_are_the_intended_ones() {
 }
 
 /// Fixed cases on both chunk kernels (asserted), forward and reverse, uniform and varlen.
-#[test]
-fn chunk_local_cumsum_tile_and_strided_match_reference() {
-    let Some(gpu) = gpu_or_skip("chunk_local_cumsum_tile_and_strided_match_reference") else {
-        return;
-    };
+fn chunk_local_cumsum_tile_and_strided_match_reference(gpu: &Gpu) {
     let cases: [(&[usize], usize, Option<usize>); 6] = [
         (&[2, 300, 4, 128], 64, None),
         (&[2, 300, 4, 128], 16, None),
@@ -408,11 +370,7 @@ fn chunk_local_cumsum_tile_and_strided_match_reference() {
     }
 }
 
-#[test]
-fn chunk_local_cumsum_spec_varlen_lengths() {
-    let Some(gpu) = gpu_or_skip("chunk_local_cumsum_spec_varlen_lengths") else {
-        return;
-    };
+fn chunk_local_cumsum_spec_varlen_lengths(gpu: &Gpu) {
     // lengths 1, 15, 63, 64, 65, 1000 and a zero-length sequence (spec test cases)
     let lens = [1usize, 15, 0, 63, 64, 65, 1000];
     let mut cu = vec![0i64];
@@ -436,11 +394,7 @@ fn chunk_local_cumsum_spec_varlen_lengths() {
     }
 }
 
-#[test]
-fn chunk_global_cumsum_equals_cumsum_on_the_seed_layout() {
-    let Some(gpu) = gpu_or_skip("chunk_global_cumsum_equals_cumsum_on_the_seed_layout") else {
-        return;
-    };
+fn chunk_global_cumsum_equals_cumsum_on_the_seed_layout(gpu: &Gpu) {
     // cumsum(x.reshape(B*H, T, D*D), dim=1) == chunk_global_cumsum on the view [B*H, T, 1, D*D]
     let (b, h, t, d) = (2usize, 2usize, 64usize, 8usize);
     let mut rng = Rng::new(11);
@@ -460,3 +414,18 @@ fn chunk_global_cumsum_equals_cumsum_on_the_seed_layout() {
         .unwrap();
     assert_bit_identical("cumsum vs chunk_global_cumsum", &y, &download(gpu, &o));
 }
+
+gpu_tests!(
+    cumsum_any_rank_dim_dtype_matches_reference,
+    cumsum_every_strategy_matches_reference,
+    cumsum_strategies_are_the_intended_ones,
+    cumsum_long_lane_lookback_matches_reference_and_is_deterministic,
+    cumsum_is_bit_identical_over_repeated_launches,
+    cumsum_nan_and_inf_propagate_like_sequential_summation,
+    chunk_local_cumsum_matches_reference,
+    chunk_global_cumsum_matches_reference,
+    chunk_scan_kernels_are_the_intended_ones,
+    chunk_local_cumsum_tile_and_strided_match_reference,
+    chunk_local_cumsum_spec_varlen_lengths,
+    chunk_global_cumsum_equals_cumsum_on_the_seed_layout
+);

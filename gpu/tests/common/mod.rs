@@ -1,30 +1,46 @@
-//! Shared helpers of the GPU tests: finding the GPU at run time, seeded inputs rounded to a
-//! device dtype, poisoned outputs, and the spec's comparison rule.
+//! Shared helpers of the GPU tests: the harness that reports a test without a GPU as not run,
+//! seeded inputs rounded to a device dtype, poisoned outputs, and the spec's comparison rule.
+//!
+//! # Writing a GPU test file
+//! Every `gpu/tests/*.rs` runs under the harness of [`harness`] (`libtest-mimic`), so that a
+//! test that could not run shows as `ignored (no GPU available: ...)` instead of `ok`. A new file:
+//!
+//! ```ignore
+//! mod common;
+//! use common::*; // Gpu, upload, assert_close, ...
+//!
+//! fn matches_the_reference(gpu: &Gpu) { /* gets the shared GPU; not run without one */ }
+//! fn refuses_bad_shapes() { /* needs no GPU: runs everywhere */ }
+//!
+//! gpu_tests!(matches_the_reference, refuses_bad_shapes);
+//! ```
+//!
+//! and in gpu/Cargo.toml
+//!
+//! ```toml
+//! [[test]]
+//! name = "my_file"
+//! harness = false
+//! ```
+//!
+//! No `#[test]` attributes: the fns listed in `gpu_tests!` are the tests, named as written
+//! (`module::name` for one in a module). A test that finds out itself that it cannot run (no
+//! NVRTC) returns `harness::not_run(why)` (a `Result<Completion, Failed>`). With
+//! `ATTN_REQUIRE_GPU=1` a test that could not run fails. The usual arguments work:
+//! `cargo test -p attn-gpu --test my_file -- NAME`, `--exact`, `--skip`, `--list`,
+//! `--test-threads N`.
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod delta;
 pub mod forward;
+pub mod harness;
 pub mod nsa;
 
-use attn_gpu::{DeviceTensor, Gpu};
+use attn_gpu::DeviceTensor;
+pub use attn_gpu::Gpu;
 use attn_reference::Dtype;
 use half::{bf16, f16};
 use ndarray::ArrayD;
-
-/// The GPU, or `None` after printing why there is none. With `ATTN_REQUIRE_GPU=1` a missing
-/// GPU is a failure.
-pub fn gpu_or_skip(test: &str) -> Option<&'static Gpu> {
-    match Gpu::shared() {
-        Ok(g) => Some(g),
-        Err(e) => {
-            if std::env::var("ATTN_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("{test}: ATTN_REQUIRE_GPU=1 but no GPU: {e}");
-            }
-            eprintln!("{test}: not run, no GPU: {e}");
-            None
-        }
-    }
-}
 
 /// A proptest config of `n` cases, or `$ATTN_TEST_CASES` cases when set (fewer under
 /// compute-sanitizer, which slows kernels down a lot).
