@@ -68,6 +68,21 @@ pub struct Row {
     pub near_ties: Option<usize>,
 }
 
+impl Row {
+    /// How far this row is from failing by its ratio: `ratio / threshold`; under the exact rule
+    /// 0 when equal and infinite when not; `None` when nothing was measured.
+    pub fn margin(&self) -> Option<f64> {
+        if self.ratio.is_nan() {
+            return None;
+        }
+        Some(match self.threshold {
+            Some(t) => self.ratio / t,
+            None if self.pass => 0.0,
+            None => f64::INFINITY,
+        })
+    }
+}
+
 /// The devices `selection` checks for `op`, or why the selection cannot be served (`gpu`
 /// asked where no GPU answers).
 pub fn devices_for(op: &OpSpec, selection: Selection) -> Result<Vec<Device>, Problem> {

@@ -11,7 +11,7 @@ mod errors;
 
 use attn_conformance::registry;
 use attn_conformance::verify::{declared_outputs, verify_case, Selection};
-use attn_conformance::{app, Case, Params, Problem, Tensor, Tensors};
+use attn_conformance::{listing, Case, Params, Problem, Tensor, Tensors};
 use attn_reference::Dtype;
 use errors::{problem, Arg};
 use pyo3::exceptions::PyValueError;
@@ -209,7 +209,7 @@ fn load_case(
 /// The registry as `attn-conform list --json` shows it, as JSON text.
 #[pyfunction]
 fn ops() -> PyResult<String> {
-    serde_json::to_string(&app::listing()).map_err(|e| PyValueError::new_err(e.to_string()))
+    serde_json::to_string(&listing::listing()).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 #[pymodule]
