@@ -2,7 +2,7 @@
 //! candidate with it: the case's own stored outputs (`cpu`), and the GPU runner's (`gpu`).
 
 use crate::case::{Case, Tensors};
-use crate::compare::{compare, Diagnostics, Rule};
+use crate::compare::{class_ok, compare, Diagnostics, Rule};
 use crate::error::Problem;
 use crate::index_rule::compare_indices;
 use crate::params::Params;
@@ -196,6 +196,19 @@ fn reference_for<'a>(
     Ok(Cow::Owned(out))
 }
 
+/// For an op whose output dtype is its `output_dtype` parameter: what the case set it to and
+/// what it takes (appended to a dtype mismatch); empty for the other ops.
+fn output_dtype_hint(spec: &OpSpec, params: &Params) -> String {
+    let Some(p) = spec.params.iter().find(|p| p.name == "output_dtype") else {
+        return String::new();
+    };
+    let value = params.as_map().get(p.name).cloned().unwrap_or_default();
+    format!(
+        " (set by the parameter output_dtype = {value}; it takes {}, null meaning the input's dtype)",
+        p.ty.describe()
+    )
+}
+
 fn compare_outputs(
     case: &Case,
     spec: &OpSpec,
@@ -251,6 +264,12 @@ fn compare_outputs(
                 }
                 _ => compare(r.as_deref(), x.as_deref(), expected, rule),
             };
+            let reason = match x {
+                Some(x) if !class_ok(expected, x.dtype().class()) => {
+                    c.reason.map(|why| why + &output_dtype_hint(spec, params))
+                }
+                _ => c.reason,
+            };
             rows.push(Row {
                 file: case.path.display().to_string(),
                 op: case.op.clone(),
@@ -266,7 +285,7 @@ fn compare_outputs(
                     Rule::Exact => None,
                 },
                 pass: c.pass,
-                reason: c.reason,
+                reason,
                 diagnostics: c.diagnostics,
                 near_ties: c.near_ties,
             });
