@@ -107,7 +107,7 @@ fn gpu_gate(selection: Selection, given: bool, io: &mut Io<'_>) -> bool {
             let _ = writeln!(
                 io.err,
                 "note: no GPU kernel runs ({why}); only the stored outputs are checked \
-                 (--device cpu checks only them without this note)"
+                 (--device cpu checks only them, --device gpu requires a GPU)"
             );
             true
         }
@@ -474,7 +474,15 @@ pub fn list(op: Option<&str>, json: bool, io: &mut Io<'_>) -> u8 {
 /// cases passed, failed and unusable and the worst ratio against its threshold, over every case
 /// under `dir` (default: the fixtures folder `run` finds); exit as `run`.
 pub fn report(dir: Option<&Path>, format: Format, io: &mut Io<'_>) -> u8 {
-    let (dir, _) = match fixtures_lookup(dir) {
+    let found = match dir {
+        Some(d) if !d.is_dir() => {
+            let _ = writeln!(io.err, "error: {}: not a folder", d.display());
+            return EXIT_UNUSABLE;
+        }
+        Some(d) => Ok((d.to_path_buf(), "given")),
+        None => fixtures_lookup(None),
+    };
+    let (dir, _) = match found {
         Ok(found) => found,
         Err(e) => {
             let _ = writeln!(io.err, "error: {e}");

@@ -126,6 +126,9 @@ fn run_outside_a_checkout_lists_every_place_looked_as_help_does() {
     ] {
         assert!(help.contains(place), "`{place}` in {help}");
     }
+    let o = run_outside(&["report", "no_such_folder"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), "error: no_such_folder: not a folder\n");
     let report = run_outside(&["report"]);
     assert_eq!(report.status.code(), Some(2));
     assert!(

@@ -80,7 +80,9 @@ def test_bfloat16_inputs_are_widened_exactly():
     assert [r["pass"] for r in rows] == [True]
     # without output_dtype the output follows x: a bfloat16 result is expected
     rows = ac.check("cumsum", {"x": x}, {"y": y.astype(np.float32)}, {"dim": 1})
-    assert "class" in rows[0]["reason"] and rows[0]["diagnostics"] is None
+    reason = rows[0]["reason"]
+    assert reason.startswith("dtype float32, expected bfloat16 or float16"), reason
+    assert "output_dtype = null" in reason and rows[0]["diagnostics"] is None
 
 
 def test_tolerance_overrides_the_threshold():
