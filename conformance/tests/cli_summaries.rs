@@ -264,3 +264,18 @@ fn report_of_passing_cases_exits_0() {
     let table = rows(&stdout(&o));
     assert_eq!(table[1][..6], ["fla-naive", "cumsum", "1", "1", "0", "0"]);
 }
+
+/// README.md's "Conformance report" table is `report --markdown` of the committed fixtures
+/// (regenerate it when they change).
+#[test]
+fn the_readme_shows_the_report_of_the_committed_fixtures() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let o = conform(&["report", "--markdown", p(&root.join("fixtures"))]);
+    let table = stdout(&o);
+    assert!(table.starts_with("| implementation |"), "{}", stderr(&o));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.contains(&table),
+        "README.md's report differs from `attn-conform report --markdown fixtures`:\n{table}"
+    );
+}
