@@ -1,11 +1,14 @@
-//! The `attn-conform` commands (`verify`, `run`, `list`), writing to given streams and returning
-//! the exit status: 0 all passed, 1 a comparison failed, 2 an input could not be used.
+//! The `attn-conform` commands (`verify`, `run`, `list`, `report`), writing to given streams and
+//! returning the exit status: 0 all passed, 1 a comparison failed, 2 an input could not be used.
 
 use crate::case::Case;
 use crate::case::Tensors;
 use crate::error::{Error, Problem};
 use crate::fixtures::{case_files, fixtures_lookup, Manifests};
-use crate::registry::{self, OPS};
+use crate::listing::{listing, OpListing};
+use crate::registry;
+use crate::report::{self, Format, Report};
+use crate::table;
 use crate::verify::{reference_case, verify_with_reference, Device, Row, Selection};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
@@ -83,8 +86,8 @@ pub fn dump_reference(
 }
 
 /// Refuses `--device gpu` without a GPU (false); says on one line of stderr why no GPU kernel
-/// runs under `--device all`.
-fn gpu_gate(selection: Selection, io: &mut Io<'_>) -> bool {
+/// runs under `--device all`, naming the flag only when the user `given` it.
+fn gpu_gate(selection: Selection, given: bool, io: &mut Io<'_>) -> bool {
     let Err(why) = registry::gpu_status() else {
         return true;
     };
@@ -93,15 +96,28 @@ fn gpu_gate(selection: Selection, io: &mut Io<'_>) -> bool {
             let _ = writeln!(io.err, "error: --device gpu: {why}");
             false
         }
-        Selection::All => {
+        Selection::All if given => {
             let _ = writeln!(
                 io.err,
                 "note: --device all: no GPU kernel runs ({why}); only the stored outputs are checked"
             );
             true
         }
+        Selection::All => {
+            let _ = writeln!(
+                io.err,
+                "note: no GPU kernel runs ({why}); only the stored outputs are checked \
+                 (--device cpu checks only them, --device gpu requires a GPU)"
+            );
+            true
+        }
         Selection::Cpu => true,
     }
+}
+
+/// The last line of `verify` and `run`: `N passed, M failed, K unusable`.
+pub fn summary_line(passed: usize, failed: usize, unusable: usize) -> String {
+    format!("{passed} passed, {failed} failed, {unusable} unusable")
 }
 
 fn status(unusable: usize, failed: usize) -> u8 {
@@ -115,19 +131,18 @@ fn status(unusable: usize, failed: usize) -> u8 {
 }
 
 /// `verify [--device] [--json] [--dump-reference DIR] FILE_OR_DIR...`: one row per compared
-/// output, the diagnostics of each failure, then `N passed, M failed` (on stderr with `--json`,
-/// whose stdout is the JSON array of rows). With `dump`, the reference's outputs of every usable
-/// case are written there ([`dump_reference`]).
+/// output, the diagnostics of each failure, then `N passed, M failed, K unusable` (on stderr with
+/// `--json`, whose stdout is the JSON array of rows); each unusable file's reason is on stderr.
+/// `device` is `None` when the user gave no `--device` (then `cpu`). With `dump`, the reference's
+/// outputs of every usable case are written there ([`dump_reference`]).
 pub fn verify(
     paths: &[PathBuf],
-    selection: Selection,
+    device: Option<Selection>,
     json: bool,
     dump: Option<&Path>,
     io: &mut Io<'_>,
 ) -> u8 {
-    if !gpu_gate(selection, io) {
-        return EXIT_UNUSABLE;
-    }
+    let selection = device.unwrap_or(Selection::Cpu);
     let mut unusable = 0;
     let files = match case_files(paths) {
         Ok(f) if f.is_empty() => {
@@ -149,6 +164,9 @@ pub fn verify(
             let _ = writeln!(io.err, "error: {e}");
             unusable += 1;
         }
+    }
+    if !gpu_gate(selection, device.is_some(), io) {
+        return EXIT_UNUSABLE;
     }
     let (mut rows, mut dumped) = (Vec::new(), BTreeSet::new());
     for f in &files {
@@ -172,7 +190,7 @@ pub fn verify(
     }
     let passed = rows.iter().filter(|r| r.pass).count();
     let failed = rows.len() - passed;
-    let summary = format!("{passed} passed, {failed} failed");
+    let summary = summary_line(passed, failed, unusable);
     if json {
         let _ = writeln!(
             io.out,
@@ -181,7 +199,9 @@ pub fn verify(
         );
         let _ = writeln!(io.err, "{summary}");
     } else {
-        let _ = write!(io.out, "{}", rows_table(&rows));
+        if !rows.is_empty() {
+            let _ = write!(io.out, "{}", rows_table(&rows));
+        }
         for r in rows.iter().filter(|r| !r.pass) {
             if let Some(d) = &r.diagnostics {
                 let _ = writeln!(io.out, "  {} {} {}: {d}", r.file, r.device, r.output);
@@ -202,29 +222,6 @@ fn sci(x: f64) -> String {
 
 fn threshold(t: Option<f64>) -> String {
     t.map_or("exact".into(), |t| format!("{t:.0e}"))
-}
-
-/// Left-aligned columns, two spaces apart.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let s: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<0$}", w[i]))
-            .collect();
-        s.join("  ").trim_end().to_string() + "\n"
-    };
-    let mut out = line(header.to_vec());
-    for r in rows {
-        out += &line(r.iter().map(String::as_str).collect());
-    }
-    out
 }
 
 fn rows_table(rows: &[Row]) -> String {
@@ -268,7 +265,7 @@ fn rows_table(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    table(&header, &cells)
+    table::plain(&header, &cells)
 }
 
 /// One `run` summary row: the cases of one op on one device.
@@ -287,19 +284,6 @@ pub struct Summary {
     pub worst_file: String,
 }
 
-/// How far a row is from failing by its ratio: `ratio / threshold`; under the exact rule 0
-/// when equal and infinite when not; `None` when nothing was measured.
-fn margin(r: &Row) -> Option<f64> {
-    if r.ratio.is_nan() {
-        return None;
-    }
-    Some(match r.threshold {
-        Some(t) => r.ratio / t,
-        None if r.pass => 0.0,
-        None => f64::INFINITY,
-    })
-}
-
 /// Folds rows into one summary per (op, device); a case passes when all its rows pass.
 pub fn summarize(rows: &[Row]) -> Vec<Summary> {
     let mut by: BTreeMap<(String, Device), BTreeMap<String, Vec<&Row>>> = BTreeMap::new();
@@ -316,7 +300,7 @@ pub fn summarize(rows: &[Row]) -> Vec<Summary> {
             let worst = files
                 .values()
                 .flatten()
-                .filter_map(|&r| margin(r).map(|m| (m, r)))
+                .filter_map(|&r| r.margin().map(|m| (m, r)))
                 .fold(None::<(f64, &Row)>, |best, (m, r)| match best {
                     Some((b, _)) if b >= m => best,
                     _ => Some((m, r)),
@@ -347,21 +331,18 @@ fn progress(n: usize) -> ProgressBar {
 }
 
 /// `run [--fixtures DIR] [--device] [--json]`: every case under the fixtures folder on every
-/// selected device, one summary row per (op, device); exit 1 on any failure.
-pub fn run(fixtures: Option<&Path>, selection: Selection, json: bool, io: &mut Io<'_>) -> u8 {
-    if !gpu_gate(selection, io) {
-        return EXIT_UNUSABLE;
-    }
-    let (dir, from) = fixtures_lookup(fixtures);
-    if !dir.is_dir() {
-        let _ = writeln!(
-            io.err,
-            "error: fixtures folder not found: looked in {} ({from}); pass --fixtures DIR or set \
-             ATTN_FIXTURES",
-            dir.display()
-        );
-        return EXIT_UNUSABLE;
-    }
+/// selected device, one summary row per (op, device), then `N passed, M failed, K unusable`
+/// (cases); exit 1 on any failure. `device` is `None` when the user gave no `--device` (then
+/// `all`).
+pub fn run(fixtures: Option<&Path>, device: Option<Selection>, json: bool, io: &mut Io<'_>) -> u8 {
+    let selection = device.unwrap_or(Selection::All);
+    let (dir, from) = match fixtures_lookup(fixtures) {
+        Ok(found) => found,
+        Err(e) => {
+            let _ = writeln!(io.err, "error: {e}");
+            return EXIT_UNUSABLE;
+        }
+    };
     let mut manifests = Manifests::default();
     let mut unusable = 0;
     for e in manifests.missing(&dir).unwrap_or_else(|e| vec![e]) {
@@ -384,6 +365,9 @@ pub fn run(fixtures: Option<&Path>, selection: Selection, json: bool, io: &mut I
             return EXIT_UNUSABLE;
         }
     };
+    if !gpu_gate(selection, device.is_some(), io) {
+        return EXIT_UNUSABLE;
+    }
     let pb = progress(files.len());
     let (start, tty) = (Instant::now(), std::io::stderr().is_terminal());
     let mut rows = Vec::new();
@@ -406,7 +390,7 @@ pub fn run(fixtures: Option<&Path>, selection: Selection, json: bool, io: &mut I
     let (cases, passed) = summaries
         .iter()
         .fold((0, 0), |(c, p), s| (c + s.cases, p + s.passed));
-    let line = format!("{passed} passed, {} failed", cases - passed);
+    let line = summary_line(passed, cases - passed, unusable);
     if json {
         let _ = writeln!(
             io.out,
@@ -456,94 +440,81 @@ fn summary_table(s: &[Summary]) -> String {
             ]
         })
         .collect();
-    table(&header, &cells)
+    table::plain(&header, &cells)
 }
 
-/// One op in `list --json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct OpListing {
-    pub op: &'static str,
-    pub summary: &'static str,
-    pub inputs: Vec<serde_json::Value>,
-    pub params: Vec<serde_json::Value>,
-    pub outputs: Vec<&'static str>,
-    pub devices: Vec<&'static str>,
-}
-
-/// The registry as `list` shows it.
-pub fn listing() -> Vec<OpListing> {
-    OPS.iter()
-        .map(|op| OpListing {
-            op: op.id,
-            summary: op.summary,
-            inputs: op
-                .inputs
-                .iter()
-                .map(|i| {
-                    serde_json::json!({
-                        "name": i.name,
-                        "required": i.required,
-                        "kind": format!("{:?}", i.kind).to_lowercase(),
-                    })
-                })
-                .collect(),
-            params: op
-                .params
-                .iter()
-                .map(|p| {
-                    let default = p.default_value().ok().flatten();
-                    serde_json::json!({
-                        "name": p.name,
-                        "type": p.ty.describe(),
-                        "required": p.default.is_none(),
-                        "default": default,
-                    })
-                })
-                .collect(),
-            outputs: op.outputs.iter().map(|o| o.name).collect(),
-            devices: op.devices(),
-        })
-        .collect()
-}
-
-/// `list [--json]`: the ops, their inputs and parameters (with defaults), and their devices.
-pub fn list(json: bool, io: &mut Io<'_>) -> u8 {
-    let ops = listing();
-    if json {
-        let _ = writeln!(
-            io.out,
-            "{}",
-            serde_json::to_string_pretty(&ops).unwrap_or_default()
-        );
-        return EXIT_PASS;
-    }
-    for op in &ops {
-        let _ = writeln!(
-            io.out,
-            "{}  [{}]  {}",
-            op.op,
-            op.devices.join(", "),
-            op.summary
-        );
-        let inputs: Vec<String> = op
-            .inputs
-            .iter()
-            .map(|i| {
-                let opt = if i["required"] == true { "" } else { "?" };
-                format!("{}{opt}", i["name"].as_str().unwrap_or(""))
-            })
-            .collect();
-        let _ = writeln!(io.out, "    inputs:  {}", inputs.join(", "));
-        let params: Vec<String> = op
-            .params
-            .iter()
-            .map(|p| match p["required"] == true {
-                true => format!("{} (required)", p["name"].as_str().unwrap_or("")),
-                false => format!("{}={}", p["name"].as_str().unwrap_or(""), p["default"]),
-            })
-            .collect();
-        let _ = writeln!(io.out, "    params:  {}", params.join(", "));
-        let _ = writeln!(io.out, "    outputs: {}", op.outputs.join(", "));
-    }
+/// `list [OP] [--json]`: every op with its inputs' and outputs' layouts and dtypes, parameters
+/// and defaults, devices and spec section; with `OP`, that op's whole contract. An unknown `OP` is
+/// exit 2.
+pub fn list(op: Option<&str>, json: bool, io: &mut Io<'_>) -> u8 {
+    let ops: Vec<OpListing> = match op {
+        None => listing(),
+        Some(id) => match registry::find(id) {
+            Some(spec) => vec![OpListing::of(spec)],
+            None => {
+                let _ = writeln!(
+                    io.err,
+                    "error: unknown op `{id}` (`attn-conform list` shows the known ones)"
+                );
+                return EXIT_UNUSABLE;
+            }
+        },
+    };
+    let text = match (json, op) {
+        (true, None) => serde_json::to_string_pretty(&ops).unwrap_or_default() + "\n",
+        (true, Some(_)) => serde_json::to_string_pretty(&ops[0]).unwrap_or_default() + "\n",
+        (false, None) => ops.iter().map(OpListing::brief).collect(),
+        (false, Some(_)) => ops[0].contract(),
+    };
+    let _ = write!(io.out, "{text}");
     EXIT_PASS
+}
+
+/// `report [DIR] [--markdown|--html]`: per upstream implementation (`source.impl`) and op, the
+/// cases passed, failed and unusable and the worst ratio against its threshold, over every case
+/// under `dir` (default: the fixtures folder `run` finds); exit as `run`.
+pub fn report(dir: Option<&Path>, format: Format, io: &mut Io<'_>) -> u8 {
+    let found = match dir {
+        Some(d) if !d.is_dir() => {
+            let _ = writeln!(io.err, "error: {}: not a folder", d.display());
+            return EXIT_UNUSABLE;
+        }
+        Some(d) => Ok((d.to_path_buf(), "given")),
+        None => fixtures_lookup(None),
+    };
+    let (dir, _) = match found {
+        Ok(found) => found,
+        Err(e) => {
+            let _ = writeln!(io.err, "error: {e}");
+            return EXIT_UNUSABLE;
+        }
+    };
+    let files = match case_files(std::slice::from_ref(&dir)) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = writeln!(io.err, "error: {e}");
+            return EXIT_UNUSABLE;
+        }
+    };
+    if files.is_empty() {
+        let _ = writeln!(
+            io.err,
+            "error: no .safetensors case file under {}",
+            dir.display()
+        );
+        return EXIT_UNUSABLE;
+    }
+    let mut manifests = Manifests::default();
+    let mut r = Report::default();
+    for f in &files {
+        let o = report::outcome(f, &mut manifests);
+        if let Err(e) = &o.result {
+            let _ = writeln!(io.err, "error: {e}");
+        }
+        r.add(&o);
+    }
+    let _ = write!(io.out, "{}", r.render(format));
+    let (passed, failed, unusable) = r.totals();
+    let _ = writeln!(io.err, "{}", summary_line(passed, failed, unusable));
+    status(unusable, failed)
 }

@@ -291,6 +291,16 @@ pub fn class_ok(expected: DtypeClass, got: DtypeClass) -> bool {
     got == expected || (got == DtypeClass::Float64 && expected != DtypeClass::Int)
 }
 
+/// The dtypes of a class, as a message names them (`float32`, `bfloat16 or float16`).
+pub fn class_words(c: DtypeClass) -> &'static str {
+    match c {
+        DtypeClass::Float64 => "float64",
+        DtypeClass::Float32 => "float32 (or float64)",
+        DtypeClass::Half => "bfloat16 or float16 (or float64)",
+        DtypeClass::Int => "int32 or int64",
+    }
+}
+
 /// Compares a `candidate` output with the `reference` one under `rule`; `expected` is the dtype
 /// class the op's spec gives this output.
 pub fn compare(
@@ -334,10 +344,7 @@ pub fn compare(
         return fail(
             x.shape(),
             dtype,
-            format!(
-                "dtype {} is not of the expected class {expected:?}",
-                x.dtype()
-            ),
+            format!("dtype {}, expected {}", x.dtype(), class_words(expected)),
         );
     }
     let m = measure(&r.widen_f64(), &x.widen_f64());

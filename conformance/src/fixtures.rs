@@ -16,30 +16,93 @@ pub const MANIFEST_FORMAT: &str = "attn-fixtures/1";
 /// The environment variable naming the fixtures folder.
 pub const FIXTURES_ENV: &str = "ATTN_FIXTURES";
 
-/// The fixtures folder: `cli` when given, else `$ATTN_FIXTURES`, else
-/// `$CARGO_MANIFEST_DIR/../fixtures` (read at run time, when that folder exists), else
-/// `./fixtures`.
-pub fn fixtures_dir(cli: Option<&Path>) -> PathBuf {
-    fixtures_lookup(cli).0
+/// Where `run` and `report` look for the fixtures folder, in words (their `--help` and the
+/// not-found message say the same).
+pub const FIXTURES_HELP: &str = "The fixtures folder (default: $ATTN_FIXTURES when set, else \
+     $CARGO_MANIFEST_DIR/../fixtures when cargo runs the command in a checkout, else ./fixtures)";
+
+/// One place the fixtures folder is looked for: where the path comes from, in words, and the
+/// path (`None`: the variable it comes from is not set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    pub from: &'static str,
+    pub path: Option<PathBuf>,
 }
 
-/// [`fixtures_dir`], and where the choice came from, in words for an error message.
-pub fn fixtures_lookup(cli: Option<&Path>) -> (PathBuf, &'static str) {
+/// The places [`fixtures_dir`] looks, in order: only `cli` when given, else only
+/// `$ATTN_FIXTURES` when set, else `$CARGO_MANIFEST_DIR/../fixtures` (set when cargo runs the
+/// command) and `./fixtures`.
+pub fn fixtures_places(cli: Option<&Path>) -> Vec<Place> {
     if let Some(p) = cli {
-        return (p.to_path_buf(), "given by --fixtures");
+        return vec![Place {
+            from: "given by --fixtures",
+            path: Some(p.to_path_buf()),
+        }];
     }
     if let Some(p) = std::env::var_os(FIXTURES_ENV).filter(|p| !p.is_empty()) {
-        return (PathBuf::from(p), "from $ATTN_FIXTURES");
+        return vec![Place {
+            from: "from $ATTN_FIXTURES",
+            path: Some(PathBuf::from(p)),
+        }];
     }
-    if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
-        let p = Path::new(&dir).join("..").join("fixtures");
-        if p.is_dir() {
-            return (p, "beside the crate, from $CARGO_MANIFEST_DIR");
+    vec![
+        Place {
+            from: "$CARGO_MANIFEST_DIR/../fixtures, beside the crate",
+            path: std::env::var_os("CARGO_MANIFEST_DIR")
+                .map(|dir| Path::new(&dir).join("..").join("fixtures")),
+        },
+        Place {
+            from: "./fixtures, in the working directory",
+            path: Some(PathBuf::from("fixtures")),
+        },
+    ]
+}
+
+/// No fixtures folder at any of the places looked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct NotFound(pub Vec<Place>);
+
+impl std::fmt::Display for NotFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("fixtures folder not found; looked in:")?;
+        for p in &self.0 {
+            match &p.path {
+                Some(path) => write!(f, "\n  {} ({}): not a folder", path.display(), p.from)?,
+                None => write!(f, "\n  {}: $CARGO_MANIFEST_DIR is not set", p.from)?,
+            }
         }
+        write!(
+            f,
+            "\npass --fixtures DIR or set {FIXTURES_ENV}=DIR (the fixtures/ folder of a checkout)"
+        )
     }
-    (
-        PathBuf::from("fixtures"),
-        "the default: neither --fixtures nor $ATTN_FIXTURES was given",
+}
+
+/// The first of [`fixtures_places`] that is a folder, and where it came from in words.
+pub fn fixtures_lookup(cli: Option<&Path>) -> Result<(PathBuf, &'static str), NotFound> {
+    let places = fixtures_places(cli);
+    places
+        .iter()
+        .find_map(|p| {
+            p.path
+                .as_ref()
+                .filter(|d| d.is_dir())
+                .map(|d| (d.clone(), p.from))
+        })
+        .ok_or(NotFound(places))
+}
+
+/// The fixtures folder ([`fixtures_lookup`]), or the last place looked when none exists.
+pub fn fixtures_dir(cli: Option<&Path>) -> PathBuf {
+    fixtures_lookup(cli).map_or_else(
+        |NotFound(places)| {
+            places
+                .into_iter()
+                .rev()
+                .find_map(|p| p.path)
+                .unwrap_or_else(|| PathBuf::from("fixtures"))
+        },
+        |(dir, _)| dir,
     )
 }
 

@@ -8,7 +8,8 @@
 //! 3. `spec`: what an op entry is made of;
 //! 4. `ops`: one module per op family (entries, CPU and GPU runners) and `ops::device`;
 //! 5. `registry`: the families gathered, lookup, binding a case to its op;
-//! 6. `verify`, then `app` (the `attn-conform` command).
+//! 6. `verify`, `listing` (the registry as `list` shows it) and `report` (the conformance report);
+//!    then `app` (the `attn-conform` command). `table` (text, markdown, HTML tables) is a leaf.
 
 pub mod app;
 pub mod case;
@@ -16,10 +17,13 @@ pub mod compare;
 pub mod error;
 pub mod fixtures;
 pub mod index_rule;
+pub mod listing;
 pub mod ops;
 pub mod params;
 pub mod registry;
+pub mod report;
 pub mod spec;
+pub mod table;
 pub mod tensor;
 pub mod verify;
 

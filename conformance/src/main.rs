@@ -1,7 +1,10 @@
 //! `attn-conform`: verify case files against the float64 reference, run the fixture suite,
-//! list the ops. The logic lives in `attn_conformance::app`.
+//! list the ops and their contracts, report conformance per implementation. The logic lives in
+//! `attn_conformance::app`.
 
 use attn_conformance::app::{self, Io};
+use attn_conformance::fixtures::FIXTURES_HELP;
+use attn_conformance::report::Format;
 use attn_conformance::verify::Selection;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -39,11 +42,11 @@ impl From<DeviceArg> for Selection {
 enum Command {
     /// Check case files (or folders of them) against the float64 CPU reference.
     Verify {
-        /// cpu: the cases' stored outputs; all: also the GPU kernels where an op has one and a
-        /// GPU answers; gpu: as all, but a missing GPU is an error (exit 2).
-        #[arg(long, value_enum, default_value = "cpu")]
-        device: DeviceArg,
-        /// Write the rows as a JSON array to stdout.
+        /// cpu (the default): the cases' stored outputs; all: also the GPU kernels where an op
+        /// has one and a GPU answers; gpu: as all, but a missing GPU is an error (exit 2).
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+        /// Write the rows as a JSON array to stdout (the summary line goes to stderr).
         #[arg(long)]
         json: bool,
         /// Also write the float64 reference outputs of every case, as a case file
@@ -55,18 +58,38 @@ enum Command {
     },
     /// Verify every case under the fixtures folder, one summary row per (op, device).
     Run {
-        /// The fixtures folder (default: $ATTN_FIXTURES, $CARGO_MANIFEST_DIR/../fixtures, ./fixtures).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR", help = FIXTURES_HELP)]
         fixtures: Option<PathBuf>,
-        #[arg(long, value_enum, default_value = "all")]
-        device: DeviceArg,
+        /// all (the default): the cases' stored outputs, and the GPU kernels where an op has
+        /// one and a GPU answers; cpu: the stored outputs only; gpu: as all, but a missing GPU
+        /// is an error (exit 2).
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+        /// Write the summary rows as a JSON array to stdout (the summary line goes to stderr).
         #[arg(long)]
         json: bool,
     },
-    /// List the ops, their inputs and parameters, and the devices that implement them.
+    /// List the ops with their inputs' and outputs' shapes and dtypes, parameters, devices and
+    /// spec sections; with OP, that op's whole contract.
     List {
+        /// One op id (e.g. chunk_gated_delta_rule_fwd_h).
+        #[arg(value_name = "OP")]
+        op: Option<String>,
+        /// Write the listing as JSON to stdout (what attn_conform.ops() returns).
         #[arg(long)]
         json: bool,
+    },
+    /// Per upstream implementation (each case's source.impl) and op: cases passed, failed and
+    /// unusable, and the worst ratio against its threshold (stored outputs only).
+    Report {
+        #[arg(value_name = "DIR", help = FIXTURES_HELP)]
+        dir: Option<PathBuf>,
+        /// Write a GitHub markdown table.
+        #[arg(long, conflicts_with = "html")]
+        markdown: bool,
+        /// Write a standalone HTML page.
+        #[arg(long)]
+        html: bool,
     },
 }
 
@@ -85,7 +108,7 @@ fn main() -> ExitCode {
             paths,
         } => app::verify(
             &paths,
-            device.into(),
+            device.map(Selection::from),
             json,
             dump_reference.as_deref(),
             &mut io,
@@ -94,7 +117,24 @@ fn main() -> ExitCode {
             fixtures,
             device,
             json,
-        } => app::run(fixtures.as_deref(), device.into(), json, &mut io),
-        Command::List { json } => app::list(json, &mut io),
+        } => app::run(
+            fixtures.as_deref(),
+            device.map(Selection::from),
+            json,
+            &mut io,
+        ),
+        Command::List { op, json } => app::list(op.as_deref(), json, &mut io),
+        Command::Report {
+            dir,
+            markdown,
+            html,
+        } => {
+            let format = match (markdown, html) {
+                (true, _) => Format::Markdown,
+                (_, true) => Format::Html,
+                _ => Format::Text,
+            };
+            app::report(dir.as_deref(), format, &mut io)
+        }
     })
 }

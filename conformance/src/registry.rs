@@ -91,8 +91,8 @@ pub fn params_of(case: &Case) -> Result<Params, Problem> {
 }
 
 /// Checks everything the registry can tell about a case without running its op: known op,
-/// parameters, tolerance keys, input and output names, required inputs, and index-vs-float input
-/// dtypes; returns the parameters. (The file format itself was checked when the case was read;
+/// parameters, tolerance keys, input and output names, required inputs, index-vs-float input
+/// dtypes and input ranks (from each input's layout); returns the parameters. (The file format itself was checked when the case was read;
 /// shape agreement is the reference's to check when the op runs.)
 pub fn check(case: &Case) -> Result<Params, Problem> {
     let spec = spec_of(case)?;
@@ -119,6 +119,12 @@ pub fn check(case: &Case) -> Result<Params, Problem> {
             return Err(
                 attn_reference::Error::dtype(name.as_str(), expected, t.dtype().name()).into(),
             );
+        }
+        let ranks = input.ranks();
+        if !ranks.is_empty() && !ranks.contains(&t.shape().len()) {
+            let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
+            let expected = format!("rank {} {}", ranks.join(" or "), input.shape);
+            return Err(attn_reference::Error::shape(name.as_str(), expected, t.shape()).into());
         }
     }
     if let Some(missing) = spec

@@ -23,6 +23,41 @@ pub struct InputSpec {
     pub name: &'static str,
     pub required: bool,
     pub kind: InputKind,
+    /// Its layout as the spec writes it (`[B, T, H, K]`; alternatives joined by ` or `, notes in
+    /// parentheses); [`ranks`] reads the ranks a case may give it from this text.
+    pub shape: &'static str,
+    /// The dtypes it accepts, in words (`float`, `int32|int64`, `f32|f64`, `float, as k`).
+    pub dtype: &'static str,
+}
+
+impl InputSpec {
+    /// The ranks its layout allows (empty: any rank, e.g. `cumsum`'s `x`).
+    pub fn ranks(&self) -> Vec<usize> {
+        ranks(self.shape)
+    }
+}
+
+/// The distinct ranks of the bracketed layouts in `shape` (`[B, T, H] or [B, T, H, S]` gives
+/// 3 and 4), in order of first appearance; empty when `shape` has no bracket.
+pub fn ranks(shape: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut rest = shape;
+    while let Some(open) = rest.find('[') {
+        let Some(close) = rest[open..].find(']') else {
+            break;
+        };
+        let inside = &rest[open + 1..open + close];
+        let rank = if inside.trim().is_empty() {
+            0
+        } else {
+            inside.matches(',').count() + 1
+        };
+        if !out.contains(&rank) {
+            out.push(rank);
+        }
+        rest = &rest[open + close + 1..];
+    }
+    out
 }
 
 /// The dtype class an output must have, given the call's inputs and parameters.
@@ -44,6 +79,19 @@ pub struct OutputSpec {
     /// When not empty, the output is compared as these parts (one row each, e.g. `hm.b` and
     /// `hm.M` of `fwd_h_pre_scan`) instead of as a whole.
     pub parts: &'static [PartSpec],
+    /// Its layout as the spec writes it (`[B, NT, HV, K, V]`, notes in parentheses).
+    pub shape: &'static str,
+    /// Its dtype in words (`dtype of k`, `float32`, `output_dtype, else dtype of g`).
+    pub dtype: &'static str,
+    /// When the op produces it (`always`, `when output_final_state`).
+    pub present: &'static str,
+}
+
+impl OutputSpec {
+    /// This output, produced only under `present` (e.g. `"when output_final_state"`).
+    pub const fn when(self, present: &'static str) -> OutputSpec {
+        OutputSpec { present, ..self }
+    }
 }
 
 /// Selects one part of an output tensor (e.g. the columns `..V` of `hm`).
@@ -72,7 +120,15 @@ pub struct OpSpec {
     pub cpu: Runner,
     /// The CUDA kernel, where one exists.
     pub gpu: Option<Runner>,
+    /// Its section of the spec: a file of [`SPEC_DIR`] and a section (`ops-delta-rule.md §2`).
+    pub section: &'static str,
 }
+
+/// The folder of the spec files, relative to the repository root.
+pub const SPEC_DIR: &str = "conformance/spec";
+
+/// The dtypes of an index input.
+pub const INDEX_DTYPES: &str = "int32|int64";
 
 impl OpSpec {
     pub fn input(&self, name: &str) -> Option<&InputSpec> {
@@ -96,6 +152,10 @@ impl OpSpec {
     pub fn output_names(&self) -> String {
         names(self.outputs.iter().map(|o| o.name))
     }
+    /// Where the spec defines this op: `conformance/spec/ops-delta-rule.md §2`.
+    pub fn citation(&self) -> String {
+        format!("{SPEC_DIR}/{}", self.section)
+    }
     /// The devices that implement this op (`cpu` always).
     pub fn devices(&self) -> Vec<&'static str> {
         let mut d = vec!["cpu"];
@@ -110,21 +170,30 @@ fn names<'a>(it: impl Iterator<Item = &'a str>) -> String {
     it.collect::<Vec<_>>().join(", ")
 }
 
-/// A float tensor input.
-pub const fn float(name: &'static str, required: bool) -> InputSpec {
+/// A float tensor input of layout `shape` and dtypes `dtype` (in words).
+pub const fn float(
+    name: &'static str,
+    required: bool,
+    shape: &'static str,
+    dtype: &'static str,
+) -> InputSpec {
     InputSpec {
         name,
         required,
         kind: InputKind::Float,
+        shape,
+        dtype,
     }
 }
 
-/// An index tensor input (`int32` or `int64`).
-pub const fn index(name: &'static str, required: bool) -> InputSpec {
+/// An index tensor input (`int32` or `int64`) of layout `shape`.
+pub const fn index(name: &'static str, required: bool, shape: &'static str) -> InputSpec {
     InputSpec {
         name,
         required,
         kind: InputKind::Index,
+        shape,
+        dtype: INDEX_DTYPES,
     }
 }
 
@@ -133,13 +202,41 @@ pub const fn param(name: &'static str, ty: ParamType, default: Option<&'static s
     ParamSpec { name, ty, default }
 }
 
-/// An output compared as a whole (no parts), required in a case.
-pub const fn output(name: &'static str, class: ClassFn, rule: RuleFn) -> OutputSpec {
+/// An output of layout `shape` and dtype `dtype` (in words), compared as a whole (no parts),
+/// required in a case, produced on every call (see [`OutputSpec::when`]).
+pub const fn output(
+    name: &'static str,
+    shape: &'static str,
+    dtype: &'static str,
+    class: ClassFn,
+    rule: RuleFn,
+) -> OutputSpec {
     OutputSpec {
         name,
         optional: false,
         class,
         rule,
         parts: &[],
+        shape,
+        dtype,
+        present: "always",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ranks;
+
+    #[test]
+    fn ranks_are_read_from_the_bracketed_layouts() {
+        assert_eq!(ranks("[B, T, H, K]"), [4]);
+        assert_eq!(ranks("[B, T, H] or [B, T, H, S]"), [3, 4]);
+        assert_eq!(
+            ranks("[N, HV, K, V] ([N, HV, V, K] with state_v_first)"),
+            [4]
+        );
+        assert_eq!(ranks("[N + 1]"), [1]);
+        assert_eq!(ranks("[S, HV, K, V + K]"), [4]);
+        assert!(ranks("any rank >= 1").is_empty());
     }
 }

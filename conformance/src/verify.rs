@@ -2,7 +2,7 @@
 //! candidate with it: the case's own stored outputs (`cpu`), and the GPU runner's (`gpu`).
 
 use crate::case::{Case, Tensors};
-use crate::compare::{compare, Diagnostics, Rule};
+use crate::compare::{class_ok, compare, Diagnostics, Rule};
 use crate::error::Problem;
 use crate::index_rule::compare_indices;
 use crate::params::Params;
@@ -67,6 +67,21 @@ pub struct Row {
     /// selection but passed by the near-tie band.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub near_ties: Option<usize>,
+}
+
+impl Row {
+    /// How far this row is from failing by its ratio: `ratio / threshold`; under the exact rule
+    /// 0 when equal and infinite when not; `None` when nothing was measured.
+    pub fn margin(&self) -> Option<f64> {
+        if self.ratio.is_nan() {
+            return None;
+        }
+        Some(match self.threshold {
+            Some(t) => self.ratio / t,
+            None if self.pass => 0.0,
+            None => f64::INFINITY,
+        })
+    }
 }
 
 /// The devices `selection` checks for `op`, or why the selection cannot be served (`gpu`
@@ -182,6 +197,19 @@ fn reference_for<'a>(
     Ok(Cow::Owned(out))
 }
 
+/// For an op whose output dtype is its `output_dtype` parameter: what the case set it to and
+/// what it takes (appended to a dtype mismatch); empty for the other ops.
+fn output_dtype_hint(spec: &OpSpec, params: &Params) -> String {
+    let Some(p) = spec.params.iter().find(|p| p.name == "output_dtype") else {
+        return String::new();
+    };
+    let value = params.as_map().get(p.name).cloned().unwrap_or_default();
+    format!(
+        " (set by the parameter output_dtype = {value}; it takes {}, null meaning the input's dtype)",
+        p.ty.describe()
+    )
+}
+
 fn compare_outputs(
     case: &Case,
     spec: &OpSpec,
@@ -237,6 +265,12 @@ fn compare_outputs(
                 }
                 _ => compare(r.as_deref(), x.as_deref(), expected, rule),
             };
+            let reason = match x {
+                Some(x) if !class_ok(expected, x.dtype().class()) => {
+                    c.reason.map(|why| why + &output_dtype_hint(spec, params))
+                }
+                _ => c.reason,
+            };
             rows.push(Row {
                 file: case.path.display().to_string(),
                 op: case.op.clone(),
@@ -252,7 +286,7 @@ fn compare_outputs(
                     Rule::Exact => None,
                 },
                 pass: c.pass,
-                reason: c.reason,
+                reason,
                 diagnostics: c.diagnostics,
                 near_ties: c.near_ties,
             });

@@ -5,7 +5,7 @@
 //! new tokens are `[B, L, H, D]`. Batch row `b` uses cache row `cache_batch_idx[b]` (default `b`)
 //! and its valid length `cache_seqlens[b]`. Query head `h` uses KV head `h / (H / H_kv)`.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::scalar::Real;
 use ndarray::{s, Array1, Array3, Array4, ArrayView2, ArrayView4, Axis, Zip};
 use rayon::prelude::*;
@@ -91,7 +91,8 @@ fn cache_rows(
 ) -> Result<Vec<usize>> {
     let Some(idx) = cache_batch_idx else {
         if b > b_cache {
-            return Err(Error::shape(
+            return Err(Error::new(
+                ErrorKind::Shape,
                 batch_arg,
                 format!("batch B <= B_cache = {b_cache} without cache_batch_idx"),
                 format!("B = {b}"),

@@ -5,7 +5,7 @@
 //! every sequence start; `chunk_indices` lists `(n, c)` for every chunk in packed order and
 //! `chunk_offsets[n]` counts the chunks before sequence `n`.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// One sequence of a batch: batch row `batch`, tokens `bos .. eos` of that row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +46,8 @@ impl Seq {
 /// non-decreasing, ends at `T`, and only with `B == 1`.
 pub fn validate_cu_seqlens(cu: &[i64], b: usize, t: usize) -> Result<()> {
     if b != 1 {
-        return Err(Error::shape(
+        return Err(Error::new(
+            ErrorKind::Shape,
             "cu_seqlens",
             "batch size B == 1 when cu_seqlens is given",
             format!("B = {b}"),

@@ -9,9 +9,10 @@
 
 mod errors;
 
+use attn_conformance::listing::{self, OpListing};
 use attn_conformance::registry;
 use attn_conformance::verify::{declared_outputs, verify_case, Selection};
-use attn_conformance::{app, Case, Params, Problem, Tensor, Tensors};
+use attn_conformance::{Case, Params, Problem, Tensor, Tensors};
 use attn_reference::Dtype;
 use errors::{problem, Arg};
 use pyo3::exceptions::PyValueError;
@@ -209,7 +210,19 @@ fn load_case(
 /// The registry as `attn-conform list --json` shows it, as JSON text.
 #[pyfunction]
 fn ops() -> PyResult<String> {
-    serde_json::to_string(&app::listing()).map_err(|e| PyValueError::new_err(e.to_string()))
+    serde_json::to_string(&listing::listing()).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The text of `attn-conform list` (every op, `op` = `None`) or of `attn-conform list OP`.
+#[pyfunction]
+#[pyo3(signature = (op=None))]
+fn ops_text(op: Option<&str>) -> PyResult<String> {
+    let Some(id) = op else {
+        return Ok(listing::listing().iter().map(OpListing::brief).collect());
+    };
+    registry::find(id)
+        .map(|spec| OpListing::of(spec).contract())
+        .ok_or_else(|| problem(&Arg::Op.to_string(), Problem::UnknownOp(id.into())))
 }
 
 #[pymodule]
@@ -220,5 +233,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save_case, m)?)?;
     m.add_function(wrap_pyfunction!(load_case, m)?)?;
     m.add_function(wrap_pyfunction!(ops, m)?)?;
+    m.add_function(wrap_pyfunction!(ops_text, m)?)?;
     Ok(())
 }

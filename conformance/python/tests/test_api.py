@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import attn_conform as ac
+from conftest import run_cli
 
 RNG = np.random.default_rng(20261124)
 
@@ -79,7 +80,9 @@ def test_bfloat16_inputs_are_widened_exactly():
     assert [r["pass"] for r in rows] == [True]
     # without output_dtype the output follows x: a bfloat16 result is expected
     rows = ac.check("cumsum", {"x": x}, {"y": y.astype(np.float32)}, {"dim": 1})
-    assert "class" in rows[0]["reason"] and rows[0]["diagnostics"] is None
+    reason = rows[0]["reason"]
+    assert reason.startswith("dtype float32, expected bfloat16 or float16"), reason
+    assert "output_dtype = null" in reason and rows[0]["diagnostics"] is None
 
 
 def test_tolerance_overrides_the_threshold():
@@ -117,7 +120,7 @@ BAD = [
     (lambda: ac.reference("cumsum", {"x": x.astype(bool)}, {"dim": 1}), TypeError, "inputs['x']"),
     (lambda: ac.reference("cumsum", {"x": x.astype(np.int32)}, {"dim": 1}), TypeError, "inputs['x']"),
     (lambda: ac.reference("cumsum", {"q": x}, {"dim": 1}), ValueError, "inputs['q']"),
-    (lambda: ac.reference("cumsum", {}, {"dim": 1}), ValueError, "inputs:"),
+    (lambda: ac.reference("cumsum", {}, {"dim": 1}), ValueError, "inputs['x']: missing"),
     (lambda: ac.reference("chunk_local_cumsum", {"g": x}), ValueError, "params:"),
     (lambda: ac.reference("cumsum", {"x": x}, [1]), TypeError, "params:"),
     (lambda: ac.reference("cumsum", {"x": x}, {"dim": "1"}), TypeError, "params['dim']"),
@@ -176,8 +179,105 @@ def test_gpu_reference_without_a_gpu_says_why():
         ac.assert_conforms("cumsum", {"x": x}, out, {"dim": 1})
 
 
-def test_docstrings_list_every_op_with_its_inputs_and_params():
+def test_docstrings_list_every_op_with_its_shapes_and_params():
     for f in (ac.reference, ac.check, ac.assert_conforms, ac.save_case):
         for o in ac.ops():
-            assert f"    {o['op']}: inputs " in f.__doc__
+            assert f"    {o['op']}  [" in f.__doc__
+            for i in o["inputs"]:
+                assert f"{i['name']}{'' if i['required'] else '?'} {i['shape']}  {i['dtype']}" in f.__doc__
     assert "chunk_size (required)" in ac.reference.__doc__
+    assert "w [B, T, HV, K]  float, as k" in ac.check.__doc__
+
+
+def test_ops_give_every_input_and_output_a_shape_and_a_dtype():
+    for o in ac.ops():
+        assert o["spec"].startswith("conformance/spec/ops-") and " §" in o["spec"], o
+        for t in (*o["inputs"], *o["outputs"]):
+            assert t["shape"] and t["dtype"], (o["op"], t)
+    fwd_h = next(o for o in ac.ops() if o["op"] == "chunk_gated_delta_rule_fwd_h")
+    w = next(i for i in fwd_h["inputs"] if i["name"] == "w")
+    assert (w["shape"], w["required"]) == ("[B, T, HV, K]", True)
+    cu = next(i for i in fwd_h["inputs"] if i["name"] == "cu_seqlens")
+    assert (cu["shape"], cu["dtype"], cu["required"]) == ("[N + 1]", "int32|int64", False)
+    v_new = next(x for x in fwd_h["outputs"] if x["name"] == "v_new")
+    assert v_new["present"] == "when save_new_value"
+
+
+def test_contract_is_the_text_of_list_op(cli):
+    text = ac.contract("chunk_gated_delta_rule_fwd_h")
+    assert "w              [B, T, HV, K]" in text, text
+    assert "conformance/spec/ops-delta-rule.md §2" in text
+    assert text == run_cli(cli, "list", "chunk_gated_delta_rule_fwd_h").stdout
+    with pytest.raises(ValueError, match="^op: unknown op `nope`"):
+        ac.contract("nope")
+
+
+# What a user types, and the message that names it as typed: keys of `inputs` / `outputs`, never
+# the case file's `in.w` / `out.out`; a rank error with the layout; a head mismatch naming both
+# tensors.
+def _fwd_h(h: int = 2, **over):
+    rng = np.random.default_rng(0)
+    t = {
+        "k": rng.standard_normal((1, 8, h, 4)).astype(np.float32),
+        "w": rng.standard_normal((1, 8, 4, 4)).astype(np.float32),
+        "u": rng.standard_normal((1, 8, 4, 3)).astype(np.float32),
+    }
+    t.update(over)
+    return {k: v for k, v in t.items() if v is not None}
+
+
+MESSAGES = [
+    (
+        lambda: ac.reference("chunk_gated_delta_rule_fwd_h", _fwd_h(w=None)),
+        ValueError,
+        "inputs['w']: missing: `chunk_gated_delta_rule_fwd_h` requires it (inputs: k, w, u,",
+    ),
+    (
+        lambda: ac.reference("chunk_gated_delta_rule_fwd_h", _fwd_h(wk=x)),
+        ValueError,
+        "inputs['wk']: not an input of `chunk_gated_delta_rule_fwd_h` (inputs of",
+    ),
+    (
+        lambda: ac.check("cumsum", {"x": x}, {"out": x}, {"dim": 1}),
+        ValueError,
+        "outputs['out']: not an output of `cumsum` (outputs of `cumsum`: y)",
+    ),
+    (
+        lambda: ac.reference("chunk_gated_delta_rule_fwd_h", _fwd_h(k=np.zeros((8, 2, 4), np.float32))),
+        ValueError,
+        "inputs['k']: bad shape for `k`: expected rank 4 [B, T, H, K], got [8, 2, 4]",
+    ),
+    (
+        lambda: ac.reference("chunk_gated_delta_rule_fwd_h", _fwd_h(h=3)),
+        ValueError,
+        "inputs['u']: bad shape for `u`: expected HV a multiple of H = 3 (`k` is [B, T, H, K] = "
+        "[1, 8, 3, 4]), got [1, 8, 4, 3]",
+    ),
+    (
+        lambda: ac.reference(
+            "chunk_local_cumsum",
+            {"g": x, "cu_seqlens": np.array([0, 60], dtype=np.int32)},
+            {"chunk_size": 4},
+        ),
+        ValueError,
+        "inputs['cu_seqlens']: bad shape for `cu_seqlens`: expected batch size B == 1 when "
+        "cu_seqlens is given, got B = 2",
+    ),
+]
+
+
+@pytest.mark.parametrize("call,exc,message", MESSAGES, ids=[m[2][:24] for m in MESSAGES])
+def test_messages_name_what_the_user_typed(call, exc, message):
+    with pytest.raises(exc) as e:
+        call()
+    assert str(e.value).startswith(message), str(e.value)
+    assert "in." not in str(e.value) and "out." not in str(e.value), str(e.value)
+
+
+def test_a_half_output_of_a_float32_case_names_the_dtypes_and_output_dtype():
+    o = ac.reference("chunk_local_cumsum", {"g": x}, {"chunk_size": 4})["o"]
+    rows = ac.check("chunk_local_cumsum", {"g": x}, {"o": o.astype(np.float16)}, {"chunk_size": 4})
+    assert rows[0]["reason"] == (
+        'dtype float16, expected float32 (or float64) (set by the parameter output_dtype = '
+        '"float32"; it takes "float32" | "float64" | null, null meaning the input\'s dtype)'
+    ), rows[0]["reason"]

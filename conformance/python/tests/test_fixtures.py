@@ -61,7 +61,7 @@ def plant(case: ac.Case, rng: np.random.Generator):
     beyond any threshold; returns the output name, the index and the new value."""
     spec = next(o for o in ac.ops() if o["op"] == case.op)
     reference = ac.reference(case.op, case.inputs, case.params)
-    for name in spec["outputs"]:
+    for name in (o["name"] for o in spec["outputs"]):
         out = case.outputs.get(name)
         if out is None or out.dtype.kind != "f" and out.dtype.name != "bfloat16" or out.size == 0:
             continue

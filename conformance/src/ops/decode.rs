@@ -23,32 +23,40 @@ pub const OPS: &[OpSpec] = &[KV_CACHE_UPDATE, DECODE_ATTENTION];
 const LAYOUTS: &[&str] = &["bshd", "bhsd"];
 const P_LAYOUT: ParamSpec = s::param("cache_layout", ParamType::Str(LAYOUTS), Some("\"bshd\""));
 
+/// The layout of a cache, by `cache_layout`.
+const CACHE: &str = "[B_cache, S, H_kv, D] (bshd) or [B_cache, H_kv, S, D] (bhsd)";
+
 const KV_CACHE_UPDATE: OpSpec = OpSpec {
     id: "kv_cache_update",
     summary: "write k, v into static caches at cache_seqlens (bit exact)",
     inputs: &[
-        s::float("k_cache", true),
-        s::float("v_cache", true),
-        s::float("k", true),
-        s::float("v", true),
-        s::index("cache_seqlens", true),
-        s::index("cache_batch_idx", false),
+        s::float("k_cache", true, CACHE, "float"),
+        s::float("v_cache", true, CACHE, "float, as k_cache"),
+        s::float("k", true, "[B, L_new, H_kv, D]", "float, as k_cache"),
+        s::float("v", true, "[B, L_new, H_kv, D]", "float, as k_cache"),
+        s::index("cache_seqlens", true, "[B]"),
+        s::index("cache_batch_idx", false, "[B]"),
     ],
     params: &[P_LAYOUT],
     outputs: &[
         s::output(
             "k_cache",
+            CACHE,
+            "dtype of k_cache",
             |i, _| super::class_of(i, "k_cache"),
             |_, _, _| Rule::Exact,
         ),
         s::output(
             "v_cache",
+            CACHE,
+            "dtype of v_cache",
             |i, _| super::class_of(i, "v_cache"),
             |_, _, _| Rule::Exact,
         ),
     ],
     cpu: kv_cache_update_cpu,
     gpu: Some(kv_cache_update_gpu),
+    section: "ops-decode.md §1",
 };
 
 /// `(k_cache, v_cache) = kv_cache_update(...)`, in the caches' own dtype (bit exact).
@@ -160,11 +168,11 @@ const DECODE_ATTENTION: OpSpec = OpSpec {
     id: "decode_attention",
     summary: "attention of q over the valid prefix of static KV caches",
     inputs: &[
-        s::float("q", true),
-        s::float("k_cache", true),
-        s::float("v_cache", true),
-        s::index("cache_seqlens", true),
-        s::index("cache_batch_idx", false),
+        s::float("q", true, "[B, L_q, H, D]", "float"),
+        s::float("k_cache", true, CACHE, "float"),
+        s::float("v_cache", true, CACHE, "float, as k_cache"),
+        s::index("cache_seqlens", true, "[B]"),
+        s::index("cache_batch_idx", false, "[B]"),
     ],
     params: &[
         s::param("softmax_scale", ParamType::OptFloat, Some("null")),
@@ -174,6 +182,8 @@ const DECODE_ATTENTION: OpSpec = OpSpec {
     outputs: &[
         s::output(
             "o",
+            "[B, L_q, H, D]",
+            "dtype of q",
             |i, _| super::class_of(i, "q"),
             |_, _, c| Rule::default_for(c),
         ),
@@ -183,10 +193,14 @@ const DECODE_ATTENTION: OpSpec = OpSpec {
             class: lse_class,
             rule: lse_rule,
             parts: &[],
+            shape: "[B, H, L_q]",
+            dtype: "float32",
+            present: "always (a case may leave it out)",
         },
     ],
     cpu: decode_attention_cpu,
     gpu: Some(decode_attention_gpu),
+    section: "ops-decode.md §2",
 };
 
 /// `(o, lse) = decode_attention(...)` in float64.

@@ -12,7 +12,7 @@ use crate::case::Tensors;
 use crate::compare::Rule;
 use crate::error::Problem;
 use crate::params::{ParamSpec, ParamType, Params};
-use crate::spec::{self as s, OpSpec, OutputSpec, PartSpec};
+use crate::spec::{self as s, InputSpec, OpSpec, OutputSpec, PartSpec};
 use crate::tensor::Tensor;
 use attn_reference::delta::{self as d, DeltaDtypes};
 use attn_reference::DtypeClass;
@@ -34,16 +34,23 @@ const P_V_FIRST: ParamSpec = s::param("state_v_first", ParamType::Bool, Some("fa
 const P_SAVE_V: ParamSpec = s::param("save_new_value", ParamType::Bool, Some("true"));
 const P_SAFE_GATE: ParamSpec = s::param("safe_gate", ParamType::Bool, Some("false"));
 const P_L2NORM: ParamSpec = s::param("use_qk_l2norm_in_kernel", ParamType::Bool, Some("false"));
+/// The layout of a state `initial_state` / `final_state`.
+const STATE: &str = "[N, HV, K, V] ([N, HV, V, K] with state_v_first)";
+/// The dtype of an output FLA stores in float32 ([`f32_class`]).
+const F32_OUT: &str = "float32 (float64 for a float64 main input)";
+/// `initial_state` of the ops that take one.
+const INITIAL_STATE: InputSpec = s::float("initial_state", false, STATE, "f32|f64");
+const CU_SEQLENS: InputSpec = s::index("cu_seqlens", false, "[N + 1]");
 /// `k, w, u, g, gk` of the state-recurrence ops (`conformance/spec/ops-delta-rule.md` §2.1), then
 /// the op's own inputs.
 macro_rules! fwd_h_inputs {
     ($($extra:expr),* $(,)?) => {
         &[
-            s::float("k", true),
-            s::float("w", true),
-            s::float("u", true),
-            s::float("g", false),
-            s::float("gk", false),
+            s::float("k", true, "[B, T, H, K]", "float (k, w, u share one dtype)"),
+            s::float("w", true, "[B, T, HV, K]", "float, as k"),
+            s::float("u", true, "[B, T, HV, V]", "float, as k"),
+            s::float("g", false, "[B, T, HV]", "float"),
+            s::float("gk", false, "[B, T, HV, K]", "float"),
             $($extra),*
         ]
     };
@@ -55,19 +62,28 @@ macro_rules! fwd_h_outputs {
         [
             s::output(
                 "h",
+                "[B, NT, HV, K, V] ([B, NT, HV, V, K] with state_v_first; varlen: B = 1, \
+                 NT = total chunks)",
+                "dtype of k",
                 |i, _| super::class_of(i, "k"),
                 |i, _, c| threshold(i, "k", c, $h, $h_long, $h32),
             ),
             s::output(
                 "v_new",
+                "[B, T, HV, V]",
+                "dtype of u",
                 |i, _| super::class_of(i, "u"),
                 |i, _, c| threshold(i, "k", c, $h, $h_long, $h32),
-            ),
+            )
+            .when("when save_new_value"),
             s::output(
                 "final_state",
+                STATE,
+                F32_OUT,
                 |i, _| Ok(f32_class(i, "k")),
                 |i, _, c| threshold(i, "k", c, $s, $s_long, $s32),
-            ),
+            )
+            .when("when output_final_state"),
         ]
     };
 }
@@ -77,25 +93,27 @@ const SPLIT_OUTPUTS: [OutputSpec; 3] = fwd_h_outputs!(1e-2, 1e-2, 5e-5; 1e-2, 1e
 /// An output of `kda_intra` stored in the dtype of input `like` (the default thresholds of
 /// `conformance/spec/README.md` by `q`, `conformance/spec/ops-delta-rule.md` §7.7).
 macro_rules! intra_output {
-    ($name:literal, $like:literal) => {
+    ($name:literal, $shape:literal, $like:literal) => {
         s::output(
             $name,
+            $shape,
+            concat!("dtype of ", $like),
             |i, _| super::class_of(i, $like),
             |i, _, c| threshold(i, "q", c, 5e-3, 5e-3, 1e-5),
         )
     };
 }
 /// `q, k, v, g, beta, initial_state` of `kda_fwd` / `gdn_fwd`
-/// (`conformance/spec/ops-delta-rule.md` §6.1, §8.1), then the op's own inputs.
+/// (`conformance/spec/ops-delta-rule.md` §6.1, §8.1), `g` of layout `$g`, then the op's own inputs.
 macro_rules! forward_inputs {
-    ($($extra:expr),* $(,)?) => {
+    ($g:literal; $($extra:expr),* $(,)?) => {
         &[
-            s::float("q", true),
-            s::float("k", true),
-            s::float("v", true),
-            s::float("g", true),
-            s::float("beta", true),
-            s::float("initial_state", false),
+            s::float("q", true, "[B, T, H, K]", "float (q, k, v share one dtype)"),
+            s::float("k", true, "[B, T, H, K]", "float, as q"),
+            s::float("v", true, "[B, T, HV, V]", "float, as q"),
+            s::float("g", true, $g, "float"),
+            s::float("beta", true, "[B, T, HV]", "float"),
+            INITIAL_STATE,
             $($extra),*
         ]
     };
@@ -105,27 +123,30 @@ macro_rules! forward_inputs {
 const FORWARD_OUTPUTS: [OutputSpec; 2] = [
     s::output(
         "o",
+        "[B, T, HV, V]",
+        "dtype of q",
         |i, _| super::class_of(i, "q"),
         |i, _, c| threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
     ),
     s::output(
         "final_state",
+        STATE,
+        F32_OUT,
         |i, _| Ok(f32_class(i, "q")),
         |i, _, c| threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
-    ),
+    )
+    .when("when output_final_state"),
 ];
 
 const CHUNK_GATED_DELTA_RULE_FWD_H: OpSpec = OpSpec {
     id: "chunk_gated_delta_rule_fwd_h",
     summary: "chunked delta-rule state recurrence: h per chunk, v_new = u - w S, final state",
-    inputs: fwd_h_inputs![
-        s::float("initial_state", false),
-        s::index("cu_seqlens", false)
-    ],
+    inputs: fwd_h_inputs![INITIAL_STATE, CU_SEQLENS],
     params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
     outputs: &FWD_H_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_cpu,
     gpu: Some(chunk_gated_delta_rule_fwd_h_gpu),
+    section: "ops-delta-rule.md §2",
 };
 
 /// `h`, `v_new`, `final_state` of `conformance/spec/ops-delta-rule.md` §2.
@@ -167,13 +188,16 @@ fn fwd_h_downloads(
 const FWD_H_PRE_SCAN: OpSpec = OpSpec {
     id: "fwd_h_pre_scan",
     summary: "affine summary hm = [b | M] of each (sub-)sequence's chunk recurrence",
-    inputs: fwd_h_inputs![s::index("cu_seqlens", false)],
+    inputs: fwd_h_inputs![s::index("cu_seqlens", false, "[S + 1]")],
     params: &[P_CHUNK64],
     outputs: &[OutputSpec {
         name: "hm",
         optional: false,
         class: |i, _| Ok(f32_class(i, "k")),
         rule: |i, _, c| threshold(i, "k", c, 5e-3, 1e-2, 1e-5),
+        shape: "[S, HV, K, V + K] (b = hm[..., :V], M = hm[..., V:])",
+        dtype: F32_OUT,
+        present: "always",
         parts: &[
             PartSpec {
                 name: "hm.b",
@@ -189,6 +213,7 @@ const FWD_H_PRE_SCAN: OpSpec = OpSpec {
     }],
     cpu: fwd_h_pre_scan_cpu,
     gpu: Some(fwd_h_pre_scan_gpu),
+    section: "ops-delta-rule.md §3",
 };
 
 /// `hm = [b | M]` of `conformance/spec/ops-delta-rule.md` §3.
@@ -217,25 +242,31 @@ const FWD_H_MERGE: OpSpec = OpSpec {
     id: "fwd_h_merge",
     summary: "prefix chain X <- M X + b over each sequence's sub-sequence summaries",
     inputs: &[
-        s::float("hm", true),
-        s::index("subseq_offsets", true),
-        s::float("initial_state", false),
+        s::float("hm", true, "[S, HV, K, V + K]", "f32|f64"),
+        s::index("subseq_offsets", true, "[N + 1]"),
+        INITIAL_STATE,
     ],
     params: &[P_V_FIRST, P_FINAL],
     outputs: &[
         s::output(
             "initial_states",
+            "[S, HV, K, V] ([S, HV, V, K] with state_v_first)",
+            F32_OUT,
             |i, _| Ok(f32_class(i, "hm")),
             |i, _, c| threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
         ),
         s::output(
             "final_state",
+            STATE,
+            F32_OUT,
             |i, _| Ok(f32_class(i, "hm")),
             |i, _, c| threshold(i, "hm", c, 2e-5, 2e-5, 2e-5),
-        ),
+        )
+        .when("when output_final_state"),
     ],
     cpu: fwd_h_merge_cpu,
     gpu: Some(fwd_h_merge_gpu),
+    section: "ops-delta-rule.md §4",
 };
 
 /// `initial_states`, `final_state` of `conformance/spec/ops-delta-rule.md` §4.
@@ -285,14 +316,15 @@ const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
     id: "chunk_gated_delta_rule_fwd_h_split",
     summary: "fwd_h through chunk-aligned sub-sequences: pre-scan, merge, fwd_h (same result)",
     inputs: fwd_h_inputs![
-        s::float("initial_state", false),
-        s::index("cu_seqlens", false),
-        s::index("subseq_cu_seqlens", false),
+        INITIAL_STATE,
+        CU_SEQLENS,
+        s::index("subseq_cu_seqlens", false, "[S + 1]"),
     ],
     params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
     outputs: &SPLIT_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_split_cpu,
     gpu: Some(chunk_gated_delta_rule_fwd_h_split_gpu),
+    section: "ops-delta-rule.md §5",
 };
 
 /// Section 2's outputs through the split of `conformance/spec/ops-delta-rule.md` §5.
@@ -339,23 +371,24 @@ const KDA_INTRA: OpSpec = OpSpec {
     id: "kda_intra",
     summary: "KDA intra-chunk stage: Aqk, Akk = (I + L)^-1, WY factors w, u, gated keys kg",
     inputs: &[
-        s::float("q", true),
-        s::float("k", true),
-        s::float("v", true),
-        s::float("gk", true),
-        s::float("beta", true),
-        s::index("cu_seqlens", false),
+        s::float("q", true, "[B, T, H, K]", "float (q, k, v share one dtype)"),
+        s::float("k", true, "[B, T, H, K]", "float, as q"),
+        s::float("v", true, "[B, T, HV, V]", "float, as q"),
+        s::float("gk", true, "[B, T, HV, K]", "float"),
+        s::float("beta", true, "[B, T, HV]", "float"),
+        CU_SEQLENS,
     ],
     params: &[P_SCALE, P_CHUNK64, P_SAFE_GATE],
     outputs: &[
-        intra_output!("w", "k"),
-        intra_output!("u", "v"),
-        intra_output!("kg", "k"),
-        intra_output!("Aqk", "k"),
-        intra_output!("Akk", "k"),
+        intra_output!("w", "[B, T, HV, K]", "k"),
+        intra_output!("u", "[B, T, HV, V]", "v"),
+        intra_output!("kg", "[B, T, HV, K]", "k"),
+        intra_output!("Aqk", "[B, T, HV, BT]", "k"),
+        intra_output!("Akk", "[B, T, HV, BT]", "k"),
     ],
     cpu: kda_intra_cpu,
     gpu: Some(kda_intra_gpu),
+    section: "ops-delta-rule.md §7",
 };
 
 fn kda_intra_params(p: &Params) -> Result<d::KdaIntraParams, Problem> {
@@ -476,9 +509,10 @@ const KDA_FWD: OpSpec = OpSpec {
     id: "kda_fwd",
     summary: "Kimi Delta Attention forward (recurrent definition), in-kernel gate/beta/l2norm",
     inputs: forward_inputs![
-        s::float("A_log", false),
-        s::float("dt_bias", false),
-        s::index("cu_seqlens", false),
+        "[B, T, HV, K]";
+        s::float("A_log", false, "[HV]", "float (with use_gate_in_kernel)"),
+        s::float("dt_bias", false, "[HV * K]", "float (with use_gate_in_kernel)"),
+        CU_SEQLENS,
     ],
     params: &[
         P_SCALE,
@@ -495,6 +529,7 @@ const KDA_FWD: OpSpec = OpSpec {
     outputs: &FORWARD_OUTPUTS,
     cpu: kda_fwd_cpu,
     gpu: Some(kda_fwd_gpu),
+    section: "ops-delta-rule.md §6",
 };
 
 fn kda_fwd_params(p: &Params) -> Result<d::KdaFwdParams, Problem> {
@@ -549,11 +584,12 @@ fn kda_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
 const GDN_FWD: OpSpec = OpSpec {
     id: "gdn_fwd",
     summary: "Gated DeltaNet forward (recurrent definition), scalar gate per head",
-    inputs: forward_inputs![s::index("cu_seqlens", false)],
+    inputs: forward_inputs!["[B, T, HV]"; CU_SEQLENS],
     params: &[P_SCALE, P_FINAL, P_L2NORM, P_CHUNK64, P_V_FIRST],
     outputs: &FORWARD_OUTPUTS,
     cpu: gdn_fwd_cpu,
     gpu: Some(gdn_fwd_gpu),
+    section: "ops-delta-rule.md §8",
 };
 
 fn gdn_fwd_params(p: &Params) -> Result<d::GdnFwdParams, Problem> {

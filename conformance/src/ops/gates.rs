@@ -18,9 +18,14 @@ use ndarray::{Ix1, Ix4};
 pub const OPS: &[OpSpec] = &[KDA_GATE, KDA_GATE_CHUNK_CUMSUM];
 
 const GATE_INPUTS: [InputSpec; 3] = [
-    s::float("g", true),
-    s::float("A_log", false),
-    s::float("dt_bias", false),
+    s::float("g", true, "[B, T, HV, K]", "float"),
+    s::float(
+        "A_log",
+        false,
+        "[HV]",
+        "float (required unless lower_bound is set)",
+    ),
+    s::float("dt_bias", false, "[HV * K]", "float"),
 ];
 
 const KDA_GATE: OpSpec = OpSpec {
@@ -30,11 +35,14 @@ const KDA_GATE: OpSpec = OpSpec {
     params: &[P_LOWER],
     outputs: &[s::output(
         "y",
+        "[B, T, HV, K]",
+        "float32",
         |_, _| Ok(DtypeClass::Float32),
         |_, _, c| Rule::default_for(c),
     )],
     cpu: kda_gate_cpu,
     gpu: Some(kda_gate_gpu),
+    section: "ops-cumsum.md §4",
 };
 
 /// `y = kda_gate(g, A_log, dt_bias, lower_bound)` in float64.
@@ -72,16 +80,19 @@ const KDA_GATE_CHUNK_CUMSUM: OpSpec = OpSpec {
         GATE_INPUTS[0],
         GATE_INPUTS[1],
         GATE_INPUTS[2],
-        s::index("cu_seqlens", false),
+        s::index("cu_seqlens", false, "[N + 1]"),
     ],
     params: &[P_CHUNK, P_SCALE, P_LOWER, P_OUT_F32, P_REVERSE],
     outputs: &[s::output(
         "o",
+        "[B, T, HV, K]",
+        "output_dtype (default float32); null: dtype of g",
         |i, p| super::out_class(i, p, "g"),
         |_, _, c| Rule::default_for(c),
     )],
     cpu: kda_gate_chunk_cumsum_cpu,
     gpu: Some(kda_gate_chunk_cumsum_gpu),
+    section: "ops-cumsum.md §5",
 };
 
 /// `o = chunk_local_cumsum(kda_gate(g, A_log, dt_bias), chunk_size, reverse, scale)` in float64.

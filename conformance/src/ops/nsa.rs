@@ -15,7 +15,7 @@ use crate::case::Tensors;
 use crate::compare::{IndexMode, IndexRule, Rule};
 use crate::error::Problem;
 use crate::params::{ParamSpec, ParamType, Params};
-use crate::spec::{self as s, OpSpec, OutputSpec};
+use crate::spec::{self as s, InputSpec, OpSpec, OutputSpec};
 use crate::tensor::Tensor;
 use attn_reference::nsa::nsa_fwd::FwdGates;
 use attn_reference::nsa::{self as nsa, BlockCounts, EmptyLse, Gates, PartialBlock};
@@ -73,7 +73,21 @@ const LSE: OutputSpec = OutputSpec {
     class: f32_class,
     rule: lse_rule,
     parts: &[],
+    shape: "[B, T, HQ]",
+    dtype: "float32",
+    present: "always (a case may leave it out: FLA's naive functions do not return it)",
 };
+
+const CU_SEQLENS: InputSpec = s::index("cu_seqlens", false, "[N + 1]");
+const Q: InputSpec = s::float("q", true, "[B, T, HQ, K]", "float");
+/// `o` of the attention branches: `[B, T, HQ, V]` in the dtype of `q`.
+const O: OutputSpec = s::output(
+    "o",
+    "[B, T, HQ, V]",
+    "dtype of q",
+    |i, _| super::class_of(i, "q"),
+    o_rule,
+);
 
 /// The near-tie band of §9 by the candidate's precision, read from `q`'s dtype: float64 1e-9,
 /// float32 1e-4, bf16/fp16 inputs 5e-2.
@@ -173,25 +187,33 @@ const NSA_COMPRESS_KV: OpSpec = OpSpec {
     id: "nsa_compress_kv",
     summary: "block means of k and v (mean_of_valid | drop), optional per-head projection",
     inputs: &[
-        s::float("k", true),
-        s::float("v", false),
-        s::float("w_k", false),
-        s::float("w_v", false),
-        s::index("cu_seqlens", false),
+        s::float("k", true, "[B, T, H, K]", "float"),
+        s::float("v", false, "[B, T, H, V]", "float, as k"),
+        s::float("w_k", false, "[H, K, K]", "float"),
+        s::float("w_v", false, "[H, V, V]", "float (needs v)"),
+        CU_SEQLENS,
     ],
     params: &[P_BLOCK_SIZE, P_PARTIAL],
     outputs: &[
-        s::output("k_cmp", |i, _| super::class_of(i, "k"), o_rule),
-        OutputSpec {
-            name: "v_cmp",
-            optional: false,
-            class: |i, _| super::class_of(i, "v"),
-            rule: o_rule,
-            parts: &[],
-        },
+        s::output(
+            "k_cmp",
+            "[B, TC, H, K] (varlen: [1, sum TC_n, H, K])",
+            "dtype of k",
+            |i, _| super::class_of(i, "k"),
+            o_rule,
+        ),
+        s::output(
+            "v_cmp",
+            "[B, TC, H, V] (varlen: [1, sum TC_n, H, V])",
+            "dtype of v",
+            |i, _| super::class_of(i, "v"),
+            o_rule,
+        )
+        .when("when v is given"),
     ],
     cpu: nsa_compress_kv_cpu,
     gpu: Some(nsa_compress_kv_gpu),
+    section: "ops-nsa.md §2",
 };
 
 /// `(k_cmp, v_cmp) = nsa_compress_kv(...)` in float64 (weights of any float dtype, widened).
@@ -249,10 +271,20 @@ const NSA_COMPRESSION_ATTENTION: OpSpec = OpSpec {
     id: "nsa_compression_attention",
     summary: "each query attends to its visible compressed blocks (complete | started | all)",
     inputs: &[
-        s::float("q", true),
-        s::float("k_cmp", true),
-        s::float("v_cmp", true),
-        s::index("cu_seqlens", false),
+        Q,
+        s::float(
+            "k_cmp",
+            true,
+            "[B, TC, H, K] (varlen packed)",
+            "float, as q",
+        ),
+        s::float(
+            "v_cmp",
+            true,
+            "[B, TC, H, V] (varlen packed)",
+            "float, as q",
+        ),
+        CU_SEQLENS,
     ],
     params: &[
         P_BLOCK_SIZE,
@@ -269,9 +301,10 @@ const NSA_COMPRESSION_ATTENTION: OpSpec = OpSpec {
             Some("\"-inf\""),
         ),
     ],
-    outputs: &[s::output("o", |i, _| super::class_of(i, "q"), o_rule), LSE],
+    outputs: &[O, LSE],
     cpu: nsa_compression_attention_cpu,
     gpu: Some(nsa_compression_attention_gpu),
+    section: "ops-nsa.md §3",
 };
 
 /// `(o, lse) = nsa_compression_attention(...)` in float64.
@@ -327,10 +360,15 @@ const NSA_SELECT_BLOCKS: OpSpec = OpSpec {
     id: "nsa_select_blocks",
     summary: "block importance and top-k per row (fla | mslk_tile_mean)",
     inputs: &[
-        s::float("q", true),
-        s::float("k_cmp", true),
-        s::index("block_counts", false),
-        s::index("cu_seqlens", false),
+        Q,
+        s::float(
+            "k_cmp",
+            true,
+            "[B, TC, H, K] (varlen packed)",
+            "float, as q",
+        ),
+        s::index("block_counts", false, "[B, T, H] (mode fla)"),
+        CU_SEQLENS,
     ],
     params: &[
         s::param(
@@ -344,9 +382,16 @@ const NSA_SELECT_BLOCKS: OpSpec = OpSpec {
         s::param("q_tile_size", ParamType::Int, Some("256")),
         s::param("causal", ParamType::Bool, Some("true")),
     ],
-    outputs: &[s::output("block_indices", int_class, select_rule)],
+    outputs: &[s::output(
+        "block_indices",
+        "[B, T, H, S] (fla) or [B, NQ, HQ, S_m] (mslk_tile_mean)",
+        "int32",
+        int_class,
+        select_rule,
+    )],
     cpu: nsa_select_blocks_cpu,
     gpu: Some(nsa_select_blocks_gpu),
+    section: "ops-nsa.md §4",
 };
 
 /// `block_indices = nsa_select_blocks(...)` (int32), with `block_indices.scores` (float64).
@@ -407,17 +452,18 @@ const NSA_SELECTION_ATTENTION: OpSpec = OpSpec {
     id: "nsa_selection_attention",
     summary: "each query attends to the tokens of its selected blocks (multiset, causal)",
     inputs: &[
-        s::float("q", true),
-        s::float("k", true),
-        s::float("v", true),
-        s::index("block_indices", true),
-        s::index("block_counts", false),
-        s::index("cu_seqlens", false),
+        Q,
+        s::float("k", true, "[B, T, H, K]", "float, as q"),
+        s::float("v", true, "[B, T, H, V]", "float, as q"),
+        s::index("block_indices", true, "[B, T, H, S]"),
+        s::index("block_counts", false, "[B, T, H]"),
+        CU_SEQLENS,
     ],
     params: &[P_BLOCK_SIZE, P_SCALE, P_COUNTS],
-    outputs: &[s::output("o", |i, _| super::class_of(i, "q"), o_rule), LSE],
+    outputs: &[O, LSE],
     cpu: nsa_selection_attention_cpu,
     gpu: Some(nsa_selection_attention_gpu),
+    section: "ops-nsa.md §5",
 };
 
 /// `(o, lse) = nsa_selection_attention(...)` in float64.
@@ -480,28 +526,43 @@ const NSA_GATE_COMBINE: OpSpec = OpSpec {
     id: "nsa_gate_combine",
     summary: "branch gates (W: sigmoid(q W), G: given, U: 1/3) and the gated sum",
     inputs: &[
-        s::float("o_cmp", true),
-        s::float("o_slc", true),
-        s::float("o_swa", true),
-        s::float("q", false),
-        s::float("gate_proj_weight", false),
-        s::float("g_cmp", false),
-        s::float("g_slc", false),
-        s::float("g_swa", false),
+        s::float("o_cmp", true, "[B, T, HQ, V]", "float"),
+        s::float("o_slc", true, "[B, T, HQ, V]", "float, as o_cmp"),
+        s::float("o_swa", true, "[B, T, HQ, V]", "float, as o_cmp"),
+        s::float("q", false, "[B, T, HQ, K]", "float (W form)"),
+        s::float("gate_proj_weight", false, "[HQ, 3, K]", "float (W form)"),
+        s::float(
+            "g_cmp",
+            false,
+            "[B, T, HQ]",
+            "float (G form: all three or none)",
+        ),
+        s::float("g_slc", false, "[B, T, HQ]", "float (G form)"),
+        s::float("g_swa", false, "[B, T, HQ]", "float (G form)"),
     ],
     params: &[],
     outputs: &[
-        s::output("o", |i, _| super::class_of(i, "o_cmp"), o_rule),
+        s::output(
+            "o",
+            "[B, T, HQ, V]",
+            "dtype of o_cmp",
+            |i, _| super::class_of(i, "o_cmp"),
+            o_rule,
+        ),
         OutputSpec {
             name: "gates",
             optional: true,
             class: f32_class,
             rule: o_rule,
             parts: &[],
+            shape: "[B, T, HQ, 3]",
+            dtype: "float32",
+            present: "always (a case may leave it out)",
         },
     ],
     cpu: nsa_gate_combine_cpu,
     gpu: Some(nsa_gate_combine_gpu),
+    section: "ops-nsa.md §6",
 };
 
 /// `(o, gates) = nsa_gate_combine(...)` in float64 (`q`, weights and given gates widened).
@@ -593,15 +654,15 @@ const NSA_FWD: OpSpec = OpSpec {
     id: "nsa_fwd",
     summary: "the whole FLA NSA forward: compressed, selected and window branches, gated",
     inputs: &[
-        s::float("q", true),
-        s::float("k", true),
-        s::float("v", true),
-        s::float("g_cmp", false),
-        s::float("g_slc", false),
-        s::float("g_swa", false),
-        s::index("block_indices", false),
-        s::index("block_counts", false),
-        s::index("cu_seqlens", false),
+        Q,
+        s::float("k", true, "[B, T, H, K]", "float, as q"),
+        s::float("v", true, "[B, T, H, V]", "float, as q"),
+        s::float("g_cmp", false, "[B, T, HQ]", "float, as q"),
+        s::float("g_slc", false, "[B, T, HQ]", "float, as q"),
+        s::float("g_swa", false, "[B, T, HQ]", "float, as q"),
+        s::index("block_indices", false, "[B, T, H, S]"),
+        s::index("block_counts", false, "[B, T, H]"),
+        CU_SEQLENS,
     ],
     params: &[
         P_BLOCK_SIZE,
@@ -610,17 +671,21 @@ const NSA_FWD: OpSpec = OpSpec {
         P_SCALE,
     ],
     outputs: &[
-        s::output("o", |i, _| super::class_of(i, "q"), o_rule),
+        O,
         OutputSpec {
             name: "block_indices",
             optional: true,
             class: int_class,
             rule: set_rule,
             parts: &[],
+            shape: "[B, T, H, S]",
+            dtype: "int32",
+            present: "when the selection is computed (no block_indices input)",
         },
     ],
     cpu: nsa_fwd_cpu,
     gpu: Some(nsa_fwd_gpu),
+    section: "ops-nsa.md §7",
 };
 
 /// `(o, block_indices) = nsa_fwd(...)` in float64; `block_indices` (with its scores) only when

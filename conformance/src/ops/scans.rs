@@ -15,10 +15,13 @@ use attn_reference::DtypeClass;
 
 pub const OPS: &[OpSpec] = &[CUMSUM, CHUNK_LOCAL_CUMSUM, CHUNK_GLOBAL_CUMSUM];
 
+/// The layouts of a chunked scan's `g` and `o`: a scalar or a vector gate.
+const G_SHAPE: &str = "[B, T, H] or [B, T, H, S]";
+
 const CUMSUM: OpSpec = OpSpec {
     id: "cumsum",
     summary: "torch.cumsum(x, dim) with reverse",
-    inputs: &[s::float("x", true)],
+    inputs: &[s::float("x", true, "any rank >= 1", "float")],
     params: &[
         s::param("dim", ParamType::Int, Some("-1")),
         P_REVERSE,
@@ -26,11 +29,14 @@ const CUMSUM: OpSpec = OpSpec {
     ],
     outputs: &[s::output(
         "y",
+        "shape of x",
+        "output_dtype; null: dtype of x",
         |i, p| super::out_class(i, p, "x"),
         |i, p, c| scan_threshold(c, super::cumsum_len(i, p)),
     )],
     cpu: cumsum_cpu,
     gpu: Some(cumsum_gpu),
+    section: "ops-cumsum.md §1",
 };
 
 /// `y = cumsum(x, dim, reverse)` in float64.
@@ -51,10 +57,15 @@ fn cumsum_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
 const CHUNK_LOCAL_CUMSUM: OpSpec = OpSpec {
     id: "chunk_local_cumsum",
     summary: "per-chunk prefix sums of g [B,T,H(,S)], varlen-aware",
-    inputs: &[s::float("g", true), s::index("cu_seqlens", false)],
+    inputs: &[
+        s::float("g", true, G_SHAPE, "float"),
+        s::index("cu_seqlens", false, "[N + 1]"),
+    ],
     params: &[P_CHUNK, P_REVERSE, P_SCALE, P_OUT_F32],
     outputs: &[s::output(
         "o",
+        "shape of g",
+        "output_dtype (default float32); null: dtype of g",
         |i, p| super::out_class(i, p, "g"),
         |_, _, c| match c {
             DtypeClass::Float32 => Rule::Threshold(1e-6),
@@ -63,6 +74,7 @@ const CHUNK_LOCAL_CUMSUM: OpSpec = OpSpec {
     )],
     cpu: chunk_local_cumsum_cpu,
     gpu: Some(chunk_local_cumsum_gpu),
+    section: "ops-cumsum.md §2",
 };
 
 /// `o = chunk_local_cumsum(g, cu_seqlens, chunk_size, reverse, scale)` in float64.
@@ -99,15 +111,21 @@ fn chunk_local_cumsum_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Probl
 const CHUNK_GLOBAL_CUMSUM: OpSpec = OpSpec {
     id: "chunk_global_cumsum",
     summary: "whole-sequence prefix sums of g [B,T,H(,S)], varlen-aware",
-    inputs: &[s::float("g", true), s::index("cu_seqlens", false)],
+    inputs: &[
+        s::float("g", true, G_SHAPE, "float"),
+        s::index("cu_seqlens", false, "[N + 1]"),
+    ],
     params: &[P_REVERSE, P_SCALE, P_OUT_F32],
     outputs: &[s::output(
         "o",
+        "shape of g",
+        "output_dtype (default float32); null: dtype of g",
         |i, p| super::out_class(i, p, "g"),
         |i, _, c| scan_threshold(c, super::longest_sequence(i)),
     )],
     cpu: chunk_global_cumsum_cpu,
     gpu: Some(chunk_global_cumsum_gpu),
+    section: "ops-cumsum.md §3",
 };
 
 /// `o = chunk_global_cumsum(g, cu_seqlens, reverse, scale)` in float64.

@@ -102,13 +102,16 @@ pub(crate) fn key_dim(arg: &str, shape: &[usize], k: usize) -> Result<()> {
     Ok(())
 }
 
-/// `HV >= 1` and `HV % H == 0`.
-pub(crate) fn heads(arg: &str, shape: &[usize], h: usize, hv: usize) -> Result<()> {
+/// `HV >= 1` and `HV % H == 0`, `H` being the heads of `keys`.
+fn heads(arg: &str, shape: &[usize], keys: (&str, &[usize]), h: usize, hv: usize) -> Result<()> {
     positive(arg, "HV", shape, hv)?;
     if hv % h != 0 {
         return Err(Error::shape(
             arg,
-            format!("HV a multiple of H = {h}"),
+            format!(
+                "HV a multiple of H = {h} (`{}` is [B, T, H, K] = {:?})",
+                keys.0, keys.1
+            ),
             shape,
         ));
     }
@@ -125,23 +128,22 @@ pub(crate) fn keys(arg: &str, shape: &[usize]) -> Result<(usize, usize, usize, u
     Ok((b, t, h, k))
 }
 
-/// A `[B, T, HV, V]` value tensor with the `B, T` of the keys: returns `(HV, V)`.
-pub(crate) fn values(
-    arg: &str,
-    shape: &[usize],
-    b: usize,
-    t: usize,
-    h: usize,
-) -> Result<(usize, usize)> {
+/// A `[B, T, HV, V]` value tensor with the `B, T` of the keys `keys` (name and shape, checked
+/// by [`keys`]): returns `(HV, V)`. A mismatch names both tensors.
+pub(crate) fn values(arg: &str, shape: &[usize], keys: (&str, &[usize])) -> Result<(usize, usize)> {
+    let (b, t, h) = (keys.1[0], keys.1[1], keys.1[2]);
     rank(arg, shape, 4)?;
     if shape[0] != b || shape[1] != t {
         return Err(Error::shape(
             arg,
-            format!("[B, T, HV, V] with B = {b}, T = {t}"),
+            format!(
+                "[B, T, HV, V] with B = {b}, T = {t} (`{}` is [B, T, H, K] = {:?})",
+                keys.0, keys.1
+            ),
             shape,
         ));
     }
-    heads(arg, shape, h, shape[2])?;
+    heads(arg, shape, keys, h, shape[2])?;
     positive(arg, "V", shape, shape[3])?;
     Ok((shape[2], shape[3]))
 }

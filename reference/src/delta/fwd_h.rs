@@ -130,7 +130,7 @@ pub(crate) fn validate_kwu(
     chunk_size: i64,
 ) -> Result<Geometry> {
     let (b, t, h, k) = check::keys("k", shapes.k)?;
-    let (hv, v) = check::values("u", shapes.u, b, t, h)?;
+    let (hv, v) = check::values("u", shapes.u, ("k", shapes.k))?;
     check::rank("w", shapes.w, 4)?;
     check::exact("w", shapes.w, &[b, t, hv, k], "[B, T, HV, K]")?;
     if let Some(g) = shapes.g {

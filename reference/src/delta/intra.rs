@@ -100,7 +100,7 @@ pub(crate) fn validate_qkvb(
 ) -> Result<check::Extents> {
     let (b, t, h, kd) = check::keys("q", q)?;
     check::exact("k", k, q, "the shape of q")?;
-    let (hv, vd) = check::values("v", v, b, t, h)?;
+    let (hv, vd) = check::values("v", v, ("q", q))?;
     check::rank("beta", beta, 3)?;
     check::exact("beta", beta, &[b, t, hv], "[B, T, HV]")?;
     Ok((b, t, h, kd, hv, vd))

@@ -40,6 +40,7 @@ __all__ = [
     "Case",
     "assert_conforms",
     "check",
+    "contract",
     "format_rows",
     "load_case",
     "ops",
@@ -58,10 +59,20 @@ def ops() -> list[dict[str, Any]]:
     """Every op of the registry, as ``attn-conform list --json`` shows it.
 
     Each is a dict with ``op``, ``summary``, ``inputs`` (``name``, ``required``, ``kind``:
-    ``float`` or ``index``), ``params`` (``name``, ``type``, ``required``, ``default``),
-    ``outputs`` and ``devices``.
+    ``float`` or ``index``, ``shape``: the layout such as ``[B, T, H, K]``, ``dtype``: the
+    accepted dtypes in words), ``params`` (``name``, ``type``, ``required``, ``default``),
+    ``outputs`` (``name``, ``shape``, ``dtype``, ``present``: when the op produces it,
+    ``optional``: whether a case may leave it out), ``devices`` and ``spec`` (the spec section,
+    ``conformance/spec/<file>.md §N``).
     """
     return json.loads(_native.ops())
+
+
+def contract(op: str) -> str:
+    """The whole contract of ``op`` as ``attn-conform list OP`` prints it: its inputs with
+    their shapes and dtypes, parameters with types and defaults, outputs with shapes, dtypes and
+    when they are present, devices and spec section."""
+    return _native.ops_text(_op(op))
 
 
 def reference(
@@ -250,14 +261,9 @@ def load_case(path: str | os.PathLike[str]) -> Case:
 
 
 def _op_table() -> str:
-    lines = ["", "Ops (inputs; params with defaults; outputs):"]
-    for o in ops():
-        ins = ", ".join(i["name"] + ("" if i["required"] else "?") for i in o["inputs"])
-        ps = ", ".join(
-            p["name"] + (" (required)" if p["required"] else f"={json.dumps(p['default'])}")
-            for p in o["params"]
-        )
-        lines.append(f"    {o['op']}: inputs {ins}; params {ps or '-'}; outputs {', '.join(o['outputs'])}")
+    """Every op as ``attn-conform list`` prints it (``name?``: an optional input)."""
+    lines = ["", "Ops (inputs and outputs with their shapes and dtypes; params with defaults):", ""]
+    lines += ["    " + line for line in _native.ops_text().splitlines()]
     return "\n".join(lines)
 
 

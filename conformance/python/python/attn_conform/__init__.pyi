@@ -1,8 +1,9 @@
 """Check attention kernels against the attn-conformance float64 reference, in-process.
 
 See the module docstring of ``attn_conform/__init__.py``; the docstrings of ``reference``,
-``check``, ``assert_conforms`` and ``save_case`` list every op with its inputs and parameters
-at run time (``help(attn_conform.check)``)."""
+``check``, ``assert_conforms`` and ``save_case`` list every op with its inputs' and outputs'
+shapes and dtypes and its parameters at run time (``help(attn_conform.check)``), from the same
+registry as ``ops()`` and ``attn-conform list``."""
 
 import os
 from typing import Any, Mapping, TypedDict, Union
@@ -52,8 +53,39 @@ Row = TypedDict(
     },
 )
 
-def ops() -> list[dict[str, Any]]:
-    """Every op: ``op``, ``summary``, ``inputs``, ``params``, ``outputs``, ``devices``."""
+class InputInfo(TypedDict):
+    name: str
+    required: bool
+    kind: str  # "float" or "index"
+    shape: str  # the layout, e.g. "[B, T, H, K]"
+    dtype: str  # the accepted dtypes in words, e.g. "int32|int64"
+
+ParamInfo = TypedDict(
+    "ParamInfo", {"name": str, "type": str, "required": bool, "default": Any}
+)
+
+class OutputInfo(TypedDict):
+    name: str
+    shape: str
+    dtype: str
+    present: str  # when the op produces it, e.g. "when output_final_state"
+    optional: bool  # whether a case may leave it out
+
+class OpInfo(TypedDict):
+    op: str
+    summary: str
+    inputs: list[InputInfo]
+    params: list[ParamInfo]
+    outputs: list[OutputInfo]
+    devices: list[str]
+    spec: str  # "conformance/spec/<file>.md §N"
+
+def ops() -> list[OpInfo]:
+    """Every op: ``op``, ``summary``, ``inputs`` and ``outputs`` with their shapes and dtypes,
+    ``params``, ``devices``, ``spec``; ``help(attn_conform.check)`` lists them as text."""
+
+def contract(op: str) -> str:
+    """The whole contract of ``op``, as ``attn-conform list OP`` prints it."""
 
 def reference(
     op: str, inputs: Tensors, params: Params | None = None, device: str = "cpu"

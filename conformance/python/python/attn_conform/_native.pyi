@@ -32,3 +32,6 @@ def load_case(
 
 def ops() -> str:
     """The registry as ``attn-conform list --json`` shows it, as JSON text."""
+
+def ops_text(op: str | None = None) -> str:
+    """The text of ``attn-conform list`` (every op), or of ``attn-conform list OP``."""
