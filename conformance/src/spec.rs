@@ -120,12 +120,10 @@ pub struct OpSpec {
     pub cpu: Runner,
     /// The CUDA kernel, where one exists.
     pub gpu: Option<Runner>,
-    /// Its section of the spec: a file of [`SPEC_DIR`] and a section (`ops-delta-rule.md §2`).
+    /// Its section of the spec: a file of `conformance/spec/` and a section
+    /// (`conformance/spec/ops-delta-rule.md §2`).
     pub section: &'static str,
 }
-
-/// The folder of the spec files, relative to the repository root.
-pub const SPEC_DIR: &str = "conformance/spec";
 
 /// The dtypes of an index input.
 pub const INDEX_DTYPES: &str = "int32|int64";
@@ -154,7 +152,7 @@ impl OpSpec {
     }
     /// Where the spec defines this op: `conformance/spec/ops-delta-rule.md §2`.
     pub fn citation(&self) -> String {
-        format!("{SPEC_DIR}/{}", self.section)
+        self.section.to_string()
     }
     /// The devices that implement this op (`cpu` always).
     pub fn devices(&self) -> Vec<&'static str> {

@@ -11,10 +11,10 @@ use common::{conform, stderr, stdout, valid_cases, write_case, Rng};
 
 /// The spec files an op may cite.
 const SPEC_FILES: [&str; 4] = [
-    "ops-cumsum.md",
-    "ops-decode.md",
-    "ops-delta-rule.md",
-    "ops-nsa.md",
+    "conformance/spec/ops-cumsum.md",
+    "conformance/spec/ops-decode.md",
+    "conformance/spec/ops-delta-rule.md",
+    "conformance/spec/ops-nsa.md",
 ];
 
 #[test]

@@ -48,21 +48,44 @@ template <typename Acc> __device__ __forceinline__ Acc exp2_acc(Acc x);
 template <> __device__ __forceinline__ float exp2_acc(float x) { return exp2f(x); }
 template <> __device__ __forceinline__ double exp2_acc(double x) { return exp2(x); }
 
+// Stores the N elements of v at p in pieces of at most 16 bytes (p aligned to them).
+template <typename T, int N>
+__device__ __forceinline__ void store_pieces(T* p, const Vec<T, N>& v) {
+    constexpr int P = N < Piece<T>::N ? N : Piece<T>::N;
+#pragma unroll
+    for (int k = 0; k < N; k += P) *reinterpret_cast<Vec<T, P>*>(p + k) = *reinterpret_cast<const Vec<T, P>*>(&v.v[k]);
+}
+
+// Stores the first n of the N elements of v at p: in whole pieces when `aligned` (p aligned
+// to them and n == N), else one by one.
+template <typename T, int N>
+__device__ __forceinline__ void store_some(T* p, const Vec<T, N>& v, bool aligned, int n) {
+    if (aligned && n == N) {
+        store_pieces<T, N>(p, v);
+    } else {
+        for (int e = 0; e < n; ++e) p[e] = v.v[e];
+    }
+}
+
 // x rounded to T and widened back (the rounding points of FLA's stored intermediates).
 template <typename T, typename Acc> __device__ __forceinline__ Acc rnd(Acc x) {
     return (Acc)widen(Narrow<T>::from(x));
 }
 
+// The cumulative gate is held in fp64 by the FMA kernels, so that exp2(G_r - G_j) of two large
+// cumulative gates (hard forget: -1000 per step) keeps fp32 accuracy; the tensor-core kernel
+// holds it in fp32 (its products round to T anyway).
 template <typename Acc> struct IntraSmem {
     Acc q[INTRA_BT][INTRA_P];   // normalised q of the key tile
     Acc k[INTRA_BT][INTRA_P];   // normalised k of the key tile
-    Acc G[INTRA_BT][INTRA_P];   // cumulative gate of the key tile (log2 units)
+    double G[INTRA_BT][INTRA_P];  // cumulative gate of the key tile (log2 units)
     Acc x[INTRA_BT][INTRA_P];   // product operand of pass 2 / 3
     Acc L[INTRA_BT][INTRA_BT + 1];    // L, then (I + L)^-1
     Acc A[INTRA_BT][INTRA_BT + 1];    // Aqk
     Acc X[INTRA_BT][INTRA_BT + 1];    // Akk = (I + L)^-1
     Acc tmp[48][17];                  // Σ_m L_im X_mj of the off-diagonal blocks of one distance
-    Acc invq[INTRA_BT], invk[INTRA_BT], beta[INTRA_BT], gs[INTRA_BT];
+    Acc invq[INTRA_BT], invk[INTRA_BT], beta[INTRA_BT];
+    double gs[INTRA_BT];
 };
 
 // One intra call's geometry for this CTA.
@@ -83,67 +106,137 @@ template <typename T> struct Elem<T, T, float> {
 };
 
 // Loads key tile [k0, k0 + KW) of q, k (normalised, rounded to T, stored as E) and the
-// cumulative gate G (Acc) into shared memory; columns >= K and rows >= n_c are 0 (G of such
-// rows is G of row n_c - 1, or 0 for a read G, and never used with valid rows).
-template <typename T, typename Acc, typename E, int FORM, int KW, typename Sm>
-__device__ void intra_load_tile(const IntraArgs& a, Sm& sm, const IntraChunk& c, int k0) {
+// cumulative gate G (GT) into shared memory; columns >= K and rows >= n_c are 0 (G of such rows
+// is G of row n_c - 1, or 0 for a read G, and never used with valid rows). Every thread first
+// loads its 16-byte pieces (all in flight at once), then converts and stores them. The gate's
+// running sum: each of INTRA_THREADS / KW row segments per column summed in order, then the
+// totals of the segments before it added.
+template <typename T, typename E, int FORM, int KW, int P, typename GT, typename Acc>
+__device__ void intra_load_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[KW + 1],
+                                const Acc* invq, const Acc* invk, const GT* gs) {
     const int tid = threadIdx.x;
     const T* qp = reinterpret_cast<const T*>(a.q);
     const T* kp = reinterpret_cast<const T*>(a.k);
-    for (int i = tid; i < INTRA_BT * KW; i += INTRA_THREADS) {
-        const int r = i / KW, d = i % KW;
-        const bool ok = r < c.nc && k0 + d < a.K;
-        const i64 off = ((c.row0 + r) * a.H + c.kh) * a.K + k0 + d;
-        sm.q[r][d] = Elem<E, T, Acc>::from(ok ? (Acc)widen(qp[off]) * sm.invq[r] : Acc(0));
-        sm.k[r][d] = Elem<E, T, Acc>::from(ok ? (Acc)widen(kp[off]) * sm.invk[r] : Acc(0));
-    }
-    if (a.scalar_gate) {
-        for (int i = tid; i < INTRA_BT * KW; i += INTRA_THREADS) {
-            const int r = i / KW, d = i % KW;
-            sm.G[r][d] = sm.gs[r];
+    constexpr int N = VMax<T>::N, VPR = KW / N, NV = INTRA_BT * VPR / INTRA_THREADS;
+    if (a.K % N == 0) {
+        Vec<T, N> vq[NV], vk[NV];
+#pragma unroll
+        for (int u = 0; u < NV; ++u) {
+            const int i = tid + u * INTRA_THREADS, r = i / VPR, d0 = (i % VPR) * N;
+            const bool ok = r < c.nc && k0 + d0 < a.K;
+            const i64 off = ok ? ((c.row0 + r) * a.H + c.kh) * a.K + k0 + d0 : 0;
+            vq[u] = ok ? *reinterpret_cast<const Vec<T, N>*>(qp + off) : Vec<T, N>{};
+            vk[u] = ok ? *reinterpret_cast<const Vec<T, N>*>(kp + off) : Vec<T, N>{};
+        }
+#pragma unroll
+        for (int u = 0; u < NV; ++u) {
+            const int i = tid + u * INTRA_THREADS, r = i / VPR, d0 = (i % VPR) * N;
+#pragma unroll
+            for (int e = 0; e < N; ++e) {
+                q[r][d0 + e] = Elem<E, T, Acc>::from((Acc)widen(vq[u].v[e]) * invq[r]);
+                k[r][d0 + e] = Elem<E, T, Acc>::from((Acc)widen(vk[u].v[e]) * invk[r]);
+            }
         }
     } else {
-        // the per-row gate values, then one thread per column sums its rows in order
         for (int i = tid; i < INTRA_BT * KW; i += INTRA_THREADS) {
             const int r = i / KW, d = i % KW;
-            Acc x[1] = {Acc(0)};
-            if (r < c.nc && k0 + d < a.K) {
-                x[0] = load_f<Acc>(reinterpret_cast<const void*>(a.g), a.g_dtype, ((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d);
-                if (a.gate_mode == 2) {
-                    Gate<Acc, 1, FORM> gate;
-                    gate.init(a.gate, c.hv * a.K + k0 + d);
-                    gate.apply(x);
+            const bool ok = r < c.nc && k0 + d < a.K;
+            const i64 off = ((c.row0 + r) * a.H + c.kh) * a.K + k0 + d;
+            q[r][d] = Elem<E, T, Acc>::from(ok ? (Acc)widen(qp[off]) * invq[r] : Acc(0));
+            k[r][d] = Elem<E, T, Acc>::from(ok ? (Acc)widen(kp[off]) * invk[r] : Acc(0));
+        }
+    }
+    if (a.scalar_gate) {
+        for (int i = tid; i < INTRA_BT * KW; i += INTRA_THREADS) G[i / KW][i % KW] = gs[i / KW];
+        __syncthreads();
+        return;
+    }
+    // the per-row gate values: this thread's 4 columns (the same for all its rows)
+    constexpr int GPR = KW / 4, GV = INTRA_BT * GPR / INTRA_THREADS;
+    const int gd0 = (tid % GPR) * 4;
+    const bool quads = a.K % 4 == 0, in_k = k0 + gd0 < a.K;  // whole 4-column groups
+    Gate<GT, 4, FORM> gate;
+    if (a.gate_mode == 2 && quads && in_k) gate.init(a.gate, c.hv * a.K + k0 + gd0);
+    const bool gvec = a.g_dtype == 1 && quads;
+    GT gv[GV][4];
+#pragma unroll
+    for (int u = 0; u < GV; ++u) {
+        const int r = (tid + u * INTRA_THREADS) / GPR;
+        const i64 base = ((c.row0 + r) * a.HV + c.hv) * a.K + k0 + gd0;
+        if (gvec) {
+            const bool ok = r < c.nc && k0 + gd0 < a.K;
+            const Vec<float, 4> x = ok ? *reinterpret_cast<const Vec<float, 4>*>(reinterpret_cast<const float*>(a.g) + base) : Vec<float, 4>{};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) gv[u][e] = (GT)x.v[e];
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool ok = r < c.nc && k0 + gd0 + e < a.K;
+                gv[u][e] = ok ? load_f<GT>(reinterpret_cast<const void*>(a.g), a.g_dtype, base + e) : GT(0);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < GV; ++u) {
+        const int r = (tid + u * INTRA_THREADS) / GPR;
+        if (a.gate_mode == 2) {
+            // the in-kernel gate (its constants belong to columns gd0 .. gd0 + 3, which exist
+            // when K % 4 == 0; otherwise column by column)
+            if (quads) {
+                if (in_k) gate.apply(gv[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (k0 + gd0 + e < a.K) {
+                        Gate<GT, 1, FORM> g1;
+                        g1.init(a.gate, c.hv * a.K + k0 + gd0 + e);
+                        GT x1[1] = {gv[u][e]};
+                        g1.apply(x1);
+                        gv[u][e] = x1[0];
+                    }
                 }
             }
-            sm.G[r][d] = x[0];
         }
-        if (a.gate_mode != 0) {
-            __syncthreads();
-            for (int d = tid; d < KW; d += INTRA_THREADS) {
-                Acc run = Acc(0);
-                for (int r = 0; r < INTRA_BT; ++r) {
-                    run += sm.G[r][d];
-                    sm.G[r][d] = run * (Acc)RCP_LN2_D;
-                }
-            }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool ok = r < c.nc && k0 + gd0 + e < a.K;
+            G[r][gd0 + e] = ok ? gv[u][e] : GT(0);
         }
+    }
+    __syncthreads();
+    if (a.gate_mode != 0) {
+        constexpr int SEGS = INTRA_THREADS / KW, SR = INTRA_BT / SEGS;
+        const int d = tid % KW, seg = tid / KW;
+        GT run = GT(0);
+#pragma unroll
+        for (int r = seg * SR; r < seg * SR + SR; ++r) {
+            run += G[r][d];
+            G[r][d] = run;
+        }
+        __syncthreads();
+        GT off = GT(0);
+        for (int s = 0; s < seg; ++s) off += G[s * SR + SR - 1][d];
+        __syncthreads();
+#pragma unroll
+        for (int r = seg * SR; r < seg * SR + SR; ++r) G[r][d] = (G[r][d] + off) * (GT)RCP_LN2_D;
     }
     __syncthreads();
 }
 
-// Scalar gate: G of every row into sm.gs (one warp; rows in order).
+// Scalar gate: G of every row into sm.gs (the per-step gates summed in order by one thread).
 template <typename Acc, typename Sm>
 __device__ void intra_scalar_gate(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
+    typedef decltype(+sm.gs[0]) GT;
     const int tid = threadIdx.x;
     if (tid < INTRA_BT) {
-        sm.gs[tid] = tid < c.nc ? load_f<Acc>(reinterpret_cast<const void*>(a.g), a.g_dtype, (c.row0 + tid) * a.HV + c.hv) : Acc(0);
+        sm.gs[tid] = tid < c.nc ? load_f<GT>(reinterpret_cast<const void*>(a.g), a.g_dtype, (c.row0 + tid) * a.HV + c.hv) : GT(0);
     }
     __syncthreads();
     if (tid == 0 && a.gate_mode != 0) {
-        Acc run = Acc(0);
+        GT run = GT(0);
         for (int r = 0; r < INTRA_BT; ++r) {
             run += sm.gs[r];
-            sm.gs[r] = run * (Acc)RCP_LN2_D;
+            sm.gs[r] = run * (GT)RCP_LN2_D;
         }
     }
 }
@@ -180,19 +273,24 @@ __device__ void intra_rows(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
 }
 
 // X = (I + L)^-1 of the strictly lower 64 x 64 L (every element of X written); tmp holds the
-// sums of one distance's off-diagonal blocks.
+// sums of one distance's off-diagonal blocks. The diagonal 16 x 16 blocks by forward
+// substitution, row by row (warp b: block b, lanes 2 c, 2 c + 1 the two halves of column c's
+// sum), then the off-diagonal blocks X_ij = -X_ii Σ_{m=j}^{i-1} L_im X_mj by distance.
 template <typename Acc>
 __device__ void intra_solve(Acc (*L)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1], Acc (*tmp)[17]) {
-    const int tid = threadIdx.x;
-    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) X[i / INTRA_BT][i % INTRA_BT] = Acc(0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) X[i / INTRA_BT][i % INTRA_BT] = i / INTRA_BT == i % INTRA_BT ? Acc(1) : Acc(0);
     __syncthreads();
-    if (tid < INTRA_BT) {  // column tid of its diagonal block, by forward substitution
-        const int c = tid, end = (c / 16) * 16 + 16;
-        X[c][c] = Acc(1);
-        for (int r = c + 1; r < end; ++r) {
+    if (warp < 4) {
+        const int b0 = warp * 16, cc = lane >> 1, part = lane & 1;
+        for (int r = 1; r < 16; ++r) {
             Acc s = Acc(0);
-            for (int j = c; j < r; ++j) s = fma(L[r][j], X[j][c], s);
-            X[r][c] = -s;
+            if (cc < r) {
+                for (int j = cc + part; j < r; j += 2) s = fma(L[b0 + r][b0 + j], X[b0 + j][b0 + cc], s);
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            if (cc < r && part == 0) X[b0 + r][b0 + cc] = -s;
+            __syncwarp();
         }
     }
     __syncthreads();
@@ -228,48 +326,63 @@ __device__ __forceinline__ IntraChunk intra_chunk(const IntraArgs& a) {
 }
 
 // The Aqk and Akk rows of the chunk from A and X = Akk (every column of the chunk width
-// written; 0 above the diagonal).
+// written; 0 above the diagonal), in pieces of 8 columns (bt is 16, 32 or 64).
 template <typename T, typename Acc>
 __device__ void intra_store_a(const IntraArgs& a, const IntraChunk& c, Acc (*A)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1]) {
-    const int bt = (int)a.bt;
-    for (int i = threadIdx.x; i < c.nc * bt; i += INTRA_THREADS) {
-        const int r = i / bt, j = i % bt;
-        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.bt + j;
-        if (a.aqk != 0) reinterpret_cast<T*>(a.aqk)[o] = Narrow<T>::from(A[r][j]);
-        if (a.akk != 0) reinterpret_cast<T*>(a.akk)[o] = Narrow<T>::from(j <= r ? X[r][j] : Acc(0));
+    const int pr = (int)a.bt / 8;  // pieces per row
+    for (int i = threadIdx.x; i < c.nc * pr; i += INTRA_THREADS) {
+        const int r = i / pr, j0 = (i % pr) * 8;
+        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.bt + j0;
+        Vec<T, 8> va, vx;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            va.v[e] = Narrow<T>::from(A[r][j0 + e]);
+            vx.v[e] = Narrow<T>::from(j0 + e <= r ? X[r][j0 + e] : Acc(0));
+        }
+        if (a.aqk != 0) store_pieces<T, 8>(reinterpret_cast<T*>(a.aqk) + o, va);
+        if (a.akk != 0) store_pieces<T, 8>(reinterpret_cast<T*>(a.akk) + o, vx);
     }
 }
 
-// kg, qg, G and lam of the loaded key tile k0 (KW columns), and qf with the first tile.
-template <typename T, typename Acc, int KW, typename Sm>
-__device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, const Sm& sm, int k0) {
+// kg, qg, G and lam of the loaded key tile k0 (KW columns), and qf with the first tile; kg and
+// qg in pieces of N columns where K allows.
+template <typename T, typename Acc, int KW, int P, typename E, typename GT>
+__device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[KW + 1]) {
     const int l = c.nc - 1;
-    for (int i = threadIdx.x; i < c.nc * KW; i += INTRA_THREADS) {
-        const int r = i / KW, d = i % KW;
-        if (k0 + d >= a.K) continue;
-        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d;
-        if (a.kg != 0) {
-            const Acc f = a.kg_gated ? exp2_acc<Acc>(sm.G[l][d] - sm.G[r][d]) : Acc(1);
-            reinterpret_cast<T*>(a.kg)[o] = Narrow<T>::from((Acc)widen(sm.k[r][d]) * f);
+    constexpr int N = VMax<T>::N, VPR = KW / N;
+    const bool vec = a.K % N == 0;
+    for (int i = threadIdx.x; i < c.nc * VPR; i += INTRA_THREADS) {
+        const int r = i / VPR, d0 = (i % VPR) * N;
+        if (k0 + d0 >= a.K) continue;
+        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d0;
+        Vec<T, N> vk, vq;
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            const int d = d0 + e;
+            const Acc fk = a.kg_gated ? exp2_acc<Acc>((Acc)(G[l][d] - G[r][d])) : Acc(1);
+            const Acc fq = a.scalar_gate ? Acc(1) : exp2_acc<Acc>((Acc)G[r][d]);
+            vk.v[e] = Narrow<T>::from((Acc)widen(k[r][d]) * fk);
+            vq.v[e] = Narrow<T>::from((Acc)widen(q[r][d]) * fq);
         }
-        if (a.qg != 0) {
-            const Acc f = a.scalar_gate ? Acc(1) : exp2_acc<Acc>(sm.G[r][d]);
-            reinterpret_cast<T*>(a.qg)[o] = Narrow<T>::from((Acc)widen(sm.q[r][d]) * f);
-        }
-        if (a.gout != 0) {
-            if (!a.scalar_gate) reinterpret_cast<Acc*>(a.gout)[o] = sm.G[r][d];
-            else if (k0 + d == 0) reinterpret_cast<Acc*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = sm.G[r][0];
+        const int n = (int)min((i64)N, a.K - k0 - d0);
+        if (a.kg != 0) store_some<T, N>(reinterpret_cast<T*>(a.kg) + o, vk, vec, n);
+        if (a.qg != 0) store_some<T, N>(reinterpret_cast<T*>(a.qg) + o, vq, vec, n);
+        if (a.gout != 0 && !a.scalar_gate) {
+            for (int e = 0; e < n; ++e) reinterpret_cast<Acc*>(a.gout)[o + e] = (Acc)G[r][d0 + e];
         }
     }
-    if (a.qf != 0 && k0 == 0) {
+    if (k0 == 0) {
         for (int r = threadIdx.x; r < c.nc; r += INTRA_THREADS) {
-            const Acc f = a.scalar_gate ? exp2_acc<Acc>(sm.G[r][0]) : Acc(1);
-            reinterpret_cast<float*>(a.qf)[(c.row0 + r) * a.HV + c.hv] = (float)((Acc)a.scale * f);
+            if (a.gout != 0 && a.scalar_gate) reinterpret_cast<Acc*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = (Acc)G[r][0];
+            if (a.qf != 0) {
+                const Acc f = a.scalar_gate ? exp2_acc<Acc>((Acc)G[r][0]) : Acc(1);
+                reinterpret_cast<float*>(a.qf)[(c.row0 + r) * a.HV + c.hv] = (float)((Acc)a.scale * f);
+            }
         }
     }
     if (a.lam != 0) {
         for (int d = threadIdx.x; d < KW; d += INTRA_THREADS) {
-            if (k0 + d < a.K) reinterpret_cast<float*>(a.lam)[(c.cidx * a.HV + c.hv) * a.K + k0 + d] = (float)exp2_acc<Acc>(sm.G[l][d]);
+            if (k0 + d < a.K) reinterpret_cast<float*>(a.lam)[(c.cidx * a.HV + c.hv) * a.K + k0 + d] = (float)exp2_acc<Acc>((Acc)G[l][d]);
         }
     }
 }
@@ -280,6 +393,9 @@ __device__ void intra_fma(const IntraArgs& a) {
     IntraSmem<Acc>& sm = *reinterpret_cast<IntraSmem<Acc>*>(smem_raw);
     const int tid = threadIdx.x;
     const IntraChunk c = intra_chunk(a);
+    auto load = [&](int k0) {
+        intra_load_tile<T, Acc, FORM, INTRA_KT, INTRA_P>(a, c, k0, sm.q, sm.k, sm.G, sm.invq, sm.invk, sm.gs);
+    };
 
     intra_rows<T, Acc>(a, sm, c);
     if (a.scalar_gate) intra_scalar_gate<Acc>(a, sm, c);
@@ -291,14 +407,14 @@ __device__ void intra_fma(const IntraArgs& a) {
 #pragma unroll
     for (int i = 0; i < PP; ++i) accl[i] = acca[i] = Acc(0);
     for (int k0 = 0; k0 < a.K; k0 += INTRA_KT) {
-        intra_load_tile<T, Acc, Acc, FORM, INTRA_KT>(a, sm, c, k0);
+        load(k0);
 #pragma unroll
         for (int i = 0; i < PP; ++i) {
             const int p = tid + i * INTRA_THREADS, r = p / INTRA_BT, j = p % INTRA_BT;
             if (j <= r && r < c.nc) {
                 Acc sl = Acc(0), sa = Acc(0);
                 for (int d = 0; d < INTRA_KT; ++d) {
-                    const Acc t = sm.k[j][d] * exp2_acc<Acc>(sm.G[r][d] - sm.G[j][d]);
+                    const Acc t = sm.k[j][d] * exp2_acc<Acc>((Acc)(sm.G[r][d] - sm.G[j][d]));
                     sl = fma(sm.k[r][d], t, sl);
                     sa = fma(sm.q[r][d], t, sa);
                 }
@@ -321,10 +437,10 @@ __device__ void intra_fma(const IntraArgs& a) {
 
     // pass 2, per key tile: w, kg, qg, gout, lam
     for (int k0 = 0; k0 < a.K; k0 += INTRA_KT) {
-        intra_load_tile<T, Acc, Acc, FORM, INTRA_KT>(a, sm, c, k0);
+        load(k0);
         for (int i = tid; i < INTRA_BT * INTRA_KT; i += INTRA_THREADS) {
             const int r = i / INTRA_KT, d = i % INTRA_KT;
-            sm.x[r][d] = r < c.nc ? rnd<T, Acc>(sm.beta[r] * sm.k[r][d] * exp2_acc<Acc>(sm.G[r][d])) : Acc(0);
+            sm.x[r][d] = r < c.nc ? rnd<T, Acc>(sm.beta[r] * sm.k[r][d] * exp2_acc<Acc>((Acc)sm.G[r][d])) : Acc(0);
         }
         __syncthreads();
         if (a.w != 0) {
@@ -336,7 +452,7 @@ __device__ void intra_fma(const IntraArgs& a) {
                 reinterpret_cast<T*>(a.w)[((c.row0 + r) * a.HV + c.hv) * a.K + k0 + d] = Narrow<T>::from(s);
             }
         }
-        intra_store_tile<T, Acc, INTRA_KT>(a, c, sm, k0);
+        intra_store_tile<T, Acc, INTRA_KT, INTRA_P>(a, c, k0, sm.q, sm.k, sm.G);
         __syncthreads();
     }
 
@@ -367,8 +483,9 @@ __device__ void intra_fma(const IntraArgs& a) {
 //  * off the diagonal 16 x 16 blocks (block rows bi > bj): with m = 16 bi (bj < m <= r),
 //      exp2(G_r - G_j) = exp2(G_r - G_m) exp2(G_m - G_j), both factors <= 1,
 //    so Aqk and L blocks are products of qe = q . exp2(G_r - G_m), ke = k . exp2(G_r - G_m) and
-//    kf_bi = k_j . exp2(G_m - G_j), rounded to T (mma.sync, fp32 accumulation; warps 0-5, one
-//    block pair each);
+//    kf_bi = k_j . exp2(G_m - G_j) (mma.sync, fp32 accumulation; warps 0-5, one block pair
+//    each). Each factored operand is held as hi + lo in T and the products take hi.hi + hi.lo
+//    + lo.hi: about 16 bits of mantissa, above FLA's TF32 for these blocks;
 //  * on the diagonal blocks (j <= r in one block): FMAs with exp2(G_r - G_j) as the running
 //    product of the steps exp2(G_s - G_{s-1}), s = j+1 .. r (each <= 1), one thread per
 //    (block, column j, 16 of the 64 keys), reduced over the key groups at the end;
@@ -379,24 +496,31 @@ __device__ void intra_fma(const IntraArgs& a) {
 #define IM_KT 64
 #define IM_P (IM_KT + 8)
 
-template <typename T> struct IntraMmaSmem {
-    T q[INTRA_BT][IM_P];    // normalised q of the key tile
-    T k[INTRA_BT][IM_P];    // normalised k of the key tile
-    T qe[INTRA_BT][IM_P];   // q . exp2(G_r - G_m(r)); pass 2 and 3: the product operand
-    T ke[INTRA_BT][IM_P];   // k . exp2(G_r - G_m(r))
-    T kf[96][IM_P];         // k_j . exp2(G_16i - G_j), i = 1 (rows 0-15), 2 (16-47), 3 (48-95)
-    float G[INTRA_BT][INTRA_BT + 1];  // cumulative gate; then the steps exp2(G_r - G_{r-1})
-    float X[INTRA_BT][INTRA_BT + 1];  // Akk
-    T xa[INTRA_BT][IM_P];   // Akk rounded to T
+// Pass 1's tiles; the solve reuses their space for L, Aqk, X and tmp, passes 2 and 3 for q, k,
+// the product operand (x, over qe) and Akk rounded to T (xa, over kf).
+template <typename T> struct IntraMmaP1 {
+    T q[INTRA_BT][IM_P], k[INTRA_BT][IM_P];
+    T qe[INTRA_BT][IM_P], ke[INTRA_BT][IM_P], qel[INTRA_BT][IM_P], kel[INTRA_BT][IM_P];
+    T kf[96][IM_P], kfl[96][IM_P];  // k_j . exp2(G_16i - G_j), i = 1 (rows 0-15), 2 (16-47), 3 (48-95)
+};
+struct IntraMmaSolve {
+    float L[INTRA_BT][INTRA_BT + 1], A[INTRA_BT][INTRA_BT + 1], X[INTRA_BT][INTRA_BT + 1];
     float tmp[48][17];
+};
+template <typename T> struct IntraMmaSmem {
+    union U {
+        IntraMmaP1<T> p1;
+        IntraMmaSolve sv;
+    } u;
+    float G[INTRA_BT][INTRA_BT + 1];  // cumulative gate; then the steps exp2(G_r - G_{r-1})
     float invq[INTRA_BT], invk[INTRA_BT], beta[INTRA_BT], gs[INTRA_BT];
 };
 
-// C (64 x 64 lower block rows) = xa (Akk, T) . sm.qe (64 x 64 operand): warp w owns row tile
-// w / 2 and column tiles (w % 2) * 4 .. + 3; stores the valid rows / columns (< ncols) of dst
-// (row stride ld, first column col0).
+// C (64 x 64 lower block rows) = xa (Akk, T) . x (64 x 64 operand): warp w owns row tile w / 2
+// and column tiles (w % 2) * 4 .. + 3; stores the valid rows / columns (< ncols) of dst (row
+// stride ld; column pairs stored as one word when `pair_ok`: dst and ld even).
 template <typename T>
-__device__ __forceinline__ void intra_akk_product(IntraMmaSmem<T>& sm, int nc, T* dst, i64 ld, int ncols) {
+__device__ __forceinline__ void intra_akk_product(T (*xa)[IM_P], T (*x)[IM_P], int nc, T* dst, i64 ld, int ncols, bool pair_ok) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t4 = lane & 3;
     const int mt = warp >> 1;
     float acc[4][4];
@@ -406,12 +530,12 @@ __device__ __forceinline__ void intra_akk_product(IntraMmaSmem<T>& sm, int nc, T
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
     for (int js = 0; js <= mt; ++js) {
         unsigned af[4];
-        ldsm_x4(af, smem_u32(&sm.xa[mt * 16 + (lane & 15)][js * 16 + (lane >> 4) * 8]));
+        ldsm_x4(af, smem_u32(&xa[mt * 16 + (lane & 15)][js * 16 + (lane >> 4) * 8]));
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int nt = (warp & 1) * 4 + j;
             unsigned bf[2];
-            ldsm_x2_t(bf, smem_u32(&sm.qe[js * 16 + (lane & 15)][nt * 8]));
+            ldsm_x2_t(bf, smem_u32(&x[js * 16 + (lane & 15)][nt * 8]));
             Mma<T>::run(acc[j], af, bf);
         }
     }
@@ -419,11 +543,18 @@ __device__ __forceinline__ void intra_akk_product(IntraMmaSmem<T>& sm, int nc, T
     for (int j = 0; j < 4; ++j) {
         const int nt = (warp & 1) * 4 + j;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = mt * 16 + gid + (e >> 1) * 8, col = nt * 8 + t4 * 2 + (e & 1);
-            if (r < nc && col < ncols) dst[r * ld + col] = Narrow<T>::from(acc[j][e]);
+        for (int h = 0; h < 2; ++h) {
+            const int r = mt * 16 + gid + h * 8, col = nt * 8 + t4 * 2;
+            if (r < nc) store_pair<T>(dst + r * ld + col, col, ncols, pair_ok, acc[j][2 * h], acc[j][2 * h + 1]);
         }
     }
+}
+
+// Splits x into hi + lo of T.
+template <typename T>
+__device__ __forceinline__ void split_store(T& hi, T& lo, float x) {
+    hi = Narrow<T>::from(x);
+    lo = Narrow<T>::from(x - widen(hi));
 }
 
 template <typename T, int FORM, bool SCALAR>
@@ -431,16 +562,19 @@ __device__ void intra_mma(const IntraArgs& a) {
     using Sm = IntraMmaSmem<T>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
-    // L and Aqk (fp32) overlay the key tiles once pass 1 is done
-    float (*Ls)[INTRA_BT + 1] = reinterpret_cast<float (*)[INTRA_BT + 1]>(&sm.q[0][0]);
-    float (*As)[INTRA_BT + 1] = Ls + INTRA_BT;
+    IntraMmaP1<T>& p1 = sm.u.p1;
+    IntraMmaSolve& sv = sm.u.sv;
+    T (*xa)[IM_P] = p1.kf;  // Akk rounded to T (passes 2, 3)
+    T (*x)[IM_P] = p1.qe;   // the product operand (passes 2, 3)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
     const IntraChunk c = intra_chunk(a);
     const int nc = c.nc;
-    constexpr bool scalar = SCALAR;
+    auto load = [&](int k0) {
+        intra_load_tile<T, T, FORM, IM_KT, IM_P>(a, c, k0, p1.q, p1.k, sm.G, sm.invq, sm.invk, sm.gs);
+    };
 
     intra_rows<T, float>(a, sm, c);
-    if (a.scalar_gate) intra_scalar_gate<float>(a, sm, c);
+    if (SCALAR) intra_scalar_gate<float>(a, sm, c);
     __syncthreads();
 
     // off-diagonal block pair of warps 0-5: (bi, bj) = (1,0) (2,0) (2,1) (3,0) (3,1) (3,2)
@@ -463,20 +597,20 @@ __device__ void intra_mma(const IntraArgs& a) {
         for (int e = 0; e < 4; ++e) offa[n][e] = offl[n][e] = 0.f;
 
     for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
-        intra_load_tile<T, float, T, FORM, IM_KT>(a, sm, c, k0);
-        if (!scalar) {
-            // the factored operands (rows >= n_c selected to 0)
+        load(k0);
+        if (!SCALAR) {
+            // the factored operands, hi + lo (rows >= n_c selected to 0)
             for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
                 const int r = i / IM_KT, d = i % IM_KT, m = r & ~15;
                 const float e = r < nc ? exp2f(sm.G[r][d] - sm.G[m][d]) : 0.f;
-                sm.qe[r][d] = Narrow<T>::from(widen(sm.q[r][d]) * e);
-                sm.ke[r][d] = Narrow<T>::from(widen(sm.k[r][d]) * e);
+                split_store<T>(p1.qe[r][d], p1.qel[r][d], widen(p1.q[r][d]) * e);
+                split_store<T>(p1.ke[r][d], p1.kel[r][d], widen(p1.k[r][d]) * e);
             }
             for (int i = tid; i < 96 * IM_KT; i += INTRA_THREADS) {
                 const int row = i / IM_KT, d = i % IM_KT;
                 const int b = row < 16 ? 1 : (row < 48 ? 2 : 3), j = row - (b == 1 ? 0 : (b == 2 ? 16 : 48));
                 const bool ok = j < nc && 16 * b < nc;
-                sm.kf[row][d] = Narrow<T>::from(ok ? widen(sm.k[j][d]) * exp2f(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
+                split_store<T>(p1.kf[row][d], p1.kfl[row][d], ok ? widen(p1.k[j][d]) * exp2f(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
             }
             __syncthreads();
             // the steps exp2(G_r - G_{r-1}) inside each block, in place of G
@@ -497,20 +631,37 @@ __device__ void intra_mma(const IntraArgs& a) {
         // whose factor is applied in fp32 afterwards), and with a scalar gate the diagonal
         // blocks too (warps 6, 7: two blocks each)
         if (warp < 6) {
-            T (*qa)[IM_P] = SCALAR ? sm.q : sm.qe;
-            T (*ka)[IM_P] = SCALAR ? sm.k : sm.ke;
-            T (*kb)[IM_P] = SCALAR ? sm.k : sm.kf + kf_base;
+            T (*qa)[IM_P] = SCALAR ? p1.q : p1.qe;
+            T (*ka)[IM_P] = SCALAR ? p1.k : p1.ke;
+            T (*kb)[IM_P] = SCALAR ? p1.k : p1.kf + kf_base;
 #pragma unroll
             for (int ks = 0; ks < IM_KT / 16; ++ks) {
+                const int ar = bi * 16 + (lane & 15), ac = ks * 16 + (lane >> 4) * 8;
+                const int br = bj * 16 + (lane & 7) + ((lane >> 4) << 3), bc = ks * 16 + ((lane >> 3) & 1) * 8;
                 unsigned qf[4], kef[4], bf[4];
-                ldsm_x4(qf, smem_u32(&qa[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                ldsm_x4(kef, smem_u32(&ka[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                ldsm_x4(bf, smem_u32(&kb[bj * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
+                ldsm_x4(qf, smem_u32(&qa[ar][ac]));
+                ldsm_x4(kef, smem_u32(&ka[ar][ac]));
+                ldsm_x4(bf, smem_u32(&kb[br][bc]));
                 const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
                 Mma<T>::run(offa[0], qf, b0);
                 Mma<T>::run(offa[1], qf, b1);
                 Mma<T>::run(offl[0], kef, b0);
                 Mma<T>::run(offl[1], kef, b1);
+                if (!SCALAR) {
+                    unsigned ql[4], kl[4], bl[4];
+                    ldsm_x4(ql, smem_u32(&p1.qel[ar][ac]));
+                    ldsm_x4(kl, smem_u32(&p1.kel[ar][ac]));
+                    ldsm_x4(bl, smem_u32(&(p1.kfl + kf_base)[br][bc]));
+                    const unsigned l0[2] = {bl[0], bl[1]}, l1[2] = {bl[2], bl[3]};
+                    Mma<T>::run(offa[0], qf, l0);
+                    Mma<T>::run(offa[1], qf, l1);
+                    Mma<T>::run(offl[0], kef, l0);
+                    Mma<T>::run(offl[1], kef, l1);
+                    Mma<T>::run(offa[0], ql, b0);
+                    Mma<T>::run(offa[1], ql, b1);
+                    Mma<T>::run(offl[0], kl, b0);
+                    Mma<T>::run(offl[1], kl, b1);
+                }
             }
         } else if constexpr (SCALAR) {
 #pragma unroll
@@ -519,9 +670,9 @@ __device__ void intra_mma(const IntraArgs& a) {
 #pragma unroll
                 for (int ks = 0; ks < IM_KT / 16; ++ks) {
                     unsigned qf[4], kef[4], bf[4];
-                    ldsm_x4(qf, smem_u32(&sm.q[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                    ldsm_x4(kef, smem_u32(&sm.k[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                    ldsm_x4(bf, smem_u32(&sm.k[rb * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
+                    ldsm_x4(qf, smem_u32(&p1.q[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                    ldsm_x4(kef, smem_u32(&p1.k[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                    ldsm_x4(bf, smem_u32(&p1.k[rb * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
                     const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
                     Mma<T>::run(sda[blk][0], qf, b0);
                     Mma<T>::run(sda[blk][1], qf, b1);
@@ -531,27 +682,27 @@ __device__ void intra_mma(const IntraArgs& a) {
             }
         }
         __syncthreads();  // the steps are visible
-        if (!scalar) {
+        if (!SCALAR) {
             // diagonal blocks: running products of the steps
             const int jr = db * 16 + dj;
 #pragma unroll 1
             for (int d = dg; d < IM_KT; d += 4) {
-                const float kj = widen(sm.k[jr][d]);
+                const float kj = widen(p1.k[jr][d]);
                 float e = 1.f;
 #pragma unroll
                 for (int r = 0; r < 16; ++r) {
                     if (r > dj) e *= sm.G[db * 16 + r][d];
                     if (r >= dj) {
                         const float t = kj * e;
-                        dl[r] = fmaf(widen(sm.k[db * 16 + r][d]), t, dl[r]);
-                        da[r] = fmaf(widen(sm.q[db * 16 + r][d]), t, da[r]);
+                        dl[r] = fmaf(widen(p1.k[db * 16 + r][d]), t, dl[r]);
+                        da[r] = fmaf(widen(p1.q[db * 16 + r][d]), t, da[r]);
                     }
                 }
             }
         }
         __syncthreads();  // before the next tile overwrites
     }
-    if (!scalar) {
+    if (!SCALAR) {
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
             dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 1);
@@ -560,17 +711,17 @@ __device__ void intra_mma(const IntraArgs& a) {
             da[r] += __shfl_xor_sync(0xffffffffu, da[r], 2);
         }
     }
-    for (int i = tid; i < 2 * INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&Ls[0][0])[i] = 0.f;
+    for (int i = tid; i < 2 * INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
     __syncthreads();
     const float scale = (float)a.scale;
     // an mma fragment's (R, J) entry: Aqk and L with the scalar gate's factor exp2(G_R - G_J)
     auto put = [&](int R, int J, float va, float vl) {
         if (R >= nc || J > R) return;
-        const float f = scalar ? exp2f(sm.gs[R] - sm.gs[J]) : 1.f;
-        As[R][J] = scale * va * f;
-        if (J < R) Ls[R][J] = sm.beta[R] * vl * f;
+        const float f = SCALAR ? exp2f(sm.gs[R] - sm.gs[J]) : 1.f;
+        sv.A[R][J] = scale * va * f;
+        if (J < R) sv.L[R][J] = sm.beta[R] * vl * f;
     };
-    if (!scalar && dg == 0) {
+    if (!SCALAR && dg == 0) {
 #pragma unroll
         for (int r = 0; r < 16; ++r) put(db * 16 + r, db * 16 + dj, da[r], dl[r]);
     }
@@ -590,41 +741,58 @@ __device__ void intra_mma(const IntraArgs& a) {
             }
         }
     __syncthreads();
-    intra_solve<float>(Ls, sm.X, sm.tmp);
-    intra_store_a<T, float>(a, c, As, sm.X);
+    intra_solve<float>(sv.L, sv.X, sv.tmp);
+    intra_store_a<T, float>(a, c, sv.A, sv.X);
     for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) {
         const int r = i / INTRA_BT, j = i % INTRA_BT;
-        sm.xa[r][j] = Narrow<T>::from(sm.X[r][j]);
+        xa[r][j] = Narrow<T>::from(sv.X[r][j]);
     }
-    __syncthreads();  // xa visible; As / Ls no longer read
+    __syncthreads();  // xa visible; A, L, X no longer read
 
     // pass 2, per key tile: w = Akk (β k . exp2(G)); kg, qg, G, lam
     for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
-        intra_load_tile<T, float, T, FORM, IM_KT>(a, sm, c, k0);
+        load(k0);
         for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
             const int r = i / IM_KT, d = i % IM_KT;
-            sm.qe[r][d] = Narrow<T>::from(r < nc ? sm.beta[r] * widen(sm.k[r][d]) * exp2f(sm.G[r][d]) : 0.f);
+            x[r][d] = Narrow<T>::from(r < nc ? sm.beta[r] * widen(p1.k[r][d]) * exp2f(sm.G[r][d]) : 0.f);
         }
         __syncthreads();
         if (a.w != 0) {
             T* wp = reinterpret_cast<T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
-            intra_akk_product<T>(sm, nc, wp, a.HV * a.K, (int)min((i64)IM_KT, a.K - k0));
+            intra_akk_product<T>(xa, x, nc, wp, a.HV * a.K, (int)min((i64)IM_KT, a.K - k0), a.K % 2 == 0);
         }
-        intra_store_tile<T, float, IM_KT>(a, c, sm, k0);
+        intra_store_tile<T, float, IM_KT, IM_P>(a, c, k0, p1.q, p1.k, sm.G);
         __syncthreads();
     }
-    // pass 3, per value tile: u = Akk (β v)
+    // pass 3, per value tile: u = Akk (β v), v read in 16-byte pieces where V allows
     if (a.u != 0) {
         const T* vp = reinterpret_cast<const T*>(a.v);
+        constexpr int N = VMax<T>::N, VPR = IM_KT / N, NV = INTRA_BT * VPR / INTRA_THREADS;
         for (int v0 = 0; v0 < a.V; v0 += IM_KT) {
-            for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
-                const int r = i / IM_KT, e = i % IM_KT;
-                const bool ok = r < nc && v0 + e < a.V;
-                sm.qe[r][e] = Narrow<T>::from(ok ? sm.beta[r] * widen(vp[((c.row0 + r) * a.HV + c.hv) * a.V + v0 + e]) : 0.f);
+            if (a.V % N == 0) {
+                Vec<T, N> vv[NV];
+#pragma unroll
+                for (int u = 0; u < NV; ++u) {
+                    const int i = tid + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
+                    const bool ok = r < nc && v0 + e0 < a.V;
+                    vv[u] = ok ? *reinterpret_cast<const Vec<T, N>*>(vp + ((c.row0 + r) * a.HV + c.hv) * a.V + v0 + e0) : Vec<T, N>{};
+                }
+#pragma unroll
+                for (int u = 0; u < NV; ++u) {
+                    const int i = tid + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
+#pragma unroll
+                    for (int e = 0; e < N; ++e) x[r][e0 + e] = Narrow<T>::from(sm.beta[r] * widen(vv[u].v[e]));
+                }
+            } else {
+                for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
+                    const int r = i / IM_KT, e = i % IM_KT;
+                    const bool ok = r < nc && v0 + e < a.V;
+                    x[r][e] = Narrow<T>::from(ok ? sm.beta[r] * widen(vp[((c.row0 + r) * a.HV + c.hv) * a.V + v0 + e]) : 0.f);
+                }
             }
             __syncthreads();
             T* up = reinterpret_cast<T*>(a.u) + (c.row0 * a.HV + c.hv) * a.V + v0;
-            intra_akk_product<T>(sm, nc, up, a.HV * a.V, (int)min((i64)IM_KT, a.V - v0));
+            intra_akk_product<T>(xa, x, nc, up, a.HV * a.V, (int)min((i64)IM_KT, a.V - v0), a.V % 2 == 0);
             __syncthreads();
         }
     }
@@ -725,10 +893,10 @@ __device__ void delta_output(const OutArgs& a) {
     }
 
 #define INTRA_MMA_KERNEL(T, TAG) \
-    extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_mma_##TAG(const IntraArgs a) { \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, 2) kda_intra_mma_##TAG(const IntraArgs a) { \
         GATE_DISPATCH(a, (intra_mma<T, FORM, false>(a))) \
     } \
-    extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_mma_scalar_##TAG(const IntraArgs a) { \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, 2) kda_intra_mma_scalar_##TAG(const IntraArgs a) { \
         intra_mma<T, GATE_NONE, true>(a); \
     }
 

@@ -56,7 +56,7 @@ const KV_CACHE_UPDATE: OpSpec = OpSpec {
     ],
     cpu: kv_cache_update_cpu,
     gpu: Some(kv_cache_update_gpu),
-    section: "ops-decode.md §1",
+    section: "conformance/spec/ops-decode.md §1",
 };
 
 /// `(k_cache, v_cache) = kv_cache_update(...)`, in the caches' own dtype (bit exact).
@@ -200,7 +200,7 @@ const DECODE_ATTENTION: OpSpec = OpSpec {
     ],
     cpu: decode_attention_cpu,
     gpu: Some(decode_attention_gpu),
-    section: "ops-decode.md §2",
+    section: "conformance/spec/ops-decode.md §2",
 };
 
 /// `(o, lse) = decode_attention(...)` in float64.

@@ -146,7 +146,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H: OpSpec = OpSpec {
     outputs: &FWD_H_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_cpu,
     gpu: Some(chunk_gated_delta_rule_fwd_h_gpu),
-    section: "ops-delta-rule.md §2",
+    section: "conformance/spec/ops-delta-rule.md §2",
 };
 
 /// `h`, `v_new`, `final_state` of `conformance/spec/ops-delta-rule.md` §2.
@@ -213,7 +213,7 @@ const FWD_H_PRE_SCAN: OpSpec = OpSpec {
     }],
     cpu: fwd_h_pre_scan_cpu,
     gpu: Some(fwd_h_pre_scan_gpu),
-    section: "ops-delta-rule.md §3",
+    section: "conformance/spec/ops-delta-rule.md §3",
 };
 
 /// `hm = [b | M]` of `conformance/spec/ops-delta-rule.md` §3.
@@ -266,7 +266,7 @@ const FWD_H_MERGE: OpSpec = OpSpec {
     ],
     cpu: fwd_h_merge_cpu,
     gpu: Some(fwd_h_merge_gpu),
-    section: "ops-delta-rule.md §4",
+    section: "conformance/spec/ops-delta-rule.md §4",
 };
 
 /// `initial_states`, `final_state` of `conformance/spec/ops-delta-rule.md` §4.
@@ -324,7 +324,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
     outputs: &SPLIT_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_split_cpu,
     gpu: Some(chunk_gated_delta_rule_fwd_h_split_gpu),
-    section: "ops-delta-rule.md §5",
+    section: "conformance/spec/ops-delta-rule.md §5",
 };
 
 /// Section 2's outputs through the split of `conformance/spec/ops-delta-rule.md` §5.
@@ -388,7 +388,7 @@ const KDA_INTRA: OpSpec = OpSpec {
     ],
     cpu: kda_intra_cpu,
     gpu: Some(kda_intra_gpu),
-    section: "ops-delta-rule.md §7",
+    section: "conformance/spec/ops-delta-rule.md §7",
 };
 
 fn kda_intra_params(p: &Params) -> Result<d::KdaIntraParams, Problem> {
@@ -529,7 +529,7 @@ const KDA_FWD: OpSpec = OpSpec {
     outputs: &FORWARD_OUTPUTS,
     cpu: kda_fwd_cpu,
     gpu: Some(kda_fwd_gpu),
-    section: "ops-delta-rule.md §6",
+    section: "conformance/spec/ops-delta-rule.md §6",
 };
 
 fn kda_fwd_params(p: &Params) -> Result<d::KdaFwdParams, Problem> {
@@ -589,7 +589,7 @@ const GDN_FWD: OpSpec = OpSpec {
     outputs: &FORWARD_OUTPUTS,
     cpu: gdn_fwd_cpu,
     gpu: Some(gdn_fwd_gpu),
-    section: "ops-delta-rule.md §8",
+    section: "conformance/spec/ops-delta-rule.md §8",
 };
 
 fn gdn_fwd_params(p: &Params) -> Result<d::GdnFwdParams, Problem> {

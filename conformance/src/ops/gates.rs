@@ -42,7 +42,7 @@ const KDA_GATE: OpSpec = OpSpec {
     )],
     cpu: kda_gate_cpu,
     gpu: Some(kda_gate_gpu),
-    section: "ops-cumsum.md §4",
+    section: "conformance/spec/ops-cumsum.md §4",
 };
 
 /// `y = kda_gate(g, A_log, dt_bias, lower_bound)` in float64.
@@ -92,7 +92,7 @@ const KDA_GATE_CHUNK_CUMSUM: OpSpec = OpSpec {
     )],
     cpu: kda_gate_chunk_cumsum_cpu,
     gpu: Some(kda_gate_chunk_cumsum_gpu),
-    section: "ops-cumsum.md §5",
+    section: "conformance/spec/ops-cumsum.md §5",
 };
 
 /// `o = chunk_local_cumsum(kda_gate(g, A_log, dt_bias), chunk_size, reverse, scale)` in float64.

@@ -213,7 +213,7 @@ const NSA_COMPRESS_KV: OpSpec = OpSpec {
     ],
     cpu: nsa_compress_kv_cpu,
     gpu: Some(nsa_compress_kv_gpu),
-    section: "ops-nsa.md §2",
+    section: "conformance/spec/ops-nsa.md §2",
 };
 
 /// `(k_cmp, v_cmp) = nsa_compress_kv(...)` in float64 (weights of any float dtype, widened).
@@ -304,7 +304,7 @@ const NSA_COMPRESSION_ATTENTION: OpSpec = OpSpec {
     outputs: &[O, LSE],
     cpu: nsa_compression_attention_cpu,
     gpu: Some(nsa_compression_attention_gpu),
-    section: "ops-nsa.md §3",
+    section: "conformance/spec/ops-nsa.md §3",
 };
 
 /// `(o, lse) = nsa_compression_attention(...)` in float64.
@@ -391,7 +391,7 @@ const NSA_SELECT_BLOCKS: OpSpec = OpSpec {
     )],
     cpu: nsa_select_blocks_cpu,
     gpu: Some(nsa_select_blocks_gpu),
-    section: "ops-nsa.md §4",
+    section: "conformance/spec/ops-nsa.md §4",
 };
 
 /// `block_indices = nsa_select_blocks(...)` (int32), with `block_indices.scores` (float64).
@@ -463,7 +463,7 @@ const NSA_SELECTION_ATTENTION: OpSpec = OpSpec {
     outputs: &[O, LSE],
     cpu: nsa_selection_attention_cpu,
     gpu: Some(nsa_selection_attention_gpu),
-    section: "ops-nsa.md §5",
+    section: "conformance/spec/ops-nsa.md §5",
 };
 
 /// `(o, lse) = nsa_selection_attention(...)` in float64.
@@ -562,7 +562,7 @@ const NSA_GATE_COMBINE: OpSpec = OpSpec {
     ],
     cpu: nsa_gate_combine_cpu,
     gpu: Some(nsa_gate_combine_gpu),
-    section: "ops-nsa.md §6",
+    section: "conformance/spec/ops-nsa.md §6",
 };
 
 /// `(o, gates) = nsa_gate_combine(...)` in float64 (`q`, weights and given gates widened).
@@ -685,7 +685,7 @@ const NSA_FWD: OpSpec = OpSpec {
     ],
     cpu: nsa_fwd_cpu,
     gpu: Some(nsa_fwd_gpu),
-    section: "ops-nsa.md §7",
+    section: "conformance/spec/ops-nsa.md §7",
 };
 
 /// `(o, block_indices) = nsa_fwd(...)` in float64; `block_indices` (with its scores) only when

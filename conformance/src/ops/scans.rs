@@ -36,7 +36,7 @@ const CUMSUM: OpSpec = OpSpec {
     )],
     cpu: cumsum_cpu,
     gpu: Some(cumsum_gpu),
-    section: "ops-cumsum.md §1",
+    section: "conformance/spec/ops-cumsum.md §1",
 };
 
 /// `y = cumsum(x, dim, reverse)` in float64.
@@ -74,7 +74,7 @@ const CHUNK_LOCAL_CUMSUM: OpSpec = OpSpec {
     )],
     cpu: chunk_local_cumsum_cpu,
     gpu: Some(chunk_local_cumsum_gpu),
-    section: "ops-cumsum.md §2",
+    section: "conformance/spec/ops-cumsum.md §2",
 };
 
 /// `o = chunk_local_cumsum(g, cu_seqlens, chunk_size, reverse, scale)` in float64.
@@ -125,7 +125,7 @@ const CHUNK_GLOBAL_CUMSUM: OpSpec = OpSpec {
     )],
     cpu: chunk_global_cumsum_cpu,
     gpu: Some(chunk_global_cumsum_gpu),
-    section: "ops-cumsum.md §3",
+    section: "conformance/spec/ops-cumsum.md §3",
 };
 
 /// `o = chunk_global_cumsum(g, cu_seqlens, reverse, scale)` in float64.

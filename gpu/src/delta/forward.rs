@@ -449,19 +449,27 @@ fn chunk_table(gpu: &Gpu, geo: &Geometry, varlen: bool) -> GpuResult<(DeviceTens
 /// (`IntraMmaSmem<T>`, key tiles of 64), FMAs for float32/float64 (`IntraSmem<Acc>`).
 fn intra_kernel(dtype: Dtype, scalar_gate: bool) -> (String, u32) {
     let sq = MAX_BT * (MAX_BT + 1);
-    let small = 48 * 17 + 4 * MAX_BT;
     match dtype {
         Dtype::BF16 | Dtype::F16 => {
-            let p = 64 + 8;
-            let half = (5 * MAX_BT + 96) * p * 2;
-            let bytes = half + 2 * sq * 4 + small * 4;
+            // pass 1's tiles (q, k, qe, ke and their lo parts: 64 rows; kf, kfl: 96 rows), over
+            // which the solve's L, Aqk, X and tmp lie; G; the per-row values
+            let tiles = (6 * MAX_BT + 2 * 96) * (64 + 8) * 2;
+            let bytes = tiles + sq * 4 + 4 * MAX_BT * 4;
             let kind = if scalar_gate { "mma_scalar" } else { "mma" };
             (format!("kda_intra_{kind}_{}", tag(dtype)), bytes as u32)
         }
         _ => {
-            let elems = 4 * MAX_BT * (KT + 1) + 3 * sq + small;
-            let bytes = elems * acc_dtype(dtype).size_bytes();
-            (format!("kda_intra_fma_{}", tag(dtype)), bytes as u32)
+            // q, k, x (Acc), G (f64), L, A, X, tmp (Acc), invq, invk, beta (Acc), gs (f64)
+            let acc = acc_dtype(dtype).size_bytes();
+            let p = KT + 1;
+            let bytes = 3 * MAX_BT * p * acc
+                + MAX_BT * p * 8
+                + (3 * sq + 48 * 17 + 3 * MAX_BT) * acc
+                + MAX_BT * 8;
+            (
+                format!("kda_intra_fma_{}", tag(dtype)),
+                bytes.next_multiple_of(8) as u32,
+            )
         }
     }
 }
