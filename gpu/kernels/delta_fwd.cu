@@ -180,13 +180,14 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                 }
             }
         }
-        // 3. W S and Qg S over this warp's chunk tiles
+        // 3. W S and Qg S over this warp's chunk tiles (two accumulators each: even and odd key
+        //    steps, so that the dependent chains are half as long)
         const int ntiles = (bt / 16) * NTN;
-        float dacc[DUMAX][4], oacc[DUMAX][4];
+        float dacc[DUMAX][2][4], oacc[DUMAX][2][4];
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dacc[j][e] = oacc[j][e] = 0.f;
+            for (int e = 0; e < 4; ++e) dacc[j][0][e] = dacc[j][1][e] = oacc[j][0][e] = oacc[j][1][e] = 0.f;
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
@@ -201,8 +202,13 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                     ldsm_x2_t(bf, bs + kk * 16 * VROW);
                     ldsm_x4(af, aw + kk * 32);
                     ldsm_x4(qf, aqq + kk * 32);
-                    Mma<T>::run(dacc[j], af, bf);
-                    Mma<T>::run(oacc[j], qf, bf);
+                    Mma<T>::run(dacc[j][kk & 1], af, bf);
+                    Mma<T>::run(oacc[j][kk & 1], qf, bf);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    dacc[j][0][e] += dacc[j][1][e];
+                    oacc[j][0][e] += oacc[j][1][e];
                 }
             }
         }
@@ -217,8 +223,8 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                     const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
                     const Vec<T, 2> uu = *reinterpret_cast<const Vec<T, 2>*>(&sm.u[buf][r][col]);
                     const bool valid = r < nc;
-                    const float d0 = valid ? widen(uu.v[0]) - dacc[j][2 * h2] : 0.f;
-                    const float d1 = valid ? widen(uu.v[1]) - dacc[j][2 * h2 + 1] : 0.f;
+                    const float d0 = valid ? widen(uu.v[0]) - dacc[j][0][2 * h2] : 0.f;
+                    const float d1 = valid ? widen(uu.v[1]) - dacc[j][0][2 * h2 + 1] : 0.f;
                     *reinterpret_cast<Vec<T, 2>*>(&sm.d[r][col]) = pack2<T>(d0, d1);
                 }
             }
@@ -234,17 +240,17 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                 const int mt = u / NTN, nt = u % NTN;
                 const unsigned aa = a_s + buf * ASTAGE + a3_lane + mt * 16 * AROW;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) oacc[j][e] *= sm.qf[buf][mt * 16 + gid + (e >> 1) * 8];
+                for (int e = 0; e < 4; ++e) oacc[j][0][e] *= sm.qf[buf][mt * 16 + gid + (e >> 1) * 8];
                 for (int js = 0; js <= mt; ++js) {
                     unsigned af[4], bf[2];
                     ldsm_x4(af, aa + js * 32);
                     ldsm_x2_t(bf, d_s + b_lane + nt * 16 + js * 16 * VROW);
-                    Mma<T>::run(oacc[j], af, bf);
+                    Mma<T>::run(oacc[j][0], af, bf);
                 }
 #pragma unroll
                 for (int h2 = 0; h2 < 2; ++h2) {
                     const int r = mt * 16 + gid + h2 * 8, col = nt * 8 + t4 * 2;
-                    if (r < nc) store_pair<T>(orow + r * os + col, col, nb, pair_ok, oacc[j][2 * h2], oacc[j][2 * h2 + 1]);
+                    if (r < nc) store_pair<T>(orow + r * os + col, col, nb, pair_ok, oacc[j][0][2 * h2], oacc[j][0][2 * h2 + 1]);
                 }
             }
         }
