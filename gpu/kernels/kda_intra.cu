@@ -67,6 +67,19 @@ __device__ __forceinline__ void store_some(T* p, const Vec<T, N>& v, bool aligne
     }
 }
 
+// 2^x as a kernel for T data computes it: the multi-function unit's approximation for half
+// data (relative error ~1e-7, far inside the half thresholds; results below 2^-126 flushed),
+// the accurate library functions for fp32 / fp64 data.
+template <typename T, typename Acc> struct Ex2 {
+    __device__ __forceinline__ static Acc of(Acc x) { return exp2_acc<Acc>(x); }
+};
+template <> struct Ex2<bf16, float> {
+    __device__ __forceinline__ static float of(float x) { return ex2_ftz(x); }
+};
+template <> struct Ex2<f16, float> {
+    __device__ __forceinline__ static float of(float x) { return ex2_ftz(x); }
+};
+
 // x rounded to T and widened back (the rounding points of FLA's stored intermediates).
 template <typename T, typename Acc> __device__ __forceinline__ Acc rnd(Acc x) {
     return (Acc)widen(Narrow<T>::from(x));
@@ -223,75 +236,105 @@ __device__ void intra_load_tile(const IntraArgs& a, const IntraChunk& c, int k0,
     __syncthreads();
 }
 
-// Scalar gate: G of every row into sm.gs (the per-step gates summed in order by one thread).
+// Scalar gate: G of every row into sm.gs (two warps: a scan of 32 rows each, the first warp's
+// total added to the second's).
 template <typename Acc, typename Sm>
 __device__ void intra_scalar_gate(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
     typedef decltype(+sm.gs[0]) GT;
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31;
+    GT x = GT(0);
     if (tid < INTRA_BT) {
-        sm.gs[tid] = tid < c.nc ? load_f<GT>(reinterpret_cast<const void*>(a.g), a.g_dtype, (c.row0 + tid) * a.HV + c.hv) : GT(0);
+        x = tid < c.nc ? load_f<GT>(reinterpret_cast<const void*>(a.g), a.g_dtype, (c.row0 + tid) * a.HV + c.hv) : GT(0);
+        if (a.gate_mode != 0) x = warp_incl_scan(x, lane);
+        sm.gs[tid] = x;
     }
     __syncthreads();
-    if (tid == 0 && a.gate_mode != 0) {
-        GT run = GT(0);
-        for (int r = 0; r < INTRA_BT; ++r) {
-            run += sm.gs[r];
-            sm.gs[r] = run * (GT)RCP_LN2_D;
-        }
-    }
+    const GT first = sm.gs[31];  // the first warp's total
+    __syncthreads();
+    if (a.gate_mode != 0 && tid < INTRA_BT) sm.gs[tid] = (tid >= 32 ? x + first : x) * (GT)RCP_LN2_D;
 }
 
-// Per row: 1 / sqrt(Σ q² + 1e-6) (1 without l2norm), the same for k, and β.
+// Per row: 1 / sqrt(Σ q² + 1e-6) (1 without l2norm), the same for k, and β. The sums: 4 lanes
+// per row, each over a quarter of the keys in 16-byte pieces where K allows (all loads of a
+// thread in flight at once), then over the 4 lanes.
 template <typename T, typename Acc, typename Sm>
 __device__ void intra_rows(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tid = threadIdx.x, r = tid >> 2, part = tid & 3;
     const T* qp = reinterpret_cast<const T*>(a.q);
     const T* kp = reinterpret_cast<const T*>(a.k);
-    for (int r = warp; r < INTRA_BT; r += INTRA_THREADS / 32) {
-        Acc sq = Acc(0), sk = Acc(0);
-        if (a.l2norm && r < c.nc) {
-            const i64 base = ((c.row0 + r) * a.H + c.kh) * a.K;
-            for (i64 d = lane; d < a.K; d += 32) {
+    Acc sq = Acc(0), sk = Acc(0);
+    if (a.l2norm && r < c.nc) {
+        const i64 base = ((c.row0 + r) * a.H + c.kh) * a.K;
+        constexpr int N = VMax<T>::N, MAXV = 256 / N / 4, B = 4;  // pieces per lane for K <= 256, per batch
+        if (a.K % N == 0) {
+            const int nv = (int)(a.K / N);
+#pragma unroll
+            for (int u0 = 0; u0 < MAXV; u0 += B) {
+                Vec<T, N> vq[B], vk[B];
+#pragma unroll
+                for (int u = 0; u < B; ++u) {
+                    const int v = part + 4 * (u0 + u);
+                    vq[u] = v < nv ? *reinterpret_cast<const Vec<T, N>*>(qp + base + v * N) : Vec<T, N>{};
+                    vk[u] = v < nv ? *reinterpret_cast<const Vec<T, N>*>(kp + base + v * N) : Vec<T, N>{};
+                }
+#pragma unroll
+                for (int u = 0; u < B; ++u)
+#pragma unroll
+                    for (int e = 0; e < N; ++e) {
+                        const Acc x = (Acc)widen(vq[u].v[e]), y = (Acc)widen(vk[u].v[e]);
+                        sq = fma(x, x, sq);
+                        sk = fma(y, y, sk);
+                    }
+            }
+        } else {
+            for (i64 d = part; d < a.K; d += 4) {
                 const Acc x = (Acc)widen(qp[base + d]), y = (Acc)widen(kp[base + d]);
                 sq = fma(x, x, sq);
                 sk = fma(y, y, sk);
             }
-            sq = warp_sum(sq);
-            sk = warp_sum(sk);
         }
-        if (lane == 0) {
-            sm.invq[r] = a.l2norm ? Acc(1) / sqrt(sq + Acc(1e-6)) : Acc(1);
-            sm.invk[r] = a.l2norm ? Acc(1) / sqrt(sk + Acc(1e-6)) : Acc(1);
-            Acc b = Acc(0);
-            if (r < c.nc) {
-                b = load_f<Acc>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, (c.row0 + r) * a.HV + c.hv);
-                if (a.beta_mode != 0) b = Acc(a.beta_mode) / (Acc(1) + exp(-b));
-            }
-            sm.beta[r] = b;
+    }
+    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+    sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+    if (part == 0) {
+        sm.invq[r] = a.l2norm ? Acc(1) / sqrt(sq + Acc(1e-6)) : Acc(1);
+        sm.invk[r] = a.l2norm ? Acc(1) / sqrt(sk + Acc(1e-6)) : Acc(1);
+        Acc b = Acc(0);
+        if (r < c.nc) {
+            b = load_f<Acc>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, (c.row0 + r) * a.HV + c.hv);
+            if (a.beta_mode != 0) b = Acc(a.beta_mode) / (Acc(1) + exp(-b));
         }
+        sm.beta[r] = b;
     }
 }
 
 // X = (I + L)^-1 of the strictly lower 64 x 64 L (every element of X written); tmp holds the
 // sums of one distance's off-diagonal blocks. The diagonal 16 x 16 blocks by forward
-// substitution, row by row (warp b: block b, lanes 2 c, 2 c + 1 the two halves of column c's
-// sum), then the off-diagonal blocks X_ij = -X_ii Σ_{m=j}^{i-1} L_im X_mj by distance.
+// substitution row by row, each column in the registers of one lane (warp b: block b), then the
+// off-diagonal blocks X_ij = -X_ii Σ_{m=j}^{i-1} L_im X_mj by distance, 16 terms at a time.
 template <typename Acc>
 __device__ void intra_solve(Acc (*L)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1], Acc (*tmp)[17]) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) X[i / INTRA_BT][i % INTRA_BT] = i / INTRA_BT == i % INTRA_BT ? Acc(1) : Acc(0);
-    __syncthreads();
-    if (warp < 4) {
-        const int b0 = warp * 16, cc = lane >> 1, part = lane & 1;
+    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) {
+        const int r = i / INTRA_BT, j = i % INTRA_BT;
+        if (r / 16 != j / 16) X[r][j] = Acc(0);
+    }
+    if (warp < 4 && lane < 16) {
+        const int b0 = warp * 16, cc = lane;
+        Acc x[16];  // column cc of the block's inverse
+#pragma unroll
+        for (int j = 0; j < 16; ++j) x[j] = j == cc ? Acc(1) : Acc(0);
+#pragma unroll
         for (int r = 1; r < 16; ++r) {
             Acc s = Acc(0);
-            if (cc < r) {
-                for (int j = cc + part; j < r; j += 2) s = fma(L[b0 + r][b0 + j], X[b0 + j][b0 + cc], s);
-            }
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            if (cc < r && part == 0) X[b0 + r][b0 + cc] = -s;
-            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < r; ++j) s = fma(L[b0 + r][b0 + j], x[j], s);
+            if (r > cc) x[r] = -s;
         }
+#pragma unroll
+        for (int r = 0; r < 16; ++r) X[b0 + r][b0 + cc] = x[r];
     }
     __syncthreads();
     for (int dist = 1; dist < 4; ++dist) {
@@ -299,14 +342,18 @@ __device__ void intra_solve(Acc (*L)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1], Acc 
         for (int e = tid; e < nblk * 256; e += INTRA_THREADS) {
             const int bi = dist + e / 256, bj = bi - dist, rr = (e % 256) / 16, cc = e % 16;
             Acc s = Acc(0);
-            for (int m = 16 * bj; m < 16 * bi; ++m) s = fma(L[16 * bi + rr][m], X[m][16 * bj + cc], s);
+            for (int mb = bj; mb < bi; ++mb) {
+#pragma unroll
+                for (int q = 0; q < 16; ++q) s = fma(L[16 * bi + rr][16 * mb + q], X[16 * mb + q][16 * bj + cc], s);
+            }
             tmp[16 * (e / 256) + rr][cc] = s;
         }
         __syncthreads();
         for (int e = tid; e < nblk * 256; e += INTRA_THREADS) {
             const int bi = dist + e / 256, bj = bi - dist, rr = (e % 256) / 16, cc = e % 16;
             Acc s = Acc(0);
-            for (int m = 0; m <= rr; ++m) s = fma(X[16 * bi + rr][16 * bi + m], tmp[16 * (e / 256) + m][cc], s);
+#pragma unroll
+            for (int m = 0; m < 16; ++m) s = fma(X[16 * bi + rr][16 * bi + m], tmp[16 * (e / 256) + m][cc], s);
             X[16 * bi + rr][16 * bj + cc] = -s;
         }
         __syncthreads();
@@ -359,8 +406,8 @@ __device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, int k0
 #pragma unroll
         for (int e = 0; e < N; ++e) {
             const int d = d0 + e;
-            const Acc fk = a.kg_gated ? exp2_acc<Acc>((Acc)(G[l][d] - G[r][d])) : Acc(1);
-            const Acc fq = a.scalar_gate ? Acc(1) : exp2_acc<Acc>((Acc)G[r][d]);
+            const Acc fk = a.kg_gated ? Ex2<T, Acc>::of((Acc)(G[l][d] - G[r][d])) : Acc(1);
+            const Acc fq = a.scalar_gate ? Acc(1) : Ex2<T, Acc>::of((Acc)G[r][d]);
             vk.v[e] = Narrow<T>::from((Acc)widen(k[r][d]) * fk);
             vq.v[e] = Narrow<T>::from((Acc)widen(q[r][d]) * fq);
         }
@@ -375,14 +422,14 @@ __device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, int k0
         for (int r = threadIdx.x; r < c.nc; r += INTRA_THREADS) {
             if (a.gout != 0 && a.scalar_gate) reinterpret_cast<Acc*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = (Acc)G[r][0];
             if (a.qf != 0) {
-                const Acc f = a.scalar_gate ? exp2_acc<Acc>((Acc)G[r][0]) : Acc(1);
+                const Acc f = a.scalar_gate ? Ex2<T, Acc>::of((Acc)G[r][0]) : Acc(1);
                 reinterpret_cast<float*>(a.qf)[(c.row0 + r) * a.HV + c.hv] = (float)((Acc)a.scale * f);
             }
         }
     }
     if (a.lam != 0) {
         for (int d = threadIdx.x; d < KW; d += INTRA_THREADS) {
-            if (k0 + d < a.K) reinterpret_cast<float*>(a.lam)[(c.cidx * a.HV + c.hv) * a.K + k0 + d] = (float)exp2_acc<Acc>((Acc)G[l][d]);
+            if (k0 + d < a.K) reinterpret_cast<float*>(a.lam)[(c.cidx * a.HV + c.hv) * a.K + k0 + d] = (float)Ex2<T, Acc>::of((Acc)G[l][d]);
         }
     }
 }
@@ -602,7 +649,7 @@ __device__ void intra_mma(const IntraArgs& a) {
             // the factored operands, hi + lo (rows >= n_c selected to 0)
             for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
                 const int r = i / IM_KT, d = i % IM_KT, m = r & ~15;
-                const float e = r < nc ? exp2f(sm.G[r][d] - sm.G[m][d]) : 0.f;
+                const float e = r < nc ? ex2_ftz(sm.G[r][d] - sm.G[m][d]) : 0.f;
                 split_store<T>(p1.qe[r][d], p1.qel[r][d], widen(p1.q[r][d]) * e);
                 split_store<T>(p1.ke[r][d], p1.kel[r][d], widen(p1.k[r][d]) * e);
             }
@@ -610,23 +657,19 @@ __device__ void intra_mma(const IntraArgs& a) {
                 const int row = i / IM_KT, d = i % IM_KT;
                 const int b = row < 16 ? 1 : (row < 48 ? 2 : 3), j = row - (b == 1 ? 0 : (b == 2 ? 16 : 48));
                 const bool ok = j < nc && 16 * b < nc;
-                split_store<T>(p1.kf[row][d], p1.kfl[row][d], ok ? widen(p1.k[j][d]) * exp2f(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
+                split_store<T>(p1.kf[row][d], p1.kfl[row][d], ok ? widen(p1.k[j][d]) * ex2_ftz(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
             }
             __syncthreads();
-            // the steps exp2(G_r - G_{r-1}) inside each block, in place of G
-            float st[INTRA_BT * IM_KT / INTRA_THREADS];
+            // the steps exp2(G_r - G_{r-1}) inside each block, in place of G: thread (block b,
+            // column d) walks its block's rows upwards, so it reads G_{r-1} before writing it
+            {
+                const int d = tid % IM_KT, b = tid / IM_KT;
 #pragma unroll
-            for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
-                const int i = tid + q * INTRA_THREADS, r = i / IM_KT, d = i % IM_KT;
-                st[q] = ((r & 15) != 0 && r < nc) ? exp2f(sm.G[r][d] - sm.G[r - 1][d]) : 0.f;
+                for (int rr = 15; rr >= 0; --rr) {
+                    const int r = b * 16 + rr;
+                    sm.G[r][d] = (rr != 0 && r < nc) ? ex2_ftz(sm.G[r][d] - sm.G[r - 1][d]) : 0.f;
+                }
             }
-            __syncthreads();
-#pragma unroll
-            for (int q = 0; q < INTRA_BT * IM_KT / INTRA_THREADS; ++q) {
-                const int i = tid + q * INTRA_THREADS;
-                sm.G[i / IM_KT][i % IM_KT] = st[q];
-            }
-        }
         // tensor cores: the off-diagonal blocks (warps 0-5; the raw q, k with a scalar gate,
         // whose factor is applied in fp32 afterwards), and with a scalar gate the diagonal
         // blocks too (warps 6, 7: two blocks each)
@@ -717,7 +760,7 @@ __device__ void intra_mma(const IntraArgs& a) {
     // an mma fragment's (R, J) entry: Aqk and L with the scalar gate's factor exp2(G_R - G_J)
     auto put = [&](int R, int J, float va, float vl) {
         if (R >= nc || J > R) return;
-        const float f = SCALAR ? exp2f(sm.gs[R] - sm.gs[J]) : 1.f;
+        const float f = SCALAR ? ex2_ftz(sm.gs[R] - sm.gs[J]) : 1.f;
         sv.A[R][J] = scale * va * f;
         if (J < R) sv.L[R][J] = sm.beta[R] * vl * f;
     };
@@ -754,7 +797,7 @@ __device__ void intra_mma(const IntraArgs& a) {
         load(k0);
         for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
             const int r = i / IM_KT, d = i % IM_KT;
-            x[r][d] = Narrow<T>::from(r < nc ? sm.beta[r] * widen(p1.k[r][d]) * exp2f(sm.G[r][d]) : 0.f);
+            x[r][d] = Narrow<T>::from(r < nc ? sm.beta[r] * widen(p1.k[r][d]) * ex2_ftz(sm.G[r][d]) : 0.f);
         }
         __syncthreads();
         if (a.w != 0) {
