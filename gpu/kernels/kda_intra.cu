@@ -670,6 +670,7 @@ __device__ void intra_mma(const IntraArgs& a) {
                     sm.G[r][d] = (rr != 0 && r < nc) ? ex2_ftz(sm.G[r][d] - sm.G[r - 1][d]) : 0.f;
                 }
             }
+        }
         // tensor cores: the off-diagonal blocks (warps 0-5; the raw q, k with a scalar gate,
         // whose factor is applied in fp32 afterwards), and with a scalar gate the diagonal
         // blocks too (warps 6, 7: two blocks each)
