@@ -10,7 +10,7 @@
 # "ATTN_TILE_RP=16;ATTN_NVRTC_OPTS='-DATTN_TILE_CS=0 -DATTN_MIN_BLOCKS=4'";
 # "-" is the default build), each run $ATTN_TUNE_PASSES times (default 1), a process per run.
 # Narrowing (environment): ATTN_TESTS (test binaries, a glob over the names after test_; all),
-# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates decode fwd_h fwd_h_summaries fwd_h_split nsa nsa_attention"),
+# ATTN_SANITIZE (test names for compute-sanitizer; "scans gates decode fwd_h fwd_h_summaries fwd_h_split delta_fwd nsa nsa_attention"),
 # ATTN_SANITIZE_SKIP (a test name substring to skip there, besides the long, 100-launch and
 # determinism delta-rule tests and the NSA 2^31-element and 100-launch tests; long_lane), ATTN_TEST_THREADS / ATTN_TEST_TIMEOUT /
 # ATTN_SANITIZE_TIMEOUT (2 threads, 420 s, 400 s), ATTN_BENCH_FILTER (bench_gpu --filter and the
@@ -72,7 +72,7 @@ if want sanitizer; then
   # a reduced set of cases: the sanitizer slows kernels down by orders of magnitude
   export ATTN_TEST_CASES=4
   for tool in memcheck racecheck; do
-    for t in ${ATTN_SANITIZE:-scans gates decode fwd_h fwd_h_summaries fwd_h_split nsa nsa_attention}; do
+    for t in ${ATTN_SANITIZE:-scans gates decode fwd_h fwd_h_summaries fwd_h_split delta_fwd nsa nsa_attention}; do
       timeout "${ATTN_SANITIZE_TIMEOUT:-400}" compute-sanitizer --tool $tool --error-exitcode 3 "$S/bin/test_$t" --test-threads 1 \
         --skip "${ATTN_SANITIZE_SKIP:-long_lane}" --skip long_sequences --skip hundred_launches \
         --skip deterministic --skip past_2_31 --skip repeated_launches >>"$OUT/sanitizer.log" 2>&1

@@ -351,6 +351,9 @@ fn gdn_fwd_matches_the_reference(gpu: &Gpu) {
 /// The fused and the staged GPU paths agree with each other (same dtype, 5e-3), in every regime.
 fn fused_and_staged_agree(gpu: &Gpu) {
     for (i, regime) in REGIMES.into_iter().enumerate() {
+        if !table_row_runs(i, REGIMES.len()) {
+            continue;
+        }
         for per_key in [true, false] {
             for dtype in [Dtype::BF16, Dtype::F16] {
                 let mut c = base(per_key, dtype);
