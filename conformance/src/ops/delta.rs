@@ -493,10 +493,19 @@ impl ForwardDevice {
     }
 }
 
-fn forward_downloads(
-    gpu: &attn_gpu::Gpu,
-    o: attn_gpu::DeltaFwdDeviceOutputs,
+/// Uploads a forward case's tensors, runs `run` (one of `attn-gpu`'s forwards) on them and
+/// downloads `o` and the final state.
+fn forward_gpu(
+    inputs: &Tensors,
+    run: impl FnOnce(
+        &attn_gpu::Gpu,
+        &attn_gpu::ForwardTensors<'_>,
+        Option<&[i64]>,
+    ) -> attn_gpu::GpuResult<attn_gpu::DeltaFwdDeviceOutputs>,
 ) -> Result<Tensors, Problem> {
+    let gpu = gpu()?;
+    let x = ForwardDevice::upload(gpu, inputs)?;
+    let o = run(gpu, &x.tensors(), x.cu.as_deref())?;
     let mut out = Tensors::new();
     out.insert("o".into(), download(gpu, &o.o)?);
     if let Some(f) = o.final_state {
@@ -568,17 +577,10 @@ fn kda_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
 /// The same outputs from `attn-gpu`'s forward (fused where it applies), on the inputs in their
 /// own dtypes.
 fn kda_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let gpu = gpu()?;
     let params = kda_fwd_params(p)?;
-    let x = ForwardDevice::upload(gpu, inputs)?;
-    let o = attn_gpu::kda_fwd(
-        gpu,
-        &x.tensors(),
-        x.cu.as_deref(),
-        &params,
-        attn_gpu::ForwardPath::Auto,
-    )?;
-    forward_downloads(gpu, o)
+    forward_gpu(inputs, |gpu, t, cu| {
+        attn_gpu::kda_fwd(gpu, t, cu, &params, attn_gpu::ForwardPath::Auto)
+    })
 }
 
 const GDN_FWD: OpSpec = OpSpec {
@@ -618,17 +620,10 @@ fn gdn_fwd_cpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
 
 /// The same outputs from `attn-gpu`'s forward.
 fn gdn_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
-    let gpu = gpu()?;
     let params = gdn_fwd_params(p)?;
-    let x = ForwardDevice::upload(gpu, inputs)?;
-    let o = attn_gpu::gdn_fwd(
-        gpu,
-        &x.tensors(),
-        x.cu.as_deref(),
-        &params,
-        attn_gpu::ForwardPath::Auto,
-    )?;
-    forward_downloads(gpu, o)
+    forward_gpu(inputs, |gpu, t, cu| {
+        attn_gpu::gdn_fwd(gpu, t, cu, &params, attn_gpu::ForwardPath::Auto)
+    })
 }
 
 /// Sequences longer than this make a case "long" (`conformance/spec/ops-delta-rule.md` §1.6).

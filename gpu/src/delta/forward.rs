@@ -23,7 +23,7 @@
 //! float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
-use super::launch::seq_table;
+use super::launch::{grid_x, seq_table};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -490,10 +490,7 @@ fn launch_intra(
     if chunks == 0 || hv == 0 {
         return Ok(());
     }
-    let grid_x = u32::try_from(chunks)
-        .ok()
-        .filter(|&x| x <= i32::MAX as u32)
-        .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![chunks]))?;
+    let grid_x = grid_x(chunks, "q", "fewer than 2^31 chunks")?;
     let (name, smem) = intra_kernel(dtype, args.scalar_gate != 0);
     gpu.launch_with_smem(
         Module::KdaIntra,
@@ -881,10 +878,7 @@ impl DeltaFwdPlan {
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
         };
-        let grid_x = u32::try_from(tasks)
-            .ok()
-            .filter(|&x| x <= i32::MAX as u32)
-            .ok_or_else(|| Error::shape("v", "N * HV < 2^31", vec![tasks]))?;
+        let grid_x = grid_x(tasks, "v", "N * HV < 2^31")?;
         let name = format!(
             "delta_fwd_mma_{}_k{}_v{}",
             tag(self.dtype),
@@ -929,10 +923,7 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             v_first: self.state_v_first as i64,
         };
-        let grid_x = u32::try_from(self.nchunks)
-            .ok()
-            .filter(|&x| x <= i32::MAX as u32)
-            .ok_or_else(|| Error::shape("q", "fewer than 2^31 chunks", vec![self.nchunks]))?;
+        let grid_x = grid_x(self.nchunks, "q", "fewer than 2^31 chunks")?;
         gpu.launch_3d(
             Module::KdaIntra,
             &format!("delta_output_fma_{}", tag(self.dtype)),

@@ -223,6 +223,14 @@ pub(crate) fn launch(
     gpu.wait_if_checked(&choice.kernel_name(module.name(), dtype))
 }
 
+/// `n` as a grid's x extent (below 2^31), or an error naming `arg` with what was `expected`.
+pub(crate) fn grid_x(n: usize, arg: &str, expected: &str) -> attn_reference::Result<u32> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&x| x <= i32::MAX as u32)
+        .ok_or_else(|| Error::shape(arg, expected, vec![n]))
+}
+
 /// [`launch`] without waiting for the kernel (the split queues its stages back to back).
 pub(crate) fn queue(
     gpu: &Gpu,
@@ -236,10 +244,7 @@ pub(crate) fn queue(
     if tasks == 0 || blocks == 0 {
         return Ok(());
     }
-    let grid_x = u32::try_from(tasks)
-        .ok()
-        .filter(|&x| x <= i32::MAX as u32)
-        .ok_or_else(|| Error::shape("u", "N * HV < 2^31", vec![tasks]))?;
+    let grid_x = grid_x(tasks, "u", "N * HV < 2^31")?;
     gpu.queue_with_smem(
         module,
         &choice.kernel_name(module.name(), dtype),
