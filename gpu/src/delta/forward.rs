@@ -1,28 +1,23 @@
-//! The whole delta-rule forward on the GPU: `kda_intra` (`conformance/spec/ops-delta-rule.md` §7), `kda_fwd` (section 6)
-//! and `gdn_fwd` (section 8).
+//! The whole delta-rule forwards on the GPU: `kda_fwd` and `gdn_fwd`
+//! (`conformance/spec/ops-delta-rule.md` §6, §8).
 //!
-//! One intra kernel per (chunk, value head) (`kda_intra.cu`) prepares, from `q, k, v, g, β`
-//! (L2 norm, β sigmoid and the KDA gate in the kernel when asked, and the chunk-local cumulative
-//! gate `G` in log2 units):
-//!
-//! ```text
-//! Aqk = scale (Q Kᵀ ⊙ exp2(G_r − G_j))_{j≤r},  Akk = (I + β (K Kᵀ ⊙ exp2(G_r − G_j))_{j<r})⁻¹
-//! w = Akk diag(β) (K ⊙ exp2(G)),  u = Akk diag(β) V,  kg = K ⊙ exp2(G_ℓ − G),  qg = scale Q ⊙ exp2(G)
-//! ```
-//!
-//! Then, per (sequence, value head), the state recurrence and the output, in one of two paths:
+//! The intra stage ([`super::intra`]) prepares per token `w, u, kg, qg, Aqk`, the fp32 row
+//! factors `qf` (the scale; GDN's `exp2(G_r)`) and per chunk `exp2(G_ℓ)`. Then, per (sequence,
+//! value head), the state recurrence and the output, in one of two paths:
 //!
 //! - **fused** (bf16/f16, `K ≤ 128`; `delta_fwd.cu`): one kernel carries `S` on chip through
-//!   the chunks, `D = u − w S`, `o = qg S + Aqk D`, `S ← diag(exp2(G_ℓ)) S + kgᵀ D`, writing `o`
-//!   and the final state only;
-//! - **staged** (every dtype): section 2's `chunk_gated_delta_rule_fwd_h` on `kg, w, u, G` writes
-//!   `h` and `v_new`, and an output kernel forms `o = qg h + Aqk v_new`: the checkable stages.
+//!   the chunks, `D = u − w S`, `o = diag(qf) qg S + Aqk D`, `S ← diag(exp2(G_ℓ)) S + kgᵀ D`,
+//!   writing `o` and the final state only;
+//! - **staged** (every dtype, `K` up to 256): §2's `chunk_gated_delta_rule_fwd_h` on
+//!   `kg, w, u, G` writes `h` and `v_new`, and an output kernel forms
+//!   `o = diag(qf) qg h + Aqk v_new`: the checkable stages.
 //!
-//! GDN is the same with the scalar gate broadcast over `K` (`conformance/spec/ops-delta-rule.md` §8.5); its staged path passes
-//! the raw keys and `g = G` to `fwd_h`, as FLA does. Float32 runs IEEE fp32 FMAs throughout,
+//! GDN is the same with the scalar gate broadcast over `K` (§8.5); its staged path passes the
+//! raw keys and `g = G` to `fwd_h`, as FLA does. Float32 runs IEEE fp32 FMAs throughout,
 //! float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
+use super::intra::{acc_dtype, chunk_table, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS};
 use super::launch::{grid_x, seq_table};
 use crate::device::Gpu;
 use crate::error::GpuResult;
@@ -30,9 +25,8 @@ use crate::kernels::Module;
 use crate::params::{dtype_code, GateArgs};
 use crate::tensor::DeviceTensor;
 use attn_reference::delta::{
-    validate_delta_dtypes, validate_gdn_fwd, validate_kda_fwd, validate_kda_intra, DeltaDtypes,
-    FwdHParams, GdnFwdParams, GdnFwdShapes, Geometry, KdaFwdParams, KdaFwdShapes, KdaIntraParams,
-    KdaIntraShapes,
+    validate_delta_dtypes, validate_gdn_fwd, validate_kda_fwd, DeltaDtypes, FwdHParams,
+    GdnFwdParams, GdnFwdShapes, Geometry, KdaFwdParams, KdaFwdShapes,
 };
 use attn_reference::{Dtype, Error};
 use cudarc::driver::DeviceRepr;
@@ -48,7 +42,8 @@ pub enum ForwardPath {
     Fused,
 }
 
-/// The device tensors of a `kda_fwd` or `gdn_fwd` call (`conformance/spec/ops-delta-rule.md` §6.1, 8.1).
+/// The device tensors of a `kda_fwd` or `gdn_fwd` call (`conformance/spec/ops-delta-rule.md` §6.1,
+/// 8.1).
 #[derive(Debug, Clone, Copy)]
 pub struct ForwardTensors<'a> {
     /// `[B, T, H, K]`.
@@ -113,71 +108,13 @@ impl<'a> ForwardTensors<'a> {
     }
 }
 
-/// The device tensors of a `kda_intra` call (`conformance/spec/ops-delta-rule.md` §7.1).
-#[derive(Debug, Clone, Copy)]
-pub struct KdaIntraTensors<'a> {
-    pub q: &'a DeviceTensor,
-    pub k: &'a DeviceTensor,
-    pub v: &'a DeviceTensor,
-    /// `[B, T, HV, K]`: the chunk-local cumulative gate in log2 units.
-    pub gk: &'a DeviceTensor,
-    pub beta: &'a DeviceTensor,
-}
-
-/// Outputs of `kda_intra` (`conformance/spec/ops-delta-rule.md` §7.3): `w`, `kg`, `Aqk`, `Akk` in `k`'s dtype, `u` in `v`'s.
-#[derive(Debug)]
-pub struct KdaIntraDeviceOutputs {
-    pub w: DeviceTensor,
-    pub u: DeviceTensor,
-    pub kg: DeviceTensor,
-    pub aqk: DeviceTensor,
-    pub akk: DeviceTensor,
-}
-
-/// Outputs of `kda_fwd` / `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §6.3, 8.3): `o` in `q`'s dtype; the final state in
-/// float32 (float64 for float64 inputs) when asked.
+/// Outputs of `kda_fwd` / `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §6.3, 8.3): `o` in `q`'s
+/// dtype; the final state in float32 (float64 for float64 inputs) when asked.
 #[derive(Debug)]
 pub struct DeltaFwdDeviceOutputs {
     pub o: DeviceTensor,
     pub final_state: Option<DeviceTensor>,
 }
-
-/// Mirror of `IntraArgs` (kda_intra.cu).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct IntraArgs {
-    q: u64,
-    k: u64,
-    v: u64,
-    g: u64,
-    beta: u64,
-    gate: GateArgs,
-    chunks: u64,
-    w: u64,
-    u: u64,
-    kg: u64,
-    qg: u64,
-    qf: u64,
-    aqk: u64,
-    akk: u64,
-    lam: u64,
-    gout: u64,
-    heads: i64,
-    value_heads: i64,
-    k_dim: i64,
-    v_dim: i64,
-    bt: i64,
-    g_dtype: i64,
-    beta_dtype: i64,
-    gate_mode: i64,
-    scalar_gate: i64,
-    l2norm: i64,
-    beta_mode: i64,
-    kg_gated: i64,
-    scale: f64,
-}
-// SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
-unsafe impl DeviceRepr for IntraArgs {}
 
 /// Mirror of `OutArgs` (kda_intra.cu).
 #[repr(C)]
@@ -224,11 +161,6 @@ struct FusedArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for FusedArgs {}
 
-const THREADS: u32 = 256;
-/// Largest chunk of the kernels.
-const MAX_BT: usize = 64;
-/// Key / value columns per tile of the FMA intra and output kernels (`INTRA_KT`, `OUT_BV`).
-const KT: usize = 32;
 /// Shared memory per multiprocessor available to blocks (227 KiB on sm_90).
 const SMEM_PER_SM: usize = 227 * 1024;
 
@@ -406,100 +338,9 @@ pub fn fused_choice(
     FusedChoice { kp, bv }
 }
 
-/// Short dtype tag of the kernel names.
-fn tag(d: Dtype) -> &'static str {
-    match d {
-        Dtype::BF16 => "bf16",
-        Dtype::F16 => "f16",
-        Dtype::F64 => "f64",
-        _ => "f32",
-    }
-}
-
-/// Accumulator dtype of the FMA kernels (the cumulative gate `G`, the state).
-fn acc_dtype(d: Dtype) -> Dtype {
-    if d == Dtype::F64 {
-        Dtype::F64
-    } else {
-        Dtype::F32
-    }
-}
-
-/// The per-chunk table `[NC, 3]` (first packed token row, rows, global chunk index: the `h` row
-/// of section 2) of a validated geometry, and its number of chunks.
-fn chunk_table(gpu: &Gpu, geo: &Geometry, varlen: bool) -> GpuResult<(DeviceTensor, usize)> {
-    let nt = geo.nt(varlen);
-    let starts = geo.chunk_starts(varlen);
-    let mut rows = Vec::new();
-    for s in &geo.seqs {
-        for (c, (a, e)) in s.chunks(geo.bt).enumerate() {
-            rows.push((s.batch * geo.t + a) as i64);
-            rows.push((e - a) as i64);
-            rows.push((s.batch * nt + starts[s.n] + c) as i64);
-        }
-    }
-    let n = rows.len() / 3;
-    if rows.is_empty() {
-        rows.push(0);
-    }
-    Ok((DeviceTensor::from_slice(gpu, &rows)?, n))
-}
-
-/// The intra kernel of `dtype` and its shared memory: tensor cores for bf16/f16
-/// (`IntraMmaSmem<T>`, key tiles of 64), FMAs for float32/float64 (`IntraSmem<Acc>`).
-fn intra_kernel(dtype: Dtype, scalar_gate: bool) -> (String, u32) {
-    let sq = MAX_BT * (MAX_BT + 1);
-    match dtype {
-        Dtype::BF16 | Dtype::F16 => {
-            // pass 1's tiles (q, k, qe, ke and their lo parts: 64 rows; kf, kfl: 96 rows), over
-            // which the solve's L, Aqk, X and tmp lie; G; the per-row values
-            let tiles = (6 * MAX_BT + 2 * 96) * (64 + 8) * 2;
-            let bytes = tiles + sq * 4 + 4 * MAX_BT * 4;
-            let kind = if scalar_gate { "mma_scalar" } else { "mma" };
-            (format!("kda_intra_{kind}_{}", tag(dtype)), bytes as u32)
-        }
-        _ => {
-            // q, k, x (Acc), G (f64), L, A, X, tmp (Acc), invq, invk, beta (Acc), gs (f64)
-            let acc = acc_dtype(dtype).size_bytes();
-            let p = KT + 1;
-            let bytes = 3 * MAX_BT * p * acc
-                + MAX_BT * p * 8
-                + (3 * sq + 48 * 17 + 3 * MAX_BT) * acc
-                + MAX_BT * 8;
-            (
-                format!("kda_intra_fma_{}", tag(dtype)),
-                bytes.next_multiple_of(8) as u32,
-            )
-        }
-    }
-}
-
 /// Smem bytes of the output kernel (`OutSmem<Acc>`).
 fn out_smem(dtype: Dtype) -> u32 {
     ((MAX_BT * (KT + 1) + KT * (KT + 1)) * acc_dtype(dtype).size_bytes()) as u32
-}
-
-/// One launch of the intra kernel over every chunk and value head.
-fn launch_intra(
-    gpu: &Gpu,
-    dtype: Dtype,
-    chunks: usize,
-    hv: usize,
-    args: &IntraArgs,
-) -> GpuResult<()> {
-    if chunks == 0 || hv == 0 {
-        return Ok(());
-    }
-    let grid_x = grid_x(chunks, "q", "fewer than 2^31 chunks")?;
-    let (name, smem) = intra_kernel(dtype, args.scalar_gate != 0);
-    gpu.launch_with_smem(
-        Module::KdaIntra,
-        &name,
-        (grid_x, hv as u32),
-        THREADS,
-        smem,
-        args,
-    )
 }
 
 /// A validated forward and its device tables, reusable across launches on tensors of the same
@@ -538,8 +379,8 @@ pub struct DeltaFwdWorkspace {
 }
 
 impl DeltaFwdPlan {
-    /// A `kda_fwd` call (`conformance/spec/ops-delta-rule.md` §6): validated (1.5, 6.7 and the GPU's dtype rules), its tables
-    /// uploaded.
+    /// A `kda_fwd` call (`conformance/spec/ops-delta-rule.md` §6): validated (1.5, 6.7 and the
+    /// GPU's dtype rules), its tables uploaded.
     pub fn kda(
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
@@ -967,77 +808,5 @@ fn run_new(
     let mut ws = plan.alloc_workspace(gpu)?;
     let mut out = plan.alloc_outputs(gpu)?;
     plan.run(gpu, t, &mut ws, &mut out)?;
-    Ok(out)
-}
-
-/// Validates a `kda_intra` call from its tensors (`conformance/spec/ops-delta-rule.md` §1.5, 7.6, the dtype rules).
-fn check_intra(
-    t: &KdaIntraTensors<'_>,
-    cu_seqlens: Option<&[i64]>,
-    p: &KdaIntraParams,
-) -> attn_reference::Result<Geometry> {
-    validate_delta_dtypes(&DeltaDtypes {
-        main: vec![("q", t.q.dtype()), ("k", t.k.dtype()), ("v", t.v.dtype())],
-        float: vec![("gk", t.gk.dtype()), ("beta", t.beta.dtype())],
-        ..DeltaDtypes::default()
-    })?;
-    validate_kda_intra(
-        &KdaIntraShapes {
-            q: t.q.shape(),
-            k: t.k.shape(),
-            v: t.v.shape(),
-            gk: t.gk.shape(),
-            beta: t.beta.shape(),
-        },
-        cu_seqlens,
-        p,
-    )
-}
-
-/// `kda_intra` (`conformance/spec/ops-delta-rule.md` §7) into new outputs.
-pub fn kda_intra(
-    gpu: &Gpu,
-    t: &KdaIntraTensors<'_>,
-    cu_seqlens: Option<&[i64]>,
-    p: &KdaIntraParams,
-) -> GpuResult<KdaIntraDeviceOutputs> {
-    let geo = check_intra(t, cu_seqlens, p)?;
-    let dtype = t.q.dtype();
-    let (chunks, nchunks) = chunk_table(gpu, &geo, cu_seqlens.is_some())?;
-    let tok = |w: usize| DeviceTensor::alloc(gpu, &[geo.b, geo.t, geo.hv, w], dtype);
-    let mut out = KdaIntraDeviceOutputs {
-        w: tok(geo.k)?,
-        u: tok(geo.v)?,
-        kg: tok(geo.k)?,
-        aqk: tok(geo.bt)?,
-        akk: tok(geo.bt)?,
-    };
-    let scale = p.scale.unwrap_or(1.0 / (geo.k as f64).sqrt());
-    let args = IntraArgs {
-        q: t.q.ptr(gpu),
-        k: t.k.ptr(gpu),
-        v: t.v.ptr(gpu),
-        g: t.gk.ptr(gpu),
-        beta: t.beta.ptr(gpu),
-        gate: GateArgs::none(),
-        chunks: chunks.ptr(gpu),
-        w: out.w.ptr_mut(gpu),
-        u: out.u.ptr_mut(gpu),
-        kg: out.kg.ptr_mut(gpu),
-        aqk: out.aqk.ptr_mut(gpu),
-        akk: out.akk.ptr_mut(gpu),
-        heads: geo.h as i64,
-        value_heads: geo.hv as i64,
-        k_dim: geo.k as i64,
-        v_dim: geo.v as i64,
-        bt: geo.bt as i64,
-        g_dtype: dtype_code(t.gk.dtype()),
-        beta_dtype: dtype_code(t.beta.dtype()),
-        gate_mode: 0,
-        kg_gated: 1,
-        scale,
-        ..IntraArgs::default()
-    };
-    launch_intra(gpu, dtype, nchunks, geo.hv, &args)?;
     Ok(out)
 }

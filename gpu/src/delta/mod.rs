@@ -3,8 +3,8 @@
 //! summary chain [`fwd_h_merge`](merge), and the intra-card split built from them
 //! ([`chunk_gated_delta_rule_fwd_h_split`](split), with its [`policy`]).
 //!
-//! The whole forwards [`kda_fwd`], [`gdn_fwd`] and their intra stage [`kda_intra`] (spec
-//! sections 6-8) are in [`forward`].
+//! The whole forwards [`kda_fwd`], [`gdn_fwd`] are in [`forward`], their intra stage and the
+//! [`kda_intra`] op in [`intra`].
 //!
 //! bf16/f16 inputs run on tensor cores (`mma.sync`, fp32 accumulation, the rounding points of
 //! `conformance/spec/ops-delta-rule.md` §2.5); float32 inputs run an IEEE fp32 FMA kernel (spec
@@ -13,6 +13,7 @@
 
 pub mod forward;
 pub mod fwd_h;
+pub mod intra;
 mod launch;
 pub mod merge;
 pub mod policy;
@@ -20,13 +21,13 @@ pub mod prescan;
 pub mod split;
 
 pub use forward::{
-    fused_choice, gdn_fwd, kda_fwd, kda_intra, DeltaFwdDeviceOutputs, DeltaFwdPlan,
-    DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, KdaIntraDeviceOutputs,
-    KdaIntraTensors,
+    fused_choice, gdn_fwd, kda_fwd, DeltaFwdDeviceOutputs, DeltaFwdPlan, DeltaFwdWorkspace,
+    ForwardPath, ForwardTensors, FusedChoice,
 };
 pub use fwd_h::{
     check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,
 };
+pub use intra::{kda_intra, KdaIntraDeviceOutputs, KdaIntraTensors};
 pub use launch::{kernel_choice, KernelChoice, Workload};
 pub use merge::{check_fwd_h_merge, fwd_h_merge, FwdHMergeDeviceOutputs, FwdHMergePlan};
 pub use policy::{split_policy, SplitDecision, SplitQuery};

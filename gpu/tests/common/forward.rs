@@ -15,7 +15,8 @@ pub enum Regime {
     Strong,
     /// `logsigmoid(randn) / 10`, half of the entries 0 (no decay).
     Mild,
-    /// `−exp(A_log) · softplus(x + dt_bias)`, Mamba's `dt` in `[1e-3, 1e-1]`, `A_log = ln U[1, 16]`.
+    /// `−exp(A_log) · softplus(x + dt_bias)`, Mamba's `dt` in `[1e-3, 1e-1]`, `A_log = ln U[1,
+    /// 16]`.
     Trained,
     /// `a ∈ [−1e-3, 0]`: the state remembers thousands of tokens.
     Long,

@@ -1,10 +1,10 @@
 //! The whole delta-rule forward cases of `bench_gpu` (`fwd_gdn_*`, `fwd_kda_*`): `gdn_fwd` and
 //! `kda_fwd` as models call them, on the rows of the issue "The whole delta-rule forward on the
-//! GPU" (`conformance/spec/anchors.md`, the frontier table): bf16, K = V = 128, chunk 64, q/k L2-normalised
-//! in the kernel, `initial_state`, final state, varlen `cu_seqlens`; GDN with `g` given
-//! (`logsigmoid`-like decays), KDA with the gate in the kernel (`A_log`, `dt_bias`, lower bound
-//! −5) and `safe_gate`. `tools/forward_anchors.py` times FLA 0.6.0 (and FlashQLA when installed)
-//! on the same rows.
+//! GPU" (`conformance/spec/anchors.md`, the frontier table): bf16, K = V = 128, chunk 64, q/k
+//! L2-normalised in the kernel, `initial_state`, final state, varlen `cu_seqlens`; GDN with `g`
+//! given (`logsigmoid`-like decays), KDA with the gate in the kernel (`A_log`, `dt_bias`, lower
+//! bound −5) and `safe_gate`. `tools/forward_anchors.py` times FLA 0.6.0 (and FlashQLA when
+//! installed) on the same rows.
 //!
 //! Bytes = q, k, v (bf16), g (fp32), β (fp32), o (bf16) and the states (fp32), each once. TFLOP/s
 //! counts the dense products of the chunked algorithm per chunk and head: `Q Kᵀ`, `K Kᵀ` (2 BT²
