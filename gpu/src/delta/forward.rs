@@ -18,7 +18,7 @@
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
 use super::intra::{acc_dtype, chunk_table, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS};
-use super::launch::{grid_x, seq_table};
+use super::launch::{cheapest_width, grid_x, seq_table};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -161,9 +161,6 @@ struct FusedArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for FusedArgs {}
 
-/// Shared memory per multiprocessor available to blocks (227 KiB on sm_90).
-const SMEM_PER_SM: usize = 227 * 1024;
-
 /// How a forward's gate input is read (`gate_mode` of `IntraArgs`: 1, 2; `kda_intra` reads
 /// `G` itself, mode 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -294,16 +291,6 @@ impl FusedChoice {
     }
 }
 
-/// Relative cost of one chunk step of the fused kernel by its width (the fwd_h kernel's
-/// measured ratios, NOTES.md "fwdh2": the fused step adds two products of the same shapes).
-fn step_cost(bv: usize) -> f64 {
-    match bv {
-        16 => 1.0,
-        32 => 1.53,
-        _ => 2.24,
-    }
-}
-
 /// The fused kernel's tiles for `K` keys, `V` columns, the chunks of every sequence and `HV`
 /// heads on `sm_count` multiprocessors: the width with the least estimated time
 /// `step_cost(bv) · max(chunks of the longest sequence, block-chunks / resident blocks)`
@@ -320,20 +307,11 @@ pub fn fused_choice(
         .into_iter()
         .filter(|&bv| bv == 16 || bv / 2 < v)
         .collect();
-    let longest = seq_chunks.iter().copied().max().unwrap_or(0) as f64;
-    let total: usize = seq_chunks.iter().sum::<usize>() * hv;
-    let estimate = |bv: usize| {
-        let per_sm = (SMEM_PER_SM / FusedChoice { kp, bv }.smem_bytes()).max(1);
-        let spread = (total * v.div_ceil(bv)) as f64 / (sm_count.max(1) * per_sm) as f64;
-        step_cost(bv) * longest.max(spread)
-    };
     let forced = crate::knobs::fwd_bv().filter(|bv| allowed.contains(bv));
     let bv = forced.unwrap_or_else(|| {
-        allowed
-            .iter()
-            .copied()
-            .min_by(|&a, &b| estimate(a).total_cmp(&estimate(b)))
-            .unwrap_or(16)
+        cheapest_width(&allowed, seq_chunks, hv, sm_count, |bv| {
+            (FusedChoice { kp, bv }.smem_bytes(), v.div_ceil(bv))
+        })
     });
     FusedChoice { kp, bv }
 }

@@ -130,6 +130,33 @@ pub struct Workload<'a> {
     pub hv: usize,
 }
 
+/// The width of `allowed` with the least estimated time
+/// `step_cost(bv) · max(chunks of the longest sequence, all block-chunks / resident blocks)` for
+/// sequences of `seq_chunks` chunks, `hv` heads and `sm_count` multiprocessors; `shape(bv)` gives
+/// a block's shared memory and the blocks of one (sequence, head). Shared by the recurrence
+/// kernels (fwd_h, the pre-scan, the fused forward).
+pub(crate) fn cheapest_width(
+    allowed: &[usize],
+    seq_chunks: &[usize],
+    hv: usize,
+    sm_count: usize,
+    shape: impl Fn(usize) -> (usize, usize),
+) -> usize {
+    let longest = seq_chunks.iter().copied().max().unwrap_or(0) as f64;
+    let total: usize = seq_chunks.iter().sum::<usize>() * hv;
+    let estimate = |bv: usize| {
+        let (smem, blocks) = shape(bv);
+        let per_sm = (SMEM_PER_SM / smem.max(1)).max(1);
+        let spread = (total * blocks) as f64 / (sm_count.max(1) * per_sm) as f64;
+        step_cost(bv) * longest.max(spread)
+    };
+    allowed
+        .iter()
+        .copied()
+        .min_by(|&a, &b| estimate(a).total_cmp(&estimate(b)))
+        .unwrap_or(16)
+}
+
 /// Relative cost of one chunk step of a block by its width (H100, K = 128, fwdh2 run 1 of
 /// NOTES.md: 1.28, 1.96 and 2.87 µs per step for 16, 32 and 64 columns).
 fn step_cost(bv: usize) -> f64 {
@@ -167,21 +194,12 @@ pub fn kernel_choice(w: &Workload<'_>, sm_count: usize) -> KernelChoice {
         .filter(|&bv| (kp <= 128 || bv <= 32) && (bv == 16 || bv / 2 < widest))
         .collect();
     let forced = crate::knobs::fwd_h_bv().filter(|bv| allowed.contains(bv));
-    let longest = w.seq_chunks.iter().copied().max().unwrap_or(0) as f64;
-    let total: usize = w.seq_chunks.iter().sum::<usize>() * w.hv;
-    let estimate = |bv: usize| {
-        let choice = KernelChoice::Mma { kp, bv };
-        let per_sm = (SMEM_PER_SM / choice.smem_bytes(w.dtype)).max(1);
-        let blocks: usize = w.col_groups.iter().map(|c| c.div_ceil(bv)).sum();
-        let spread = (total * blocks) as f64 / (sm_count.max(1) * per_sm) as f64;
-        step_cost(bv) * longest.max(spread)
-    };
     let bv = forced.unwrap_or_else(|| {
-        allowed
-            .iter()
-            .copied()
-            .min_by(|&a, &b| estimate(a).total_cmp(&estimate(b)))
-            .unwrap_or(16)
+        cheapest_width(&allowed, w.seq_chunks, w.hv, sm_count, |bv| {
+            let smem = KernelChoice::Mma { kp, bv }.smem_bytes(w.dtype);
+            let blocks: usize = w.col_groups.iter().map(|c| c.div_ceil(bv)).sum();
+            (smem, blocks)
+        })
     });
     KernelChoice::Mma { kp, bv }
 }
