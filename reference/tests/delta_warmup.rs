@@ -161,10 +161,9 @@ fn oracle(
             fc.w.slice(bsl),
             fc.u.slice(bsl),
         );
-        inp.g = fc
-            .g
-            .as_ref()
-            .map(|g| g.slice(s![pc.b..pc.b + 1, from..pc.hi, ..]));
+        inp.g =
+            fc.g.as_ref()
+                .map(|g| g.slice(s![pc.b..pc.b + 1, from..pc.hi, ..]));
         inp.gk = fc.gk.as_ref().map(|g| g.slice(bsl));
         if from_chunk == 0 {
             inp.initial_state = h0.map(|a| a.slice(s![pc.n..pc.n + 1, .., .., ..]));
@@ -181,7 +180,12 @@ fn oracle(
             .as_mut()
             .unwrap()
             .slice_mut(s![pc.b, pc.lo..pc.hi, .., ..])
-            .assign(&run.v_new.as_ref().unwrap().slice(s![0, pc.lo - from.., .., ..]));
+            .assign(
+                &run.v_new
+                    .as_ref()
+                    .unwrap()
+                    .slice(s![0, pc.lo - from.., .., ..]),
+            );
         let last = ps
             .iter()
             .filter(|q| q.n == pc.n)
@@ -273,8 +277,8 @@ fn warmups_on_fixed_layouts() {
         let fc = fwd_h_case(&c, m, bt);
         let ps = pieces(&c, &split);
         assert_eq!(ps.len(), split.len() - 1);
-        let whole = chunk_gated_delta_rule_fwd_h(&fc.inputs(&c, Some(&c.h0)), &params(bt, false))
-            .unwrap();
+        let whole =
+            chunk_gated_delta_rule_fwd_h(&fc.inputs(&c, Some(&c.h0)), &params(bt, false)).unwrap();
         // every warm-up reaches the sequence start: the exact result
         let reach: Vec<i64> = ps
             .iter()
@@ -301,7 +305,10 @@ fn warmups_on_fixed_layouts() {
         let d = (got.final_state.as_ref().unwrap() - whole.final_state.as_ref().unwrap())
             .iter()
             .fold(0.0f64, |m, x| m.max(x.abs()));
-        assert!(d > 1e-3, "{m:?}: warm-ups left the final state unchanged ({d:e})");
+        assert!(
+            d > 1e-3,
+            "{m:?}: warm-ups left the final state unchanged ({d:e})"
+        );
         for v_first in [false, true] {
             let h0t = if v_first {
                 transpose_state(c.h0.view())
@@ -457,7 +464,8 @@ fn bound_hand_values_and_refusals() {
     let a = Array1::from(vec![-0.5, -1.0, -0.25, -2.0]);
     let beta = Array1::from(vec![0.5, 0.5, 0.5, 0.5]);
     let k = Array2::from_shape_vec((4, 2), vec![1.0, 0.0, 0.0, 1.0, 0.6, 0.8, 1.0, 0.0]).unwrap();
-    let lam = truncation_log_bound(LogGates::Scalar(a.view()), beta.view(), k.view(), 1, 3).unwrap();
+    let lam =
+        truncation_log_bound(LogGates::Scalar(a.view()), beta.view(), k.view(), 1, 3).unwrap();
     assert!((lam - (-1.25)).abs() < 1e-15, "{lam}");
     assert_eq!(
         truncation_log_bound(LogGates::Scalar(a.view()), beta.view(), k.view(), 2, 2).unwrap(),
@@ -467,20 +475,21 @@ fn bound_hand_values_and_refusals() {
     let ak = Array2::from_shape_vec((1, 2), vec![-3.0, -0.1]).unwrap();
     let k2 = Array2::from_shape_vec((1, 2), vec![2.0, 0.0]).unwrap();
     let b1 = Array1::from(vec![1.0]);
-    let lam = truncation_log_bound(LogGates::PerKey(ak.view()), b1.view(), k2.view(), 0, 1).unwrap();
+    let lam =
+        truncation_log_bound(LogGates::PerKey(ak.view()), b1.view(), k2.view(), 0, 1).unwrap();
     assert!((lam - (-0.1 + 3f64.ln())).abs() < 1e-15, "{lam}");
     // refusals name the argument
-    let e = truncation_log_bound(LogGates::Scalar(a.view()), beta.view(), k.view(), 3, 2)
-        .unwrap_err();
+    let e =
+        truncation_log_bound(LogGates::Scalar(a.view()), beta.view(), k.view(), 3, 2).unwrap_err();
     assert_eq!(e.arg, "t0");
-    let e = truncation_log_bound(LogGates::Scalar(a.view()), beta.view(), k.view(), 0, 5)
-        .unwrap_err();
+    let e =
+        truncation_log_bound(LogGates::Scalar(a.view()), beta.view(), k.view(), 0, 5).unwrap_err();
     assert_eq!(e.arg, "t1");
-    let e = truncation_log_bound(LogGates::Scalar(a.view()), b1.view(), k.view(), 0, 1)
-        .unwrap_err();
+    let e =
+        truncation_log_bound(LogGates::Scalar(a.view()), b1.view(), k.view(), 0, 1).unwrap_err();
     assert_eq!(e.arg, "beta");
-    let e = truncation_log_bound(LogGates::PerKey(ak.view()), beta.view(), k.view(), 0, 1)
-        .unwrap_err();
+    let e =
+        truncation_log_bound(LogGates::PerKey(ak.view()), beta.view(), k.view(), 0, 1).unwrap_err();
     assert_eq!((e.arg.as_str(), e.kind), ("a", ErrorKind::Shape));
 }
 
