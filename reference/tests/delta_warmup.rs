@@ -516,8 +516,8 @@ fn bad_warmup_chunks_are_typed_errors() {
         .map(|_| ())
     };
     assert!(call(Some(&split), &[0, 1, 0, 0, 9]).is_ok());
-    let cases: Vec<(Option<&[i64]>, Vec<i64>, ErrorKind)> = vec![
-        (None, vec![0, 0, 0], ErrorKind::Missing),
+    let cases = [
+        (None::<&[i64]>, vec![0i64, 0, 0], ErrorKind::Missing),
         (None, vec![0, 1, 0, 0, 1], ErrorKind::Missing),
         (Some(&split), vec![0, 1, 0, 0], ErrorKind::Shape),
         (Some(&split), vec![0, 1, 0, 0, 1, 0], ErrorKind::Shape),

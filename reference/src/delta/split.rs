@@ -403,8 +403,7 @@ fn warm_up<T: Real>(
     for n in 0..offs.len() - 1 {
         let (first, end) = (offs[n] as usize, offs[n + 1] as usize);
         let bos = p[first] as usize;
-        for i in first..end {
-            let w = plan.warmup_chunks[i];
+        for (i, &w) in plan.warmup_chunks.iter().enumerate().take(end).skip(first) {
             if w <= 0 {
                 continue;
             }
