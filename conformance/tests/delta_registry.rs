@@ -318,3 +318,95 @@ fn tolerance_keys_may_name_parts() {
         Err(Problem::BadTolerance(_))
     ));
 }
+
+/// `conformance/spec/ops-delta-rule.md` §5.9: `warmup_chunks` is an optional `[S]` index input of
+/// `chunk_gated_delta_rule_fwd_h_split`; the CPU runner applies it (int32 and int64 alike; warm-ups
+/// reaching the sequence start give the exact result, a shorter one changes it) and refuses a bad
+/// one by name; the GPU runner refuses non-zero warm-ups before any device work.
+#[test]
+fn split_takes_warmup_chunks_on_the_cpu_and_the_gpu_refuses_them() {
+    let op = "chunk_gated_delta_rule_fwd_h_split";
+    let spec = find(op).unwrap();
+    let w = spec
+        .inputs
+        .iter()
+        .find(|i| i.name == "warmup_chunks")
+        .unwrap();
+    assert!(!w.required);
+    assert_eq!((w.shape, w.dtype), ("[S]", "int32|int64"));
+    assert_eq!(w.ranks(), vec![1]);
+    let case = common::valid_cases(7)
+        .into_iter()
+        .find(|c| c.op == op)
+        .unwrap();
+    let p = Params::resolve(op, spec.params, &case.params).unwrap();
+    // pieces: [0,5) | [5,5) | [5,21) [21,37) [37,40) at chunk_size 16
+    let run = |warm: Option<(&[i64], Dtype)>| {
+        let mut inputs = case.inputs.clone();
+        if let Some((w, dt)) = warm {
+            inputs.insert("warmup_chunks".into(), common::idx(w, dt));
+        }
+        (spec.cpu)(&inputs, &p)
+    };
+    let state = |t: &Tensors| t["final_state"].widen_f64();
+    let exact = run(None).unwrap();
+    assert_eq!(run(Some((&[0, 0, 0, 0, 0], Dtype::I32))).unwrap(), exact);
+    // reaching the sequence start (c0 = 1 with w = 1; c0 = 2 with w = 5): exact up to rounding
+    let reach = run(Some((&[0, 0, 0, 1, 5], Dtype::I64))).unwrap();
+    let d = (&state(&reach) - &state(&exact))
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()));
+    assert!(d < 1e-12, "{d:e}");
+    // a warm-up of 1 chunk on the last piece (c0 = 2) truncates: the last state changes
+    let w32 = run(Some((&[0, 0, 0, 0, 1], Dtype::I32))).unwrap();
+    let w64 = run(Some((&[0, 0, 0, 0, 1], Dtype::I64))).unwrap();
+    assert_eq!(w32, w64);
+    let d = (&state(&w32) - &state(&exact))
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()));
+    assert!(d > 1e-6, "the warm-up was ignored ({d:e})");
+    // bad warm-ups name the argument
+    for (bad, kind) in [
+        (&[1i64, 0, 0, 0, 0][..], ErrorKind::Index),
+        (&[0, 0, 1, 0, 0][..], ErrorKind::Index),
+        (&[0, 0, 0, -2, 0][..], ErrorKind::Index),
+        (&[0, 0, 0, 1][..], ErrorKind::Shape),
+    ] {
+        match run(Some((bad, Dtype::I64))) {
+            Err(Problem::Reference(e)) => {
+                assert_eq!((e.kind, e.arg.as_str()), (kind, "warmup_chunks"), "{e}")
+            }
+            other => panic!("{bad:?}: expected a warmup_chunks error, got {other:?}"),
+        }
+    }
+    let mut no_split = case.inputs.clone();
+    no_split.remove("subseq_cu_seqlens");
+    no_split.insert("warmup_chunks".into(), common::idx(&[0, 0, 0], Dtype::I32));
+    match (spec.cpu)(&no_split, &p) {
+        Err(Problem::Reference(e)) => assert_eq!(
+            (e.kind, e.arg.as_str()),
+            (ErrorKind::Missing, "warmup_chunks")
+        ),
+        other => panic!("expected a warmup_chunks error, got {other:?}"),
+    }
+    // the GPU split refuses non-zero warm-ups (with or without a GPU: before any device work)
+    let mut warm = case.inputs.clone();
+    warm.insert(
+        "warmup_chunks".into(),
+        common::idx(&[0, 0, 0, 0, 1], Dtype::I32),
+    );
+    match (spec.gpu.unwrap())(&warm, &p) {
+        Err(Problem::Reference(e)) => {
+            assert_eq!(
+                (e.kind, e.arg.as_str()),
+                (ErrorKind::Param, "warmup_chunks")
+            );
+            assert!(e.expected.contains("does not take warm-up"), "{e}");
+        }
+        other => panic!("expected the GPU to refuse warm-ups, got {other:?}"),
+    }
+    use attn_conformance::ops::delta::refuse_gpu_warmups;
+    assert!(refuse_gpu_warmups(None).is_ok());
+    assert!(refuse_gpu_warmups(Some(&[0, 0, 0])).is_ok());
+    assert!(refuse_gpu_warmups(Some(&[0, 3, 0])).is_err());
+}

@@ -110,10 +110,10 @@ proptest! {
         let prm = params(bt, v_first);
         let whole = chunk_gated_delta_rule_fwd_h(&inp, &prm).unwrap();
         let parts = chunk_gated_delta_rule_fwd_h_split(
-            &FwdHSplitInputs { fwd_h: inp.clone(), subseq_cu_seqlens: Some(&split) }, &prm).unwrap();
+            &FwdHSplitInputs { fwd_h: inp.clone(), subseq_cu_seqlens: Some(&split), warmup_chunks: None }, &prm).unwrap();
         assert_same_outputs(&parts, &whole, 1e-10);
         // and with the automatic policy (which splits nothing this short)
-        let auto = chunk_gated_delta_rule_fwd_h_split(&FwdHSplitInputs { fwd_h: inp, subseq_cu_seqlens: None }, &prm).unwrap();
+        let auto = chunk_gated_delta_rule_fwd_h_split(&FwdHSplitInputs { fwd_h: inp, subseq_cu_seqlens: None, warmup_chunks: None }, &prm).unwrap();
         assert_same_outputs(&auto, &whole, 1e-10);
     }
 
@@ -239,6 +239,7 @@ fn split_into_many_pieces_across_several_sequences() {
                 &FwdHSplitInputs {
                     fwd_h: inp,
                     subseq_cu_seqlens: Some(&split),
+                    warmup_chunks: None,
                 },
                 &prm,
             )
@@ -269,6 +270,7 @@ fn auto_policy_splits_long_sequences_only_when_useful() {
         &FwdHSplitInputs {
             fwd_h: inp,
             subseq_cu_seqlens: None,
+            warmup_chunks: None,
         },
         &prm,
     )
@@ -306,6 +308,7 @@ fn zero_tokens_pass_the_initial_state_through() {
             &FwdHSplitInputs {
                 fwd_h: inp.clone(),
                 subseq_cu_seqlens: None,
+                warmup_chunks: None,
             },
             &params(64, false),
         )

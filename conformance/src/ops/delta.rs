@@ -319,6 +319,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
         INITIAL_STATE,
         CU_SEQLENS,
         s::index("subseq_cu_seqlens", false, "[S + 1]"),
+        s::index("warmup_chunks", false, "[S]"),
     ],
     params: &[P_CHUNK64, P_FINAL, P_SAVE_V, P_V_FIRST],
     outputs: &SPLIT_OUTPUTS,
@@ -327,17 +328,20 @@ const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
     section: "conformance/spec/ops-delta-rule.md §5",
 };
 
-/// Section 2's outputs through the split of `conformance/spec/ops-delta-rule.md` §5.
+/// Section 2's outputs through the split of `conformance/spec/ops-delta-rule.md` §5, with the
+/// warm-up pieces of §5.9 when the case has `warmup_chunks`.
 fn chunk_gated_delta_rule_fwd_h_split_cpu(
     inputs: &Tensors,
     p: &Params,
 ) -> Result<Tensors, Problem> {
     let f = FwdH::read(inputs)?;
     let subseq = opt_indices(inputs, "subseq_cu_seqlens")?;
+    let warmup = opt_indices(inputs, "warmup_chunks")?;
     let o = d::chunk_gated_delta_rule_fwd_h_split(
         &d::FwdHSplitInputs {
             fwd_h: f.inputs(),
             subseq_cu_seqlens: subseq.as_deref(),
+            warmup_chunks: warmup.as_deref(),
         },
         &fwd_h_params(p)?,
     )?;
@@ -345,11 +349,14 @@ fn chunk_gated_delta_rule_fwd_h_split_cpu(
 }
 
 /// Section 2's outputs through the GPU split: the case's `subseq_cu_seqlens` when it has them,
-/// the auto policy (split or serial) otherwise.
+/// the auto policy (split or serial) otherwise. The GPU split does not take warm-up pieces yet
+/// (`conformance/spec/ops-delta-rule.md` §5.9): a case with a non-zero `warmup_chunks` is refused
+/// ([`refuse_gpu_warmups`]); all-zero `warmup_chunks` is the exact split.
 fn chunk_gated_delta_rule_fwd_h_split_gpu(
     inputs: &Tensors,
     p: &Params,
 ) -> Result<Tensors, Problem> {
+    refuse_gpu_warmups(opt_indices(inputs, "warmup_chunks")?.as_deref())?;
     let gpu = gpu()?;
     let t = FwdHDevice::upload(inputs)?;
     let cu = opt_indices(inputs, "cu_seqlens")?;
@@ -365,6 +372,25 @@ fn chunk_gated_delta_rule_fwd_h_split_gpu(
         &fwd_h_params(p)?,
     )?;
     fwd_h_downloads(gpu, o)
+}
+
+/// The GPU split runs exact pieces only: a non-zero `warmup_chunks` entry is refused with an
+/// error naming `warmup_chunks` (never ignored); absent or all zero passes.
+pub fn refuse_gpu_warmups(warmup_chunks: Option<&[i64]>) -> Result<(), Problem> {
+    let Some(w) = warmup_chunks else {
+        return Ok(());
+    };
+    match w.iter().enumerate().find(|&(_, &x)| x != 0) {
+        None => Ok(()),
+        Some((i, &x)) => Err(attn_reference::Error::new(
+            attn_reference::ErrorKind::Param,
+            "warmup_chunks",
+            "all 0 on the GPU: the GPU split does not take warm-up pieces yet \
+             (conformance/spec/ops-delta-rule.md §5.9; the CPU reference does)",
+            format!("warmup_chunks[{i}] = {x}"),
+        )
+        .into()),
+    }
 }
 
 const KDA_INTRA: OpSpec = OpSpec {

@@ -8,6 +8,7 @@
 //! `state_v_first`. Every op is computed independently per (sequence, value head), in parallel
 //! with rayon.
 
+pub mod bound;
 mod check;
 mod chunk;
 pub mod fwd_h;
@@ -19,6 +20,7 @@ mod prep;
 pub mod prescan;
 pub mod split;
 
+pub use bound::{truncation_log_bound, LogGates};
 pub use check::{validate_delta_dtypes, DeltaDtypes, Geometry};
 pub use fwd_h::{
     chunk_gated_delta_rule_fwd_h, validate_chunk_gated_delta_rule_fwd_h, FwdHInputs, FwdHOutputs,
@@ -44,7 +46,8 @@ pub use prescan::{
 };
 pub use split::{
     auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h_split, subseq_from_counts, subseq_offsets,
-    validate_chunk_gated_delta_rule_fwd_h_split, FwdHSplitInputs, SplitPlan, DEFAULT_NUM_SMS,
+    validate_chunk_gated_delta_rule_fwd_h_split, validate_warmup_chunks, FwdHSplitInputs,
+    SplitPlan, DEFAULT_NUM_SMS,
 };
 
 /// The largest key dimension of every op here (FLA holds the state as at most four 64-row

@@ -1,16 +1,17 @@
 //! `chunk_gated_delta_rule_fwd_h_split` (`conformance/spec/ops-delta-rule.md` §5): section 2
 //! computed by splitting sequences at chunk boundaries into sub-sequences, summarising them
 //! (`fwd_h_pre_scan`), merging the summaries into the pieces' initial states (`fwd_h_merge`) and
-//! running section 2 on the pieces. Also the validation of a split (5.2) and the project's split
-//! policy (5.4).
+//! running section 2 on the pieces. Also the validation of a split (5.2), the project's split
+//! policy (5.4) and warm-up pieces (`warmup_chunks`, 5.9).
 
 use super::check::{boundary, Geometry};
 use super::fwd_h::{self, chunk_gated_delta_rule_fwd_h, FwdHInputs, FwdHParams, FwdHShapes};
 use super::merge::{fwd_h_merge, FwdHMergeInputs, FwdHMergeParams};
 use super::prescan::{fwd_h_pre_scan, FwdHPreScanParams};
+use crate::error::ErrorKind;
 use crate::error::{Error, Result};
 use crate::scalar::Real;
-use ndarray::{Array3, Array4, ArrayView3, ArrayView4, Axis};
+use ndarray::{s, Array3, Array4, ArrayView3, ArrayView4, Axis};
 
 /// The SM count assumed by the automatic split policy when none is given (H100/H200: 132).
 pub const DEFAULT_NUM_SMS: usize = 132;
@@ -180,6 +181,9 @@ pub struct FwdHSplitInputs<'a, T> {
     /// `[S + 1]` sub-sequence boundaries over the (flattened) tokens; `None` = the policy of
     /// [`auto_subseq_cu_seqlens`] with [`DEFAULT_NUM_SMS`].
     pub subseq_cu_seqlens: Option<&'a [i64]>,
+    /// `[S]` warm-up chunk counts per piece (`conformance/spec/ops-delta-rule.md` §5.9; requires
+    /// `subseq_cu_seqlens`); `None` = all 0 (every piece starts from its exact state).
+    pub warmup_chunks: Option<&'a [i64]>,
 }
 
 /// A validated split: the geometry of section 2 and the pieces.
@@ -190,6 +194,9 @@ pub struct SplitPlan {
     pub subseq_cu_seqlens: Vec<i64>,
     /// `subseq_offsets` of section 4 derived from them.
     pub subseq_offsets: Vec<i64>,
+    /// Per piece, the warm-up chunk count (§5.9): all 0 unless given and validated by
+    /// [`validate_warmup_chunks`].
+    pub warmup_chunks: Vec<i64>,
 }
 
 /// Validates a [`chunk_gated_delta_rule_fwd_h_split`] call
@@ -216,24 +223,91 @@ pub fn validate_chunk_gated_delta_rule_fwd_h_split(
     let offsets = subseq_offsets(&pieces, &bounds, geo.bt)?;
     Ok(SplitPlan {
         geometry: geo,
+        warmup_chunks: vec![0; pieces.len() - 1],
         subseq_cu_seqlens: pieces,
         subseq_offsets: offsets,
     })
 }
 
+/// Validates `warmup_chunks` (`conformance/spec/ops-delta-rule.md` §5.9) against a validated
+/// split and stores it in the plan. `subseq_given` says whether the caller gave
+/// `subseq_cu_seqlens` (warm-ups require explicit pieces). Refused, each error naming
+/// `warmup_chunks`: given without `subseq_cu_seqlens` ([`ErrorKind::Missing`]), a length other
+/// than the number of pieces `S` ([`ErrorKind::Shape`]), a negative count, or a non-zero count on
+/// the first piece of a sequence ([`ErrorKind::Index`]). `None` leaves every count 0.
+pub fn validate_warmup_chunks(
+    plan: &mut SplitPlan,
+    subseq_given: bool,
+    warmup_chunks: Option<&[i64]>,
+) -> Result<()> {
+    let arg = "warmup_chunks";
+    let Some(w) = warmup_chunks else {
+        return Ok(());
+    };
+    if !subseq_given {
+        return Err(Error::missing(
+            arg,
+            "subseq_cu_seqlens alongside warmup_chunks (warm-ups need explicit pieces)",
+            "warmup_chunks without subseq_cu_seqlens",
+        ));
+    }
+    let s = plan.subseq_cu_seqlens.len() - 1;
+    if w.len() != s {
+        return Err(Error::shape(
+            arg,
+            format!("[S] = [{s}] (one count per piece of subseq_cu_seqlens)"),
+            [w.len()],
+        ));
+    }
+    if let Some((i, &x)) = w.iter().enumerate().find(|&(_, &x)| x < 0) {
+        return Err(Error::new(
+            ErrorKind::Index,
+            arg,
+            "counts >= 0",
+            format!("warmup_chunks[{i}] = {x}"),
+        ));
+    }
+    for (n, &first) in plan.subseq_offsets[..plan.subseq_offsets.len() - 1]
+        .iter()
+        .enumerate()
+    {
+        let i = first as usize;
+        if w[i] != 0 {
+            return Err(Error::new(
+                ErrorKind::Index,
+                arg,
+                format!("0 on piece {i}, the first piece of sequence {n}"),
+                format!("warmup_chunks[{i}] = {}", w[i]),
+            ));
+        }
+    }
+    plan.warmup_chunks = w.to_vec();
+    Ok(())
+}
+
 /// Section 2 computed through the split (`conformance/spec/ops-delta-rule.md` §5.3): pre-scan of
 /// the pieces, merge into the pieces' initial states, section 2 on the pieces. Equal to
 /// [`chunk_gated_delta_rule_fwd_h`] on the same inputs whatever the (valid) split.
+///
+/// With `warmup_chunks` (§5.9), piece `i` of sequence `n` starting at local chunk `c0` with
+/// `w_i > 0` starts instead from the state of section 2's recurrence run over chunks
+/// `max(0, c0 − w_i) .. c0 − 1` of its sequence from a zero state (from `initial_state[n]` when
+/// `c0 − w_i <= 0`); the warm-up writes no `h` or `v_new`.
 pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
     inp: &FwdHSplitInputs<'_, T>,
     params: &FwdHParams,
 ) -> Result<fwd_h::FwdHOutputs<T>> {
     let f = &inp.fwd_h;
-    let plan = validate_chunk_gated_delta_rule_fwd_h_split(
+    let mut plan = validate_chunk_gated_delta_rule_fwd_h_split(
         &f.shapes(),
         f.cu_seqlens,
         inp.subseq_cu_seqlens,
         params,
+    )?;
+    validate_warmup_chunks(
+        &mut plan,
+        inp.subseq_cu_seqlens.is_some(),
+        inp.warmup_chunks,
     )?;
     let geo = &plan.geometry;
     let (b, t) = (geo.b, geo.t);
@@ -267,9 +341,17 @@ pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
             output_final_state: false,
         },
     )?;
+    let mut starts = merged.initial_states;
+    warm_up(
+        &plan,
+        &pieces,
+        f.initial_state.as_ref(),
+        params,
+        &mut starts,
+    )?;
     let run = chunk_gated_delta_rule_fwd_h(
         &FwdHInputs {
-            initial_state: Some(merged.initial_states.view()),
+            initial_state: Some(starts.view()),
             ..pieces
         },
         params,
@@ -301,6 +383,64 @@ pub fn chunk_gated_delta_rule_fwd_h_split<T: Real>(
         v_new,
         final_state,
     })
+}
+
+/// Replaces the start state of every piece with `w_i > 0` by its warm-up state
+/// (`conformance/spec/ops-delta-rule.md` §5.9): section 2 on the tokens of chunks
+/// `max(0, c0 − w_i) .. c0 − 1` of the piece's sequence, from zero (from `initial_state[n]` when
+/// the warm-up reaches the sequence start). `flat` holds the flattened `[1, B·T, ...]` tensors;
+/// `starts` the pieces' exact start states `[S, HV, ...]` (layout of `state_v_first`).
+fn warm_up<T: Real>(
+    plan: &SplitPlan,
+    flat: &FwdHInputs<'_, T>,
+    initial_state: Option<&ArrayView4<'_, T>>,
+    params: &FwdHParams,
+    starts: &mut Array4<T>,
+) -> Result<()> {
+    let bt = plan.geometry.bt;
+    let offs = &plan.subseq_offsets;
+    let p = &plan.subseq_cu_seqlens;
+    for n in 0..offs.len() - 1 {
+        let (first, end) = (offs[n] as usize, offs[n + 1] as usize);
+        let bos = p[first] as usize;
+        for (i, &w) in plan.warmup_chunks.iter().enumerate().take(end).skip(first) {
+            if w <= 0 {
+                continue;
+            }
+            let at = p[i] as usize;
+            let c0 = (at - bos) / bt;
+            let from_chunk = c0.saturating_sub(usize::try_from(w).unwrap_or(usize::MAX));
+            let from = bos + from_chunk * bt;
+            let h0 = if from_chunk == 0 {
+                initial_state.map(|a| a.slice(s![n..n + 1, .., .., ..]))
+            } else {
+                None
+            };
+            let run = chunk_gated_delta_rule_fwd_h(
+                &FwdHInputs {
+                    k: flat.k.slice(s![.., from..at, .., ..]),
+                    w: flat.w.slice(s![.., from..at, .., ..]),
+                    u: flat.u.slice(s![.., from..at, .., ..]),
+                    g: flat.g.as_ref().map(|g| g.slice(s![.., from..at, ..])),
+                    gk: flat.gk.as_ref().map(|g| g.slice(s![.., from..at, .., ..])),
+                    initial_state: h0,
+                    cu_seqlens: None,
+                },
+                &FwdHParams {
+                    output_final_state: true,
+                    save_new_value: false,
+                    ..*params
+                },
+            )?;
+            let fs = run
+                .final_state
+                .ok_or_else(|| Error::missing("final_state", "a warm-up final state", "none"))?;
+            starts
+                .slice_mut(s![i, .., .., ..])
+                .assign(&fs.index_axis(Axis(0), 0));
+        }
+    }
+    Ok(())
 }
 
 /// A `[B, T, X, Y]` tensor as `[1, B·T, X, Y]` (standard layout copy).
