@@ -7,52 +7,18 @@ mod delta_util;
 use attn_reference::delta::{
     auto_subseq_cu_seqlens, chunk_gated_delta_rule_fwd_h, chunk_gated_delta_rule_fwd_h_split,
     fwd_h_merge, fwd_h_pre_scan, validate_chunk_gated_delta_rule_fwd_h_split, FwdHMergeInputs,
-    FwdHMergeParams, FwdHOutputs, FwdHParams, FwdHPreScanParams, FwdHSplitInputs,
+    FwdHMergeParams, FwdHPreScanParams, FwdHSplitInputs,
 };
-use delta_util::{assert_close, fwd_h_case, seqs, transpose_state, Case, GateMode, Rng};
+use delta_util::{
+    assert_close, assert_same_outputs, bt, fwd_h_case, mode, params, seqs, transpose_state, Case,
+    GateMode, Rng,
+};
 use ndarray::{s, Array2, Array4, Array5};
 use proptest::prelude::*;
 
 /// A random case (see [`delta_util::cases`]): sequences up to 150 tokens, `K, V <= 24`.
 fn case() -> impl Strategy<Value = Case> {
     delta_util::cases(150, 24)
-}
-
-fn mode() -> impl Strategy<Value = GateMode> {
-    prop_oneof![
-        Just(GateMode::Kda),
-        Just(GateMode::Gdn),
-        Just(GateMode::Both)
-    ]
-}
-
-fn bt() -> impl Strategy<Value = usize> {
-    prop_oneof![Just(16usize), Just(32), Just(64)]
-}
-
-fn params(bt: usize, v_first: bool) -> FwdHParams {
-    FwdHParams {
-        chunk_size: bt as i64,
-        output_final_state: true,
-        save_new_value: true,
-        state_v_first: v_first,
-    }
-}
-
-fn assert_same_outputs(x: &FwdHOutputs<f64>, r: &FwdHOutputs<f64>, tol: f64) {
-    assert_close(&x.h, &r.h, tol, "h");
-    assert_close(
-        x.v_new.as_ref().unwrap(),
-        r.v_new.as_ref().unwrap(),
-        tol,
-        "v_new",
-    );
-    assert_close(
-        x.final_state.as_ref().unwrap(),
-        r.final_state.as_ref().unwrap(),
-        tol,
-        "final_state",
-    );
 }
 
 /// Random chunk-aligned split points over the flattened tokens of a case: each inner chunk

@@ -6,52 +6,15 @@ mod delta_util;
 
 use attn_reference::delta::{
     chunk_gated_delta_rule_fwd_h, chunk_gated_delta_rule_fwd_h_split, truncation_log_bound,
-    FwdHOutputs, FwdHParams, FwdHSplitInputs, LogGates,
+    FwdHOutputs, FwdHSplitInputs, LogGates,
 };
 use attn_reference::ErrorKind;
 use delta_util::{
-    assert_close, fwd_h_case, gates, l2norm, seqs, sigmoid, transpose_state, Case, FwdHCase,
-    GateMode, Rng,
+    assert_same_outputs, bt, fwd_h_case, gates, l2norm, mode, params, seqs, sigmoid,
+    transpose_state, Case, FwdHCase, GateMode, Rng,
 };
 use ndarray::{s, Array1, Array2, Array3, Array4, ArrayView2, Axis};
 use proptest::prelude::*;
-
-fn params(bt: usize, v_first: bool) -> FwdHParams {
-    FwdHParams {
-        chunk_size: bt as i64,
-        output_final_state: true,
-        save_new_value: true,
-        state_v_first: v_first,
-    }
-}
-
-fn assert_same_outputs(x: &FwdHOutputs<f64>, r: &FwdHOutputs<f64>, tol: f64) {
-    assert_close(&x.h, &r.h, tol, "h");
-    assert_close(
-        x.v_new.as_ref().unwrap(),
-        r.v_new.as_ref().unwrap(),
-        tol,
-        "v_new",
-    );
-    assert_close(
-        x.final_state.as_ref().unwrap(),
-        r.final_state.as_ref().unwrap(),
-        tol,
-        "final_state",
-    );
-}
-
-fn mode() -> impl Strategy<Value = GateMode> {
-    prop_oneof![
-        Just(GateMode::Kda),
-        Just(GateMode::Gdn),
-        Just(GateMode::Both)
-    ]
-}
-
-fn bt() -> impl Strategy<Value = usize> {
-    prop_oneof![Just(16usize), Just(32), Just(64)]
-}
 
 /// Random chunk-aligned split points over the flattened tokens: each inner chunk boundary is cut
 /// with probability `p`; a zero-length sequence is one empty piece.

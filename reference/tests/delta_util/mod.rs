@@ -403,3 +403,50 @@ impl FwdHCase {
         i
     }
 }
+
+/// The gate modes a property test draws: per-key (KDA), scalar (GDN), both.
+pub fn mode() -> impl proptest::strategy::Strategy<Value = GateMode> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(GateMode::Kda),
+        Just(GateMode::Gdn),
+        Just(GateMode::Both)
+    ]
+}
+
+/// The chunk sizes a property test draws.
+pub fn bt() -> impl proptest::strategy::Strategy<Value = usize> {
+    use proptest::prelude::*;
+    prop_oneof![Just(16usize), Just(32), Just(64)]
+}
+
+/// `fwd_h` parameters with every output on.
+pub fn params(bt: usize, v_first: bool) -> attn_reference::delta::FwdHParams {
+    attn_reference::delta::FwdHParams {
+        chunk_size: bt as i64,
+        output_final_state: true,
+        save_new_value: true,
+        state_v_first: v_first,
+    }
+}
+
+/// `h`, `v_new` and `final_state` of two `fwd_h` results within `tol` of each other.
+pub fn assert_same_outputs(
+    x: &attn_reference::delta::FwdHOutputs<f64>,
+    r: &attn_reference::delta::FwdHOutputs<f64>,
+    tol: f64,
+) {
+    assert_close(&x.h, &r.h, tol, "h");
+    assert_close(
+        x.v_new.as_ref().unwrap(),
+        r.v_new.as_ref().unwrap(),
+        tol,
+        "v_new",
+    );
+    assert_close(
+        x.final_state.as_ref().unwrap(),
+        r.final_state.as_ref().unwrap(),
+        tol,
+        "final_state",
+    );
+}
