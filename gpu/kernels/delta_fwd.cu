@@ -300,3 +300,343 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
 
 FUSED_KERNELS(bf16, bf16)
 FUSED_KERNELS(f16, f16)
+
+// ---------------------------------------------------------------------------------------------
+// The lean fused GDN forward (scalar gate; conformance/spec/ops-delta-rule.md 8.5): the intra
+// stage writes only Tb = Akk diag(β) (hi + lo in T), Aqk and the chunk-local cumulative gate G
+// (log2 units, fp32); this kernel reads the raw (or, with l2norm, normalised) q, k and v. With
+// e_r = exp2(G_r), for every chunk (n_c valid rows, l = n_c - 1):
+//
+//   W  = V - diag(e) K S                   (rounded to T; FLA's u - w S before its Akk product)
+//   D  = Tb W = (Tb_hi + Tb_lo) W           (rounded to T: FLA's v_new)
+//   o  = scale diag(e) Q S + Aqk D
+//   S <- e_l S + Kᵀ D',  D' = diag(exp2(G_l - G_r)) D   (rounded to T)
+//
+// since Akk diag(β) (V - diag(e) K S) = u - w S for a scalar gate. Warp w computes the chunk
+// tiles of row tile w / 2 and column tiles (w % 2) NTN / 2 .. of every product of the chunk
+// (one A fragment per key step for all its columns); the state tiles as in delta_fused.
+
+struct GdnFusedArgs {
+    u64 q, k, v, tbh, tbl, aqk, g, h0;  // q, k [rows][QH][K]; v [rows][HV][V]; tb*, aqk [rows][HV][bt]; g = G [rows][HV] f32
+    u64 seqs;                           // i64 [N][3]: first packed token row, length, first chunk index
+    u64 o, ht;
+    i64 QH, HV, K, V, bt;
+    i64 h0_dtype, v_first;
+    double scale;
+};
+
+template <typename T, int KP, int BV> struct GdnFusedSmem {
+    static constexpr int KPITCH = KP + 8, VPITCH = BV + 8, APITCH = FWDH_BT + 8;
+    static constexpr unsigned KROW = KPITCH * sizeof(T), VROW = VPITCH * sizeof(T), AROW = APITCH * sizeof(T);
+    T k[2][FWDH_BT][KPITCH];
+    T q[2][FWDH_BT][KPITCH];
+    T v[2][FWDH_BT][VPITCH];
+    T tbh[2][FWDH_BT][APITCH];
+    T tbl[2][FWDH_BT][APITCH];
+    T aq[2][FWDH_BT][APITCH];
+    float g[2][FWDH_BT];
+    T s[KP][VPITCH];
+    T w[FWDH_BT][VPITCH];
+    T d[FWDH_BT][VPITCH];
+    T dl[FWDH_BT][VPITCH];  // D'
+};
+
+// Issues the loads of one chunk (nc rows from packed row row0) into buffer b; rows >= nc and
+// columns beyond K / the block are zero. Always commits one cp.async group.
+template <typename T, int KP, int BV>
+__device__ __forceinline__ void load_gdn(const GdnFusedArgs& a, GdnFusedSmem<T, KP, BV>& sm, int b, i64 row0, int nc, i64 hv,
+                                         i64 c0, int nb) {
+    const int tid = threadIdx.x, bt = (int)a.bt;
+    const i64 qh = hv / (a.HV / a.QH);
+    const i64 ks = a.QH * a.K, vs = a.HV * a.V, as = a.HV * a.bt;
+    const T* kp = reinterpret_cast<const T*>(a.k) + row0 * ks + qh * a.K;
+    const T* qp = reinterpret_cast<const T*>(a.q) + row0 * ks + qh * a.K;
+    const T* vp = reinterpret_cast<const T*>(a.v) + row0 * vs + hv * a.V + c0;
+    const i64 aoff = row0 * as + hv * a.bt;
+    const T* hp = reinterpret_cast<const T*>(a.tbh) + aoff;
+    const T* lp = reinterpret_cast<const T*>(a.tbl) + aoff;
+    const T* ap = reinterpret_cast<const T*>(a.aqk) + aoff;
+    constexpr int KSEG = KP / 8;
+    if (a.K % 8 == 0) {
+        for (int i = tid; i < bt * KSEG; i += FWDH_THREADS) {
+            const int r = i / KSEG, c8 = (i % KSEG) * 8;
+            const bool ok = r < nc && c8 < a.K;
+            const i64 off = ok ? r * ks + c8 : 0;
+            cp_async16(smem_u32(&sm.k[b][r][c8]), kp + off, ok ? 16 : 0);
+            cp_async16(smem_u32(&sm.q[b][r][c8]), qp + off, ok ? 16 : 0);
+        }
+    } else {
+        for (int i = tid; i < bt * KP; i += FWDH_THREADS) {
+            const int r = i / KP, e = i % KP;
+            const bool ok = r < nc && e < a.K;
+            sm.k[b][r][e] = ok ? kp[r * ks + e] : T{0};
+            sm.q[b][r][e] = ok ? qp[r * ks + e] : T{0};
+        }
+    }
+    constexpr int VSEG = BV / 8;
+    if (a.V % 8 == 0) {
+        for (int i = tid; i < bt * VSEG; i += FWDH_THREADS) {
+            const int r = i / VSEG, c8 = (i % VSEG) * 8;
+            const bool ok = r < nc && c8 < nb;
+            cp_async16(smem_u32(&sm.v[b][r][c8]), vp + (ok ? r * vs + c8 : 0), ok ? 16 : 0);
+        }
+    } else {
+        for (int i = tid; i < bt * BV; i += FWDH_THREADS) {
+            const int r = i / BV, e = i % BV;
+            sm.v[b][r][e] = (r < nc && e < nb) ? vp[r * vs + e] : T{0};
+        }
+    }
+    const int aseg = bt / 8;  // bt is 16, 32 or 64
+    for (int i = tid; i < bt * aseg; i += FWDH_THREADS) {
+        const int r = i / aseg, c8 = (i % aseg) * 8;
+        const bool ok = r < nc;
+        const i64 off = ok ? r * as + c8 : 0;
+        cp_async16(smem_u32(&sm.tbh[b][r][c8]), hp + off, ok ? 16 : 0);
+        cp_async16(smem_u32(&sm.tbl[b][r][c8]), lp + off, ok ? 16 : 0);
+        cp_async16(smem_u32(&sm.aq[b][r][c8]), ap + off, ok ? 16 : 0);
+    }
+    const float* gp = reinterpret_cast<const float*>(a.g) + row0 * a.HV + hv;
+    for (int r = tid; r < bt; r += FWDH_THREADS) cp_async4(smem_u32(&sm.g[b][r]), gp + (r < nc ? r * a.HV : 0), r < nc ? 4 : 0);
+    cp_async_commit();
+}
+
+template <typename T, int KP, int BV>
+__device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
+    using Sm = GdnFusedSmem<T, KP, BV>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
+    constexpr int NTN = BV / 8;                       // 8-column tiles
+    constexpr int SU = (KP / 16) * NTN / FWDH_WARPS;  // state tiles per warp
+    constexpr int TPM = SU < NTN ? SU : NTN;          // column tiles per key tile of a warp
+    constexpr int MPW = SU / TPM;                     // key tiles per warp
+    constexpr int TW = NTN / 2;                       // chunk column tiles per warp (1, 2, 4)
+    constexpr unsigned KROW = Sm::KROW, VROW = Sm::VROW, AROW = Sm::AROW;
+    constexpr unsigned KSTAGE = FWDH_BT * KROW, ASTAGE = FWDH_BT * AROW;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, t4 = lane & 3;
+    const int mt = warp >> 1, nt0 = (warp & 1) * TW;  // this warp's chunk tiles
+
+    const i64 n = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
+    const i64 c0 = (i64)blockIdx.y * BV;
+    const int nb = (int)min((i64)BV, a.V - c0);
+    const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
+    const i64 row0 = seq[0], len = seq[1];
+    const int bt = (int)a.bt;
+    const i64 nchunks = (len + bt - 1) / bt;
+    const bool pair_ok = (a.V % 2) == 0;
+    const i64 os = a.HV * a.V;
+    const float scale = (float)a.scale;
+
+    const unsigned k_s = smem_u32(&sm.k[0][0][0]), q_s = smem_u32(&sm.q[0][0][0]);
+    const unsigned th_s = smem_u32(&sm.tbh[0][0][0]), tl_s = smem_u32(&sm.tbl[0][0][0]), a_s = smem_u32(&sm.aq[0][0][0]);
+    const unsigned s_s = smem_u32(&sm.s[0][0]), w_s = smem_u32(&sm.w[0][0]), d_s = smem_u32(&sm.d[0][0]), dl_s = smem_u32(&sm.dl[0][0]);
+    const unsigned a1_lane = (lane & 15) * KROW + (lane >> 4) * 16;                        // K, Q rows
+    const unsigned a2_lane = ((lane & 7) + (lane >> 4) * 8) * KROW + ((lane >> 3) & 1) * 16;  // Kᵀ
+    const unsigned a3_lane = (lane & 15) * AROW + (lane >> 4) * 16;                        // Tb, Aqk rows
+    const unsigned b_lane = (lane & 15) * VROW + (TW > 1 ? (lane >> 4) * 16 : 0);          // S, W, D rows
+
+    auto rows_of = [&](i64 c) { return (int)max((i64)0, min((i64)bt, len - c * bt)); };
+    // B fragments of the warp's TW column tiles at key row kr of a [rows][VPITCH] tile
+    auto load_b = [&](unsigned (&bf)[TW][2], unsigned base, int kr) {
+        const unsigned addr = base + b_lane + kr * VROW + nt0 * 16;
+        if constexpr (TW == 1) {
+            ldsm_x2_t(bf[0], addr);
+        } else {
+#pragma unroll
+            for (int p = 0; p < TW / 2; ++p) {
+                unsigned r[4];
+                ldsm_x4_t(r, addr + p * 32);
+                bf[2 * p][0] = r[0];
+                bf[2 * p][1] = r[1];
+                bf[2 * p + 1][0] = r[2];
+                bf[2 * p + 1][1] = r[3];
+            }
+        }
+    };
+
+    float s[SU][4];
+#pragma unroll
+    for (int j = 0; j < SU; ++j) {
+        const int u = warp * SU + j, smt = u / NTN, snt = u % NTN;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = smt * 16 + gid + (e >> 1) * 8, c = snt * 8 + t4 * 2 + (e & 1);
+            float v = 0.f;
+            if (a.h0 != 0 && r < a.K && c < nb) {
+                const i64 base = (n * a.HV + hv) * a.K * a.V;
+                v = load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, base + (a.v_first ? (c0 + c) * a.K + r : r * a.V + c0 + c));
+            }
+            s[j][e] = v;
+        }
+    }
+    if (nchunks > 0) load_gdn<T, KP, BV>(a, sm, 0, row0, rows_of(0), hv, c0, nb);
+
+    for (i64 c = 0; c < nchunks; ++c) {
+        const int buf = (int)(c & 1);
+        const int nc = rows_of(c);
+        // 1. the rounded state into shared memory
+#pragma unroll
+        for (int j = 0; j < SU; ++j) {
+            const int u = warp * SU + j, smt = u / NTN, snt = u % NTN;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int r = smt * 16 + gid + h2 * 8, col = snt * 8 + t4 * 2;
+                *reinterpret_cast<Vec<T, 2>*>(&sm.s[r][col]) = pack2<T>(s[j][2 * h2], s[j][2 * h2 + 1]);
+            }
+        }
+        cp_async_wait_all();
+        __syncthreads();  // chunk c's tiles and the rounded state are visible
+        if (c + 1 < nchunks) load_gdn<T, KP, BV>(a, sm, buf ^ 1, row0 + (c + 1) * bt, rows_of(c + 1), hv, c0, nb);
+        const float gl = sm.g[buf][nc - 1];
+        // 2. the decay of the state (registers; the products below read the rounded copy)
+        const float lam = ex2_ftz(gl);
+#pragma unroll
+        for (int j = 0; j < SU; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] *= lam;
+        const bool active = mt * 16 < bt;  // the warp's row tile exists in this chunk size
+        // the warp's rows: gate factors
+        const int r0 = mt * 16 + gid, r1 = r0 + 8;
+        const bool v0 = r0 < nc, v1 = r1 < nc;
+        const float g0 = sm.g[buf][r0], g1 = sm.g[buf][r1];
+        // 3. X = K S and O = Q S over the warp's tiles
+        float xacc[TW][4], oacc[TW][4];
+#pragma unroll
+        for (int j = 0; j < TW; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) xacc[j][e] = oacc[j][e] = 0.f;
+        if (active) {
+            const unsigned ak = k_s + buf * KSTAGE + a1_lane + mt * 16 * KROW;
+            const unsigned aq = q_s + buf * KSTAGE + a1_lane + mt * 16 * KROW;
+#pragma unroll
+            for (int kk = 0; kk < KP / 16; ++kk) {
+                unsigned kf[4], qf[4], bf[TW][2];
+                load_b(bf, s_s, kk * 16);
+                ldsm_x4(kf, ak + kk * 32);
+                ldsm_x4(qf, aq + kk * 32);
+#pragma unroll
+                for (int j = 0; j < TW; ++j) {
+                    Mma<T>::run(xacc[j], kf, bf[j]);
+                    Mma<T>::run(oacc[j], qf, bf[j]);
+                }
+            }
+            // 4. W = V - diag(e) X, rounded into shared memory (zero beyond the valid rows)
+            const float e0 = ex2_ftz(g0), e1 = ex2_ftz(g1);
+#pragma unroll
+            for (int j = 0; j < TW; ++j) {
+                const int col = (nt0 + j) * 8 + t4 * 2;
+                const Vec<T, 2> va = *reinterpret_cast<const Vec<T, 2>*>(&sm.v[buf][r0][col]);
+                const Vec<T, 2> vb = *reinterpret_cast<const Vec<T, 2>*>(&sm.v[buf][r1][col]);
+                *reinterpret_cast<Vec<T, 2>*>(&sm.w[r0][col]) =
+                    pack2<T>(v0 ? widen(va.v[0]) - e0 * xacc[j][0] : 0.f, v0 ? widen(va.v[1]) - e0 * xacc[j][1] : 0.f);
+                *reinterpret_cast<Vec<T, 2>*>(&sm.w[r1][col]) =
+                    pack2<T>(v1 ? widen(vb.v[0]) - e1 * xacc[j][2] : 0.f, v1 ? widen(vb.v[1]) - e1 * xacc[j][3] : 0.f);
+            }
+        }
+        __syncthreads();  // W is visible
+        // 5. D = (Tb_hi + Tb_lo) W (lower triangular: key steps up to the tile's own rows);
+        //    D and D' rounded into shared memory
+        if (active) {
+            float dacc[TW][4];
+#pragma unroll
+            for (int j = 0; j < TW; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dacc[j][e] = 0.f;
+            const unsigned ah = th_s + buf * ASTAGE + a3_lane + mt * 16 * AROW;
+            const unsigned al = tl_s + buf * ASTAGE + a3_lane + mt * 16 * AROW;
+            for (int js = 0; js <= mt; ++js) {
+                unsigned hf[4], lf[4], bf[TW][2];
+                load_b(bf, w_s, js * 16);
+                ldsm_x4(hf, ah + js * 32);
+                ldsm_x4(lf, al + js * 32);
+#pragma unroll
+                for (int j = 0; j < TW; ++j) {
+                    Mma<T>::run(dacc[j], hf, bf[j]);
+                    Mma<T>::run(dacc[j], lf, bf[j]);
+                }
+            }
+            const float f0 = v0 ? ex2_ftz(gl - g0) : 0.f, f1 = v1 ? ex2_ftz(gl - g1) : 0.f;
+#pragma unroll
+            for (int j = 0; j < TW; ++j) {
+                const int col = (nt0 + j) * 8 + t4 * 2;
+                if (!v0) dacc[j][0] = dacc[j][1] = 0.f;
+                if (!v1) dacc[j][2] = dacc[j][3] = 0.f;
+                *reinterpret_cast<Vec<T, 2>*>(&sm.d[r0][col]) = pack2<T>(dacc[j][0], dacc[j][1]);
+                *reinterpret_cast<Vec<T, 2>*>(&sm.d[r1][col]) = pack2<T>(dacc[j][2], dacc[j][3]);
+                *reinterpret_cast<Vec<T, 2>*>(&sm.dl[r0][col]) = pack2<T>(f0 * dacc[j][0], f0 * dacc[j][1]);
+                *reinterpret_cast<Vec<T, 2>*>(&sm.dl[r1][col]) = pack2<T>(f1 * dacc[j][2], f1 * dacc[j][3]);
+            }
+        }
+        __syncthreads();  // D and D' are visible
+        // 6. o = scale diag(e) O + Aqk D, stored
+        if (active) {
+            const float q0 = scale * ex2_ftz(g0), q1 = scale * ex2_ftz(g1);
+#pragma unroll
+            for (int j = 0; j < TW; ++j) {
+                oacc[j][0] *= q0;
+                oacc[j][1] *= q0;
+                oacc[j][2] *= q1;
+                oacc[j][3] *= q1;
+            }
+            const unsigned aa = a_s + buf * ASTAGE + a3_lane + mt * 16 * AROW;
+            for (int js = 0; js <= mt; ++js) {
+                unsigned af[4], bf[TW][2];
+                load_b(bf, d_s, js * 16);
+                ldsm_x4(af, aa + js * 32);
+#pragma unroll
+                for (int j = 0; j < TW; ++j) Mma<T>::run(oacc[j], af, bf[j]);
+            }
+            T* orow = reinterpret_cast<T*>(a.o) + ((row0 + c * bt) * a.HV + hv) * a.V + c0;
+#pragma unroll
+            for (int j = 0; j < TW; ++j) {
+                const int col = (nt0 + j) * 8 + t4 * 2;
+                if (v0) store_pair<T>(orow + r0 * os + col, col, nb, pair_ok, oacc[j][0], oacc[j][1]);
+                if (v1) store_pair<T>(orow + r1 * os + col, col, nb, pair_ok, oacc[j][2], oacc[j][3]);
+            }
+        }
+        // 7. S += Kᵀ D'
+        const unsigned kbuf = k_s + buf * KSTAGE + a2_lane;
+#pragma unroll
+        for (int ks = 0; ks < FWDH_BT / 16; ++ks) {
+            if (ks * 16 < bt) {
+#pragma unroll
+                for (int jm = 0; jm < MPW; ++jm) {
+                    const int smt = (warp * SU + jm * TPM) / NTN;
+                    unsigned af[4];
+                    ldsm_x4_t(af, kbuf + smt * 32 + ks * 16 * KROW);
+#pragma unroll
+                    for (int jn = 0; jn < TPM; ++jn) {
+                        const int snt = (warp * SU + jm * TPM + jn) % NTN;
+                        unsigned bf[2];
+                        ldsm_x2_t(bf, dl_s + (lane & 15) * VROW + snt * 16 + ks * 16 * VROW);
+                        Mma<T>::run(s[jm * TPM + jn], af, bf);
+                    }
+                }
+            }
+        }
+        // the next step's barrier orders these reads before the buffers are overwritten
+    }
+    if (a.ht != 0) {
+        float* ht = reinterpret_cast<float*>(a.ht) + (n * a.HV + hv) * a.K * a.V;
+#pragma unroll
+        for (int j = 0; j < SU; ++j) {
+            const int u = warp * SU + j, smt = u / NTN, snt = u % NTN;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = smt * 16 + gid + (e >> 1) * 8, col = snt * 8 + t4 * 2 + (e & 1);
+                if (r < a.K && col < nb) ht[a.v_first ? (c0 + col) * a.K + r : r * a.V + c0 + col] = s[j][e];
+            }
+        }
+    }
+}
+
+#define GDN_KERNEL(T, TAG, KP, BV) \
+    extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) delta_fwd_gdn_##TAG##_k##KP##_v##BV(const GdnFusedArgs a) { \
+        delta_fused_gdn<T, KP, BV>(a); \
+    }
+#define GDN_KERNELS(T, TAG) \
+    GDN_KERNEL(T, TAG, 64, 16) GDN_KERNEL(T, TAG, 64, 32) GDN_KERNEL(T, TAG, 64, 64) \
+    GDN_KERNEL(T, TAG, 128, 16) GDN_KERNEL(T, TAG, 128, 32) GDN_KERNEL(T, TAG, 128, 64)
+
+GDN_KERNELS(bf16, bf16)
+GDN_KERNELS(f16, f16)

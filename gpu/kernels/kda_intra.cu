@@ -34,6 +34,7 @@ struct IntraArgs {
     GateArgs gate;         // the in-kernel gate (gate_mode 2)
     u64 chunks;            // i64 [NC][3]: first packed token row, rows n_c, global chunk index
     u64 w, u, kg, qg, qf, aqk, akk, lam, gout;  // outputs (0: not written)
+    u64 tbh, tbl;  // the lean outputs of a scalar gate (fused GDN): Akk diag(β) as hi + lo
     i64 H, HV, K, V, bt;
     i64 g_dtype, beta_dtype;
     i64 gate_mode;    // 0: g is G; 1: g is the per-step natural-log gate; 2: g is the KDA gate input
@@ -604,6 +605,23 @@ __device__ __forceinline__ void split_store(T& hi, T& lo, float x) {
     lo = Narrow<T>::from(x - widen(hi));
 }
 
+// The lean outputs of a scalar gate: Tb = Akk diag(β) (rows < n_c, every column of the chunk
+// width: 0 above the diagonal) as hi + lo in T, in pieces of 8 columns, and G per row.
+template <typename T>
+__device__ void intra_store_lean(const IntraArgs& a, const IntraChunk& c, float (*X)[INTRA_BT + 1], const float* beta, const float* gs) {
+    const int pr = (int)a.bt / 8;
+    for (int i = threadIdx.x; i < c.nc * pr; i += INTRA_THREADS) {
+        const int r = i / pr, j0 = (i % pr) * 8;
+        const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.bt + j0;
+        Vec<T, 8> hi, lo;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) split_store<T>(hi.v[e], lo.v[e], j0 + e <= r ? X[r][j0 + e] * beta[j0 + e] : 0.f);
+        store_pieces<T, 8>(reinterpret_cast<T*>(a.tbh) + o, hi);
+        store_pieces<T, 8>(reinterpret_cast<T*>(a.tbl) + o, lo);
+    }
+    for (int r = threadIdx.x; r < c.nc; r += INTRA_THREADS) reinterpret_cast<float*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = gs[r];
+}
+
 template <typename T, int FORM, bool SCALAR>
 __device__ void intra_mma(const IntraArgs& a) {
     using Sm = IntraMmaSmem<T>;
@@ -787,6 +805,22 @@ __device__ void intra_mma(const IntraArgs& a) {
     __syncthreads();
     intra_solve<float>(sv.L, sv.X, sv.tmp);
     intra_store_a<T, float>(a, c, sv.A, sv.X);
+    if constexpr (SCALAR) {
+        if (a.tbh != 0) {
+            // lean (the fused GDN path): Akk diag(β) and G; q and k normalised only with l2norm,
+            // else the fused kernel reads the inputs themselves
+            intra_store_lean<T>(a, c, sv.X, sm.beta, sm.gs);
+            if (a.kg != 0) {
+                __syncthreads();  // the tiles reuse the solve's space
+                for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
+                    load(k0);
+                    intra_store_tile<T, float, IM_KT, IM_P>(a, c, k0, p1.q, p1.k, sm.G);
+                    __syncthreads();
+                }
+            }
+            return;
+        }
+    }
     for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) {
         const int r = i / INTRA_BT, j = i % INTRA_BT;
         xa[r][j] = Narrow<T>::from(sv.X[r][j]);

@@ -13,8 +13,11 @@
 //!   `o = diag(qf) qg h + Aqk v_new`: the checkable stages.
 //!
 //! GDN is the same with the scalar gate broadcast over `K` (§8.5); its staged path passes the
-//! raw keys and `g = G` to `fwd_h`, as FLA does. Float32 runs IEEE fp32 FMAs throughout,
-//! float64 fp64.
+//! raw keys and `g = G` to `fwd_h`, as FLA does. Its fused path is leaner: with a scalar gate
+//! `u − w S = Akk diag(β) (V − diag(exp2(G)) K S)`, so the intra stage writes only
+//! `Tb = Akk diag(β)` (hi + lo halves), `Aqk` and `G`, and the fused kernel reads `q, k, v`
+//! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm). Float32 runs IEEE fp32
+//! FMAs throughout, float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
 use super::intra::{acc_dtype, chunk_table, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS};
@@ -161,6 +164,33 @@ struct FusedArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for FusedArgs {}
 
+/// Mirror of `GdnFusedArgs` (delta_fwd.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct GdnFusedArgs {
+    q: u64,
+    k: u64,
+    v: u64,
+    tbh: u64,
+    tbl: u64,
+    aqk: u64,
+    g: u64,
+    h0: u64,
+    seqs: u64,
+    o: u64,
+    ht: u64,
+    qk_heads: i64,
+    value_heads: i64,
+    k_dim: i64,
+    v_dim: i64,
+    bt: i64,
+    h0_dtype: i64,
+    v_first: i64,
+    scale: f64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GdnFusedArgs {}
+
 /// How a forward's gate input is read (`gate_mode` of `IntraArgs`: 1, 2; `kda_intra` reads
 /// `G` itself, mode 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -275,19 +305,29 @@ impl Call {
     }
 }
 
-/// The fused kernel's tile shape: keys padded to `kp` (64, 128), `bv` state columns per block.
+/// The fused kernel's tile shape: keys padded to `kp` (64, 128), `bv` state columns per block;
+/// `lean`: the GDN kernel on `q, k, v` and `Akk diag(β)` (`delta_fused_gdn`), else the kernel on
+/// the intra stage's `w, u, kg, qg` (`delta_fused`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FusedChoice {
     pub kp: usize,
     pub bv: usize,
+    pub lean: bool,
 }
 
 impl FusedChoice {
-    /// Dynamic shared memory of `FusedSmem<T, kp, bv>` (half-precision elements).
+    /// Dynamic shared memory of `GdnFusedSmem<T, kp, bv>` / `FusedSmem<T, kp, bv>`
+    /// (half-precision elements).
     fn smem_bytes(self) -> usize {
         let (kpitch, vpitch, apitch) = (self.kp + 8, self.bv + 8, MAX_BT + 8);
-        let tiles = 2 * MAX_BT * (3 * kpitch + vpitch + apitch) * 2;
-        tiles + 2 * (self.kp + MAX_BT) * 4 + (self.kp + MAX_BT) * vpitch * 2
+        if self.lean {
+            // k, q, v, Tb hi + lo, Aqk (two buffers each), G; S; W, D, D'
+            let tiles = 2 * MAX_BT * (2 * kpitch + vpitch + 3 * apitch) * 2;
+            tiles + 2 * MAX_BT * 4 + (self.kp + 3 * MAX_BT) * vpitch * 2
+        } else {
+            let tiles = 2 * MAX_BT * (3 * kpitch + vpitch + apitch) * 2;
+            tiles + 2 * (self.kp + MAX_BT) * 4 + (self.kp + MAX_BT) * vpitch * 2
+        }
     }
 }
 
@@ -301,6 +341,7 @@ pub fn fused_choice(
     seq_chunks: &[usize],
     hv: usize,
     sm_count: usize,
+    lean: bool,
 ) -> FusedChoice {
     let kp = if k <= 64 { 64 } else { 128 };
     let allowed: Vec<usize> = [64, 32, 16]
@@ -310,10 +351,10 @@ pub fn fused_choice(
     let forced = crate::knobs::fwd_bv().filter(|bv| allowed.contains(bv));
     let bv = forced.unwrap_or_else(|| {
         cheapest_width(&allowed, seq_chunks, hv, sm_count, |bv| {
-            (FusedChoice { kp, bv }.smem_bytes(), v.div_ceil(bv))
+            (FusedChoice { kp, bv, lean }.smem_bytes(), v.div_ceil(bv))
         })
     });
-    FusedChoice { kp, bv }
+    FusedChoice { kp, bv, lean }
 }
 
 /// Smem bytes of the output kernel (`OutSmem<Acc>`).
@@ -343,13 +384,33 @@ pub struct DeltaFwdPlan {
 /// Intermediate tensors of a forward (allocated once per plan).
 #[derive(Debug)]
 pub struct DeltaFwdWorkspace {
+    aqk: DeviceTensor,
+    tiles: Tiles,
+}
+
+/// The intra stage's other outputs, by path.
+#[derive(Debug)]
+enum Tiles {
+    /// The lean fused GDN path: `Akk diag(β)` as hi + lo (`[B, T, HV, BT]`), `G` (`[B, T, HV]`
+    /// f32), and with l2norm the normalised `q, k` (`[B, T, HV, K]`).
+    Lean {
+        tbh: DeviceTensor,
+        tbl: DeviceTensor,
+        g: DeviceTensor,
+        qk: Option<(DeviceTensor, DeviceTensor)>,
+    },
+    /// `w, u, kg, qg` for the fused KDA kernel and the staged path.
+    Full(Box<FullTiles>),
+}
+
+#[derive(Debug)]
+struct FullTiles {
     w: DeviceTensor,
     u: DeviceTensor,
     kg: DeviceTensor,
     qg: DeviceTensor,
     /// Per-token fp32 row factors of the output (`[B, T, HV]`).
     qf: DeviceTensor,
-    aqk: DeviceTensor,
     /// Fused: `exp2(G_ℓ)` per chunk `[NT, HV, K]` f32. Staged: `G` `[B, T, HV(, K)]`.
     gate: DeviceTensor,
     /// Staged only: `fwd_h`'s plan and outputs.
@@ -403,7 +464,15 @@ impl DeltaFwdPlan {
             }
             _ => {
                 let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
-                Some(fused_choice(geo.k, geo.v, &chunks, geo.hv, gpu.sm_count()))
+                let lean = matches!(call, Call::Gdn(_)) && crate::knobs::gdn_lean();
+                Some(fused_choice(
+                    geo.k,
+                    geo.v,
+                    &chunks,
+                    geo.hv,
+                    gpu.sm_count(),
+                    lean,
+                ))
             }
         };
         let varlen = cu_seqlens.is_some();
@@ -450,6 +519,21 @@ impl DeltaFwdPlan {
         let g = &self.geo;
         let d = self.dtype;
         let tok = |w: usize| DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, w], d);
+        if self.fused.is_some_and(|f| f.lean) {
+            return Ok(DeltaFwdWorkspace {
+                aqk: tok(g.bt)?,
+                tiles: Tiles::Lean {
+                    tbh: tok(g.bt)?,
+                    tbl: tok(g.bt)?,
+                    g: DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], Dtype::F32)?,
+                    qk: self
+                        .prep
+                        .l2norm
+                        .then(|| Ok::<_, crate::error::GpuError>((tok(g.k)?, tok(g.k)?)))
+                        .transpose()?,
+                },
+            });
+        }
         let gate = if self.fused.is_some() {
             DeviceTensor::alloc(gpu, &[g.nt(self.varlen) * g.b, g.hv, g.k], Dtype::F32)?
         } else if self.prep.scalar_gate {
@@ -457,13 +541,12 @@ impl DeltaFwdPlan {
         } else {
             DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, g.k], acc_dtype(d))?
         };
-        let mut ws = DeltaFwdWorkspace {
+        let mut ws = FullTiles {
             w: tok(g.k)?,
             u: tok(g.v)?,
             kg: tok(g.k)?,
             qg: tok(g.k)?,
             qf: DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], Dtype::F32)?,
-            aqk: tok(g.bt)?,
             gate,
             staged: None,
         };
@@ -484,7 +567,10 @@ impl DeltaFwdPlan {
             let out = plan.alloc_outputs(gpu)?;
             ws.staged = Some((plan, out));
         }
-        Ok(ws)
+        Ok(DeltaFwdWorkspace {
+            aqk: tok(g.bt)?,
+            tiles: Tiles::Full(Box::new(ws)),
+        })
     }
 
     /// Fresh (unwritten) outputs of the plan's shapes and dtypes.
@@ -568,17 +654,30 @@ impl DeltaFwdPlan {
         ws: &mut DeltaFwdWorkspace,
     ) -> GpuResult<()> {
         let mut args = self.intra_args(gpu, t)?;
-        args.w = ws.w.ptr_mut(gpu);
-        args.u = ws.u.ptr_mut(gpu);
-        args.kg = ws.kg.ptr_mut(gpu);
-        args.qg = ws.qg.ptr_mut(gpu);
-        args.qf = ws.qf.ptr_mut(gpu);
         args.aqk = ws.aqk.ptr_mut(gpu);
-        args.kg_gated = (self.fused.is_some() || !self.prep.scalar_gate) as i64;
-        if self.fused.is_some() {
-            args.lam = ws.gate.ptr_mut(gpu);
-        } else {
-            args.gout = ws.gate.ptr_mut(gpu);
+        match &mut ws.tiles {
+            Tiles::Lean { tbh, tbl, g, qk } => {
+                args.tbh = tbh.ptr_mut(gpu);
+                args.tbl = tbl.ptr_mut(gpu);
+                args.gout = g.ptr_mut(gpu);
+                if let Some((qn, kn)) = qk {
+                    args.qg = qn.ptr_mut(gpu);
+                    args.kg = kn.ptr_mut(gpu);
+                }
+            }
+            Tiles::Full(f) => {
+                args.w = f.w.ptr_mut(gpu);
+                args.u = f.u.ptr_mut(gpu);
+                args.kg = f.kg.ptr_mut(gpu);
+                args.qg = f.qg.ptr_mut(gpu);
+                args.qf = f.qf.ptr_mut(gpu);
+                args.kg_gated = (self.fused.is_some() || !self.prep.scalar_gate) as i64;
+                if self.fused.is_some() {
+                    args.lam = f.gate.ptr_mut(gpu);
+                } else {
+                    args.gout = f.gate.ptr_mut(gpu);
+                }
+            }
         }
         launch_intra(gpu, self.dtype, self.nchunks, self.geo.hv, &args)
     }
@@ -594,14 +693,24 @@ impl DeltaFwdPlan {
     ) -> GpuResult<()> {
         self.check_call(t, out)?;
         self.intra(gpu, t, ws)?;
-        match (self.fused, ws.staged.as_mut()) {
-            (Some(choice), _) => self.run_fused(gpu, t, choice, ws, out),
+        let DeltaFwdWorkspace { aqk, tiles } = ws;
+        let full = match (self.fused, tiles) {
+            (Some(choice), Tiles::Lean { tbh, tbl, g, qk }) if choice.lean => {
+                return self.run_lean(gpu, t, choice, [tbh, tbl, aqk, g], qk.as_ref(), out);
+            }
+            (_, Tiles::Full(f)) => f,
+            (_, Tiles::Lean { .. }) => {
+                return Err(Error::missing("ws", "a workspace of this plan", "a lean one").into())
+            }
+        };
+        match (self.fused, full.staged.as_mut()) {
+            (Some(choice), _) => self.run_fused(gpu, t, choice, full, aqk, out),
             (None, Some((plan, fo))) => {
-                let mut fwd = FwdHTensors::new(&ws.kg, &ws.w, &ws.u);
+                let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
                 if self.prep.scalar_gate {
-                    fwd.g = Some(&ws.gate);
+                    fwd.g = Some(&full.gate);
                 } else {
-                    fwd.gk = Some(&ws.gate);
+                    fwd.gk = Some(&full.gate);
                 }
                 fwd.initial_state = t.initial_state;
                 // fwd_h writes the final state straight into the caller's tensor (same shape
@@ -614,7 +723,7 @@ impl DeltaFwdPlan {
                     .v_new
                     .as_ref()
                     .ok_or_else(|| Error::missing("v_new", "the staged plan's v_new", "none"))?;
-                self.run_output(gpu, [&ws.qg, &ws.qf, &ws.aqk], &fo.h, v_new, &mut out.o)
+                self.run_output(gpu, [&full.qg, &full.qf, aqk], &fo.h, v_new, &mut out.o)
             }
             (None, None) => {
                 Err(Error::missing("ws", "a workspace of this plan", "a fused one").into())
@@ -669,7 +778,8 @@ impl DeltaFwdPlan {
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
         choice: FusedChoice,
-        ws: &DeltaFwdWorkspace,
+        ws: &FullTiles,
+        aqk: &DeviceTensor,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         let g = &self.geo;
@@ -684,7 +794,7 @@ impl DeltaFwdPlan {
             qg: ws.qg.ptr(gpu),
             qf: ws.qf.ptr(gpu),
             u: ws.u.ptr(gpu),
-            aqk: ws.aqk.ptr(gpu),
+            aqk: aqk.ptr(gpu),
             lam: ws.gate.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
             seqs: self.seqs.ptr(gpu),
@@ -700,6 +810,65 @@ impl DeltaFwdPlan {
         let grid_x = grid_x(tasks, "v", "N * HV < 2^31")?;
         let name = format!(
             "delta_fwd_mma_{}_k{}_v{}",
+            tag(self.dtype),
+            choice.kp,
+            choice.bv
+        );
+        gpu.launch_with_smem(
+            Module::DeltaFwd,
+            &name,
+            (grid_x, blocks as u32),
+            THREADS,
+            choice.smem_bytes() as u32,
+            &args,
+        )
+    }
+
+    /// The lean fused GDN kernel on `t`'s `q, k` (or the normalised `qk`), `v`, and the intra
+    /// stage's `[Tb hi, Tb lo, Aqk, G]`.
+    fn run_lean(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        choice: FusedChoice,
+        [tbh, tbl, aqk, gate]: [&DeviceTensor; 4],
+        qk: Option<&(DeviceTensor, DeviceTensor)>,
+        out: &mut DeltaFwdDeviceOutputs,
+    ) -> GpuResult<()> {
+        let g = &self.geo;
+        let tasks = g.n() * g.hv;
+        let blocks = g.v.div_ceil(choice.bv);
+        if tasks == 0 || blocks == 0 {
+            return Ok(());
+        }
+        let (q, k, qk_heads) = match qk {
+            Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.hv),
+            None => (t.q.ptr(gpu), t.k.ptr(gpu), g.h),
+        };
+        let args = GdnFusedArgs {
+            q,
+            k,
+            v: t.v.ptr(gpu),
+            tbh: tbh.ptr(gpu),
+            tbl: tbl.ptr(gpu),
+            aqk: aqk.ptr(gpu),
+            g: gate.ptr(gpu),
+            h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
+            seqs: self.seqs.ptr(gpu),
+            o: out.o.ptr_mut(gpu),
+            ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
+            qk_heads: qk_heads as i64,
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            v_dim: g.v as i64,
+            bt: g.bt as i64,
+            h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
+            v_first: self.state_v_first as i64,
+            scale: self.prep.scale,
+        };
+        let grid_x = grid_x(tasks, "v", "N * HV < 2^31")?;
+        let name = format!(
+            "delta_fwd_gdn_{}_k{}_v{}",
             tag(self.dtype),
             choice.kp,
             choice.bv
