@@ -19,6 +19,7 @@
 // `exp2(G_r - G_j)` is only formed for j <= r, where it is <= 1 for non-positive gates.
 //
 // intra_mma<T> (bf16 / f16): the products on tensor cores (see its section below).
+// gdn_intra<T, KP> (bf16 / f16, scalar gate, K <= 128): the lean stage of the fused GDN path.
 // intra_fma<T, Acc> (fp32 / fp64 data): every product with FMAs in Acc (IEEE fp32, or fp64), over key tiles of INTRA_KT columns recomputed from the inputs in each pass. The
 // solve: the four diagonal 16 x 16 blocks by forward substitution, then the off-diagonal blocks
 // X_ij = -X_ii Σ_{m=j}^{i-1} L_im X_mj by distance.
@@ -539,13 +540,13 @@ __device__ void intra_fma(const IntraArgs& a) {
 //    (block, column j, 16 of the 64 keys), reduced over the key groups at the end;
 //  * a scalar gate (GDN) needs no factoring: every block is a product of the raw q, k (exact
 //    in T), times exp2(G_r - G_j) in fp32 afterwards (as FLA's GDN kernels do);
-//  * w = Akk (β k . exp2(G)) and u = Akk (β v) on tensor cores, Akk rounded to T.
+//  * w = Akk (β k . exp2(G)) and u = Akk (β v) on tensor cores, Akk as hi + lo of T.
 
 #define IM_KT 64
 #define IM_P (IM_KT + 8)
 
 // Pass 1's tiles; the solve reuses their space for L, Aqk, X and tmp, passes 2 and 3 for q, k,
-// the product operand (x, over qe) and Akk rounded to T (xa, over kf).
+// the product operand (x, over qe) and Akk as hi + lo of T (xa, xl over kf, kfl).
 template <typename T> struct IntraMmaP1 {
     T q[INTRA_BT][IM_P], k[INTRA_BT][IM_P];
     T qe[INTRA_BT][IM_P], ke[INTRA_BT][IM_P], qel[INTRA_BT][IM_P], kel[INTRA_BT][IM_P];
@@ -564,11 +565,11 @@ template <typename T> struct IntraMmaSmem {
     float invq[INTRA_BT], invk[INTRA_BT], beta[INTRA_BT], gs[INTRA_BT];
 };
 
-// C (64 x 64 lower block rows) = xa (Akk, T) . x (64 x 64 operand): warp w owns row tile w / 2
+// C (64 x 64 lower block rows) = (xa + xl) (Akk as hi + lo of T) . x (64 x 64 operand): warp w owns row tile w / 2
 // and column tiles (w % 2) * 4 .. + 3; stores the valid rows / columns (< ncols) of dst (row
 // stride ld; column pairs stored as one word when `pair_ok`: dst and ld even).
 template <typename T>
-__device__ __forceinline__ void intra_akk_product(T (*xa)[IM_P], T (*x)[IM_P], int nc, T* dst, i64 ld, int ncols, bool pair_ok) {
+__device__ __forceinline__ void intra_akk_product(T (*xa)[IM_P], T (*xl)[IM_P], T (*x)[IM_P], int nc, T* dst, i64 ld, int ncols, bool pair_ok) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t4 = lane & 3;
     const int mt = warp >> 1;
     float acc[4][4];
@@ -577,14 +578,16 @@ __device__ __forceinline__ void intra_akk_product(T (*xa)[IM_P], T (*x)[IM_P], i
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
     for (int js = 0; js <= mt; ++js) {
-        unsigned af[4];
+        unsigned af[4], al[4];
         ldsm_x4(af, smem_u32(&xa[mt * 16 + (lane & 15)][js * 16 + (lane >> 4) * 8]));
+        ldsm_x4(al, smem_u32(&xl[mt * 16 + (lane & 15)][js * 16 + (lane >> 4) * 8]));
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int nt = (warp & 1) * 4 + j;
             unsigned bf[2];
             ldsm_x2_t(bf, smem_u32(&x[js * 16 + (lane & 15)][nt * 8]));
             Mma<T>::run(acc[j], af, bf);
+            Mma<T>::run(acc[j], al, bf);
         }
     }
 #pragma unroll
@@ -629,7 +632,8 @@ __device__ void intra_mma(const IntraArgs& a) {
     Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
     IntraMmaP1<T>& p1 = sm.u.p1;
     IntraMmaSolve& sv = sm.u.sv;
-    T (*xa)[IM_P] = p1.kf;  // Akk rounded to T (passes 2, 3)
+    T (*xa)[IM_P] = p1.kf;   // Akk as hi + lo of T (passes 2, 3)
+    T (*xl)[IM_P] = p1.kfl;
     T (*x)[IM_P] = p1.qe;   // the product operand (passes 2, 3)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
     const IntraChunk c = intra_chunk(a);
@@ -805,25 +809,9 @@ __device__ void intra_mma(const IntraArgs& a) {
     __syncthreads();
     intra_solve<float>(sv.L, sv.X, sv.tmp);
     intra_store_a<T, float>(a, c, sv.A, sv.X);
-    if constexpr (SCALAR) {
-        if (a.tbh != 0) {
-            // lean (the fused GDN path): Akk diag(β) and G; q and k normalised only with l2norm,
-            // else the fused kernel reads the inputs themselves
-            intra_store_lean<T>(a, c, sv.X, sm.beta, sm.gs);
-            if (a.kg != 0) {
-                __syncthreads();  // the tiles reuse the solve's space
-                for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
-                    load(k0);
-                    intra_store_tile<T, float, IM_KT, IM_P>(a, c, k0, p1.q, p1.k, sm.G);
-                    __syncthreads();
-                }
-            }
-            return;
-        }
-    }
     for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) {
         const int r = i / INTRA_BT, j = i % INTRA_BT;
-        xa[r][j] = Narrow<T>::from(sv.X[r][j]);
+        split_store<T>(xa[r][j], xl[r][j], sv.X[r][j]);
     }
     __syncthreads();  // xa visible; A, L, X no longer read
 
@@ -837,7 +825,7 @@ __device__ void intra_mma(const IntraArgs& a) {
         __syncthreads();
         if (a.w != 0) {
             T* wp = reinterpret_cast<T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
-            intra_akk_product<T>(xa, x, nc, wp, a.HV * a.K, (int)min((i64)IM_KT, a.K - k0), a.K % 2 == 0);
+            intra_akk_product<T>(xa, xl, x, nc, wp, a.HV * a.K, (int)min((i64)IM_KT, a.K - k0), a.K % 2 == 0);
         }
         intra_store_tile<T, float, IM_KT, IM_P>(a, c, k0, p1.q, p1.k, sm.G);
         __syncthreads();
@@ -870,11 +858,197 @@ __device__ void intra_mma(const IntraArgs& a) {
             }
             __syncthreads();
             T* up = reinterpret_cast<T*>(a.u) + (c.row0 * a.HV + c.hv) * a.V + v0;
-            intra_akk_product<T>(xa, x, nc, up, a.HV * a.V, (int)min((i64)IM_KT, a.V - v0), a.V % 2 == 0);
+            intra_akk_product<T>(xa, xl, x, nc, up, a.HV * a.V, (int)min((i64)IM_KT, a.V - v0), a.V % 2 == 0);
             __syncthreads();
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The lean intra kernel of a scalar gate (the fused GDN path; bf16 / f16, K <= KP <= 128): one
+// CTA per (chunk, value head) loads q, k once (normalised in place with l2norm, and then written
+// for the fused kernel), computes the lower 16 x 16 blocks of Q Kᵀ and K Kᵀ on tensor cores
+// (raw products, exact in T; the pair's factor exp2(G_r - G_j) applied in fp32 afterwards),
+// writes Aqk = scale (Q Kᵀ ⊙ exp2(G_r - G_j))_{j<=r} from the fragments (the blocks above the
+// diagonal blocks are not written: the fused kernel never reads them), solves
+// Akk = (I + L)^-1 and writes Tb = Akk diag(β) as hi + lo and G (intra_store_lean). Its
+// footprint (37 KB, <= 85 registers) keeps three CTAs per SM.
+
+template <typename T, int KP> struct GdnIntraSmem {
+    static constexpr int P = KP + 8;
+    struct Tiles {
+        T q[INTRA_BT][P], k[INTRA_BT][P];
+    };
+    struct Solve {
+        float L[INTRA_BT][INTRA_BT + 1], X[INTRA_BT][INTRA_BT + 1];
+        float tmp[48][17];
+    };
+    union U {
+        Tiles t;
+        Solve sv;
+    } u;
+    float beta[INTRA_BT], gs[INTRA_BT];
+};
+
+template <typename T, int KP>
+__device__ void gdn_intra(const IntraArgs& a) {
+    using Sm = GdnIntraSmem<T, KP>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
+    auto& t = sm.u.t;
+    auto& sv = sm.u.sv;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
+    const IntraChunk c = intra_chunk(a);
+    const int nc = c.nc;
+
+    // q, k tiles (rows >= n_c and columns >= K zero)
+    const i64 rs = a.H * a.K;
+    const T* qp = reinterpret_cast<const T*>(a.q) + (c.row0 * a.H + c.kh) * a.K;
+    const T* kp = reinterpret_cast<const T*>(a.k) + (c.row0 * a.H + c.kh) * a.K;
+    constexpr int SEG = KP / 8;
+    if (a.K % 8 == 0) {
+        for (int i = tid; i < INTRA_BT * SEG; i += INTRA_THREADS) {
+            const int r = i / SEG, c8 = (i % SEG) * 8;
+            const bool ok = r < nc && c8 < a.K;
+            const i64 off = ok ? r * rs + c8 : 0;
+            cp_async16(smem_u32(&t.q[r][c8]), qp + off, ok ? 16 : 0);
+            cp_async16(smem_u32(&t.k[r][c8]), kp + off, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    } else {
+        for (int i = tid; i < INTRA_BT * KP; i += INTRA_THREADS) {
+            const int r = i / KP, e = i % KP;
+            const bool ok = r < nc && e < a.K;
+            t.q[r][e] = ok ? qp[r * rs + e] : T{0};
+            t.k[r][e] = ok ? kp[r * rs + e] : T{0};
+        }
+    }
+    // β and G while the tiles load
+    if (tid < INTRA_BT) {
+        float b = 0.f;
+        if (tid < nc) {
+            b = load_f<float>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, (c.row0 + tid) * a.HV + c.hv);
+            if (a.beta_mode != 0) b = (float)a.beta_mode / (1.f + exp(-b));
+        }
+        sm.beta[tid] = b;
+    }
+    intra_scalar_gate<float>(a, sm, c);
+    cp_async_wait_all();
+    __syncthreads();  // tiles, β and G visible
+
+    if (a.l2norm) {
+        // x / sqrt(Σ x² + 1e-6) rounded to T, in place: 4 lanes per row, 16-byte pieces
+        const int r = tid >> 2, part = tid & 3;
+        float sq = 0.f, sk = 0.f;
+#pragma unroll
+        for (int v = part; v < SEG; v += 4) {
+            const Vec<T, 8> x = *reinterpret_cast<const Vec<T, 8>*>(&t.q[r][v * 8]);
+            const Vec<T, 8> y = *reinterpret_cast<const Vec<T, 8>*>(&t.k[r][v * 8]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                sq = fmaf(widen(x.v[e]), widen(x.v[e]), sq);
+                sk = fmaf(widen(y.v[e]), widen(y.v[e]), sk);
+            }
+        }
+        sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+        sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+        sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+        sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+        const float iq = 1.f / sqrt(sq + 1e-6f), ik = 1.f / sqrt(sk + 1e-6f);
+#pragma unroll
+        for (int v = part; v < SEG; v += 4) {
+            Vec<T, 8> x = *reinterpret_cast<const Vec<T, 8>*>(&t.q[r][v * 8]);
+            Vec<T, 8> y = *reinterpret_cast<const Vec<T, 8>*>(&t.k[r][v * 8]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                x.v[e] = Narrow<T>::from(widen(x.v[e]) * iq);
+                y.v[e] = Narrow<T>::from(widen(y.v[e]) * ik);
+            }
+            *reinterpret_cast<Vec<T, 8>*>(&t.q[r][v * 8]) = x;
+            *reinterpret_cast<Vec<T, 8>*>(&t.k[r][v * 8]) = y;
+            // the normalised rows for the fused kernel ([rows][HV][K])
+            if (a.kg != 0 && r < nc) {
+                const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.K + v * 8;
+                const int n = (int)min((i64)8, a.K - v * 8);
+                if (n > 0) {
+                    store_some<T, 8>(reinterpret_cast<T*>(a.qg) + o, x, a.K % 8 == 0, n);
+                    store_some<T, 8>(reinterpret_cast<T*>(a.kg) + o, y, a.K % 8 == 0, n);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // the lower blocks (bi, bj), bj <= bi < bt / 16, numbered p = bi (bi + 1) / 2 + bj: warp w
+    // takes p = w and p = w + 8
+    const int nbr = (int)a.bt / 16, npairs = nbr * (nbr + 1) / 2;
+    float sqk[2][2][4], skk[2][2][4];
+    int pbi[2], pbj[2];
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) {
+        const int p = warp + slot * 8;
+        int bi = 0;
+        while ((bi + 1) * (bi + 2) / 2 <= p) ++bi;
+        pbi[slot] = bi;
+        pbj[slot] = p - bi * (bi + 1) / 2;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) (&sqk[slot][0][0])[e] = (&skk[slot][0][0])[e] = 0.f;
+        if (p < npairs) {
+            const int bj = pbj[slot];
+#pragma unroll
+            for (int ks = 0; ks < KP / 16; ++ks) {
+                unsigned qf[4], kf[4], bf[4];
+                ldsm_x4(qf, smem_u32(&t.q[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                ldsm_x4(kf, smem_u32(&t.k[bi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
+                ldsm_x4(bf, smem_u32(&t.k[bj * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
+                const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                Mma<T>::run(sqk[slot][0], qf, b0);
+                Mma<T>::run(sqk[slot][1], qf, b1);
+                Mma<T>::run(skk[slot][0], kf, b0);
+                Mma<T>::run(skk[slot][1], kf, b1);
+            }
+        }
+    }
+    __syncthreads();  // the tiles are dead: the solve's space lies over them
+    for (int i = tid; i < INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
+    __syncthreads();
+    // Aqk (stored from the fragments, 0 above the diagonal) and L with the factor exp2(G_R - G_J)
+    const float scale = (float)a.scale;
+    T* aq = reinterpret_cast<T*>(a.aqk);
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) {
+        if (warp + slot * 8 < npairs) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int R = pbi[slot] * 16 + gid + h * 8, J0 = pbj[slot] * 16 + n * 8 + t4 * 2;
+                    float va[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int J = J0 + e;
+                        const bool in = R < nc && J <= R;
+                        const float f = in ? ex2_ftz(sm.gs[R] - sm.gs[J]) : 0.f;
+                        va[e] = scale * sqk[slot][n][2 * h + e] * f;
+                        sv.L[R][J] = J < R ? sm.beta[R] * skk[slot][n][2 * h + e] * f : 0.f;
+                    }
+                    if (R < nc) *reinterpret_cast<Vec<T, 2>*>(aq + ((c.row0 + R) * a.HV + c.hv) * a.bt + J0) = pack2<T>(va[0], va[1]);
+                }
+        }
+    }
+    __syncthreads();
+    intra_solve<float>(sv.L, sv.X, sv.tmp);
+    intra_store_lean<T>(a, c, sv.X, sm.beta, sm.gs);
+}
+
+#define GDN_INTRA_KERNEL(T, TAG, KP) \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, 3) gdn_intra_##TAG##_k##KP(const IntraArgs a) { \
+        gdn_intra<T, KP>(a); \
+    }
+GDN_INTRA_KERNEL(bf16, bf16, 64)
+GDN_INTRA_KERNEL(bf16, bf16, 128)
+GDN_INTRA_KERNEL(f16, f16, 64)
+GDN_INTRA_KERNEL(f16, f16, 128)
 
 // ---------------------------------------------------------------------------------------------
 // The output of the staged forward (`conformance/spec/ops-delta-rule.md` §6.5 step 5, 8.5 step 4), one CTA per (chunk, value

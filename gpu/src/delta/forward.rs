@@ -20,7 +20,9 @@
 //! FMAs throughout, float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
-use super::intra::{acc_dtype, chunk_table, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS};
+use super::intra::{
+    acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
+};
 use super::launch::{cheapest_width, grid_x, seq_table};
 use crate::device::Gpu;
 use crate::error::GpuResult;
@@ -664,6 +666,8 @@ impl DeltaFwdPlan {
                     args.qg = qn.ptr_mut(gpu);
                     args.kg = kn.ptr_mut(gpu);
                 }
+                let g = &self.geo;
+                return launch_gdn_intra(gpu, self.dtype, self.nchunks, g.hv, g.k, &args);
             }
             Tiles::Full(f) => {
                 args.w = f.w.ptr_mut(gpu);

@@ -184,6 +184,36 @@ pub(crate) fn launch_intra(
     )
 }
 
+/// One launch of the lean intra kernel of the fused GDN path (`gdn_intra`, `K ≤ 128`: keys
+/// padded to 64 or 128) over every chunk and value head: it writes `Aqk`, `Akk diag(β)` as hi +
+/// lo (`tbh`, `tbl`), `G` (`gout`), and with l2norm the normalised `q, k` (`qg`, `kg`).
+pub(crate) fn launch_gdn_intra(
+    gpu: &Gpu,
+    dtype: Dtype,
+    chunks: usize,
+    hv: usize,
+    k: usize,
+    args: &IntraArgs,
+) -> GpuResult<()> {
+    if chunks == 0 || hv == 0 {
+        return Ok(());
+    }
+    let grid_x = grid_x(chunks, "q", "fewer than 2^31 chunks")?;
+    let kp = if k <= 64 { 64 } else { 128 };
+    // `GdnIntraSmem<T, kp>`: the q, k tiles under the solve's L, X, tmp; β and G
+    let tiles = 2 * MAX_BT * (kp + 8) * 2;
+    let solve = (2 * MAX_BT * (MAX_BT + 1) + 48 * 17) * 4;
+    let smem = tiles.max(solve) + 2 * MAX_BT * 4;
+    gpu.launch_with_smem(
+        Module::KdaIntra,
+        &format!("gdn_intra_{}_k{kp}", tag(dtype)),
+        (grid_x, hv as u32),
+        THREADS,
+        smem as u32,
+        args,
+    )
+}
+
 /// Validates a `kda_intra` call from its tensors (`conformance/spec/ops-delta-rule.md` §1.5, 7.6,
 /// the dtype rules).
 fn check_intra(
