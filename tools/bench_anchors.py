@@ -272,7 +272,7 @@ def main():
 
         decode_rows = [c for c in ours["cases"] if c["name"].startswith("decode_") and any(f in c["name"] for f in args.filter.split(","))]
         if decode_rows:
-            doc["decode"] = decode_anchors.run(decode_rows, ceiling)
+            doc["decode"] = decode_anchors.run(decode_rows, ceiling, ours.get("read_ceiling_gbps"))
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(doc, f, indent=2)

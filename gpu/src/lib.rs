@@ -18,6 +18,7 @@ pub mod kernels;
 mod knobs;
 pub mod nsa;
 mod params;
+pub mod read_stream;
 pub mod seq_scan;
 mod strided;
 pub mod tensor;
@@ -26,7 +27,7 @@ pub mod tile;
 pub use cumsum::{cumsum, cumsum_into};
 pub use decode::{
     decode_attention, decode_attention_into, decode_step, kv_cache_update, CacheLayout, CacheRows,
-    DecodeFlag, DecodeOutputs, DecodeParams, DecodeWorkspace, KvCache, NewTokens,
+    DecodeFlag, DecodeKernel, DecodeOutputs, DecodeParams, DecodeWorkspace, KvCache, NewTokens,
 };
 pub use delta::{
     chunk_gated_delta_rule_fwd_h, chunk_gated_delta_rule_fwd_h_split, fwd_h_merge, fwd_h_pre_scan,
@@ -46,6 +47,7 @@ pub use nsa::{
     nsa_selection_attention_into, CmpAttnInputs, CmpAttnParams, CombineInputs, CompressInputs,
     FwdInputs, FwdOut, GateForm, SelAttnInputs, SelectInputs,
 };
+pub use read_stream::{read_stream, READ_UNROLLS};
 pub use seq_scan::{
     chunk_global_cumsum, chunk_global_cumsum_into, chunk_local_cumsum, chunk_local_cumsum_into,
 };

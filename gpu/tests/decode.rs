@@ -11,8 +11,8 @@ mod common;
 use attn_gpu::decode::check::check_attention_shapes;
 use attn_gpu::{
     capture, decode_attention, decode_attention_into, decode_step, kv_cache_update, CacheLayout,
-    CacheRows, DecodeFlag, DecodeOutputs, DecodeParams, DecodeWorkspace, DeviceTensor, Gpu,
-    KvCache, NewTokens,
+    CacheRows, DecodeFlag, DecodeKernel, DecodeOutputs, DecodeParams, DecodeWorkspace,
+    DeviceTensor, Gpu, KvCache, NewTokens,
 };
 use attn_reference::decode as refd;
 use attn_reference::{Dtype, ErrorKind};
@@ -24,6 +24,16 @@ use proptest::test_runner::TestRunner;
 const HALF_O: f64 = 5e-3;
 const HALF_LSE: f64 = 1e-3;
 const F32: f64 = 1e-5;
+
+/// Every attention kernel variant the tests run: the split grid, the walk's defaults, a walk of
+/// one block per multiprocessor with two stages and 32-key portions (many segments per unit:
+/// the combine at its busiest), and one of four blocks with seven stages.
+fn kernels() -> Vec<DecodeKernel> {
+    ["split", "walk", "walk:1:2:32", "walk:4:7:128"]
+        .into_iter()
+        .map(|k| DecodeKernel::parse(k).unwrap())
+        .collect()
+}
 
 /// One decode case on the host (float64 values, before rounding to the device dtype).
 #[derive(Clone)]
@@ -154,7 +164,7 @@ impl OnDevice {
         }
     }
 
-    fn workspace(&self, gpu: &Gpu) -> (DecodeWorkspace, DecodeOutputs) {
+    fn workspace(&self, gpu: &Gpu, kernel: DecodeKernel) -> (DecodeWorkspace, DecodeOutputs) {
         let shape = check_attention_shapes(
             (self.q.shape(), self.q.dtype()),
             (self.cache.k.shape(), self.cache.k.dtype()),
@@ -162,7 +172,7 @@ impl OnDevice {
             self.cache.layout,
         )
         .unwrap();
-        let ws = DecodeWorkspace::new(gpu, shape).unwrap();
+        let ws = DecodeWorkspace::with_kernel(gpu, shape, kernel).unwrap();
         let out = DecodeOutputs {
             o: poisoned(gpu, &[shape.b, shape.l, shape.h, shape.d], shape.dtype),
             lse: poisoned(gpu, &[shape.b, shape.h, shape.l], Dtype::F32),
@@ -200,27 +210,29 @@ fn thresholds(dtype: Dtype) -> (f64, f64) {
     }
 }
 
-/// Runs `decode_attention_into` on poisoned outputs and checks both against the reference and
-/// the flag against 0.
+/// Runs `decode_attention_into` with every kernel variant on poisoned outputs and checks both
+/// against the reference and the flag against 0.
 fn check_attention(gpu: &Gpu, c: &Case, dtype: Dtype, what: &str) {
     let dev = OnDevice::new(gpu, c, dtype);
-    let (mut ws, mut out) = dev.workspace(gpu);
-    decode_attention_into(
-        gpu,
-        &dev.q,
-        &dev.cache,
-        dev.rows(),
-        &c.params,
-        &mut ws,
-        &mut out,
-    )
-    .unwrap();
     let (o, lse) = reference(&dev.host);
     let (to, tl) = thresholds(dtype);
-    let what = format!("{what} {dtype} splits {:?}", ws.splits());
-    assert_close(&format!("{what} o"), &download(gpu, &out.o), &o, to);
-    assert_close(&format!("{what} lse"), &download(gpu, &out.lse), &lse, tl);
-    assert_eq!(ws.flag().take(gpu).unwrap(), 0, "{what}: device flag");
+    for kernel in kernels() {
+        let (mut ws, mut out) = dev.workspace(gpu, kernel);
+        decode_attention_into(
+            gpu,
+            &dev.q,
+            &dev.cache,
+            dev.rows(),
+            &c.params,
+            &mut ws,
+            &mut out,
+        )
+        .unwrap();
+        let what = format!("{what} {dtype} {kernel:?} splits {:?}", ws.splits());
+        assert_close(&format!("{what} o"), &download(gpu, &out.o), &o, to);
+        assert_close(&format!("{what} lse"), &download(gpu, &out.lse), &lse, tl);
+        assert_eq!(ws.flag().take(gpu).unwrap(), 0, "{what}: device flag");
+    }
 }
 
 const DTYPES: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
@@ -293,6 +305,80 @@ fn long_rows_match_reference(gpu: &Gpu) {
     }
 }
 
+/// A serving-like batch (GQA 32/8, D 128) where most rows are empty or hold one token, beside a
+/// few long and full rows: the walk skips the empty rows and packs the short ones into blocks.
+fn mixed_lengths_with_many_empty_and_one_token_rows(gpu: &Gpu) {
+    let mut rng = Rng::new(26);
+    for (k, dtype) in DTYPES.into_iter().enumerate() {
+        let s = 2048;
+        let g = Geo {
+            b: 40,
+            b_cache: 44,
+            s,
+            h: 32,
+            h_kv: 8,
+            d: 128,
+            lq: 1,
+        };
+        let mut lens: Vec<i64> = (0..g.b)
+            .map(|b| match b % 5 {
+                0 | 2 => 0,
+                1 | 3 => 1,
+                _ => rng.below(s + 1) as i64,
+            })
+            .collect();
+        lens[7] = s as i64;
+        lens[11] = 129;
+        for i in (1..lens.len()).rev() {
+            lens.swap(i, rng.below(i + 1));
+        }
+        let layout = LAYOUTS[k % 2];
+        let case = make_case(
+            &mut rng,
+            g,
+            lens.clone(),
+            k == 1,
+            layout,
+            DecodeParams::default(),
+        );
+        check_attention(
+            gpu,
+            &case,
+            dtype,
+            &format!("mixed {layout:?} lens {lens:?}"),
+        );
+    }
+}
+
+/// Two rows of a full cache of 32768 keys (and one of 32767), GQA 4, D 128.
+fn full_cache_of_32768(gpu: &Gpu) {
+    let mut rng = Rng::new(32768);
+    for (dtype, layout) in [
+        (Dtype::BF16, CacheLayout::Bshd),
+        (Dtype::F32, CacheLayout::Bhsd),
+    ] {
+        let g = Geo {
+            b: 3,
+            b_cache: 3,
+            s: 32768,
+            h: 8,
+            h_kv: 2,
+            d: 128,
+            lq: 1,
+        };
+        let lens = vec![32768, 32767, 32768];
+        let case = make_case(
+            &mut rng,
+            g,
+            lens,
+            dtype == Dtype::F32,
+            layout,
+            DecodeParams::default(),
+        );
+        check_attention(gpu, &case, dtype, &format!("full 32768 {layout:?}"));
+    }
+}
+
 fn random_shapes_match_reference(gpu: &Gpu) {
     let s = (
         (1..5usize, 0..3usize, 1..400usize),
@@ -354,8 +440,20 @@ fn attention_is_bit_identical_over_100_launches(gpu: &Gpu) {
         DecodeParams::default(),
     );
     let dev = OnDevice::new(gpu, &case, Dtype::BF16);
-    let (mut ws, mut out) = dev.workspace(gpu);
-    assert!(ws.splits().0 > 1, "the case must combine several splits");
+    for kernel in kernels() {
+        let (ws, out) = dev.workspace(gpu, kernel);
+        assert!(ws.splits().0 > 1, "the case must combine several splits");
+        identical_over_100_launches(gpu, &dev, &case, ws, out);
+    }
+}
+
+fn identical_over_100_launches(
+    gpu: &Gpu,
+    dev: &OnDevice,
+    case: &Case,
+    mut ws: DecodeWorkspace,
+    mut out: DecodeOutputs,
+) {
     let mut first = None;
     for _ in 0..100 {
         out.o.poison(gpu).unwrap();
@@ -477,6 +575,12 @@ fn kv_cache_update_is_bit_exact(gpu: &Gpu) {
 }
 
 fn fused_step_equals_update_then_attention(gpu: &Gpu) {
+    for kernel in kernels() {
+        fused_step_with(gpu, kernel);
+    }
+}
+
+fn fused_step_with(gpu: &Gpu, kernel: DecodeKernel) {
     let mut rng = Rng::new(77);
     for (k, (dtype, layout)) in DTYPES
         .into_iter()
@@ -506,7 +610,7 @@ fn fused_step_equals_update_then_attention(gpu: &Gpu) {
         let new = NewTokens { k: &nk, v: &nv };
         // fused
         let mut fused = OnDevice::new(gpu, &case, dtype);
-        let (mut ws, mut out) = fused.workspace(gpu);
+        let (mut ws, mut out) = fused.workspace(gpu, kernel);
         let rows = CacheRows {
             cache_seqlens: &fused.seqlens,
             cache_batch_idx: fused.idx.as_ref(),
@@ -533,7 +637,7 @@ fn fused_step_equals_update_then_attention(gpu: &Gpu) {
         kv_cache_update(gpu, &mut comp.cache, new, rows, &mut flag).unwrap();
         let after: Vec<i64> = lens.iter().map(|&n| n + l_new as i64).collect();
         let after_dev = DeviceTensor::from_slice(gpu, &i32s(&after)).unwrap();
-        let (mut ws2, mut out2) = comp.workspace(gpu);
+        let (mut ws2, mut out2) = comp.workspace(gpu, kernel);
         let rows2 = CacheRows {
             cache_seqlens: &after_dev,
             cache_batch_idx: comp.idx.as_ref(),
@@ -548,7 +652,7 @@ fn fused_step_equals_update_then_attention(gpu: &Gpu) {
             &mut out2,
         )
         .unwrap();
-        let what = format!("fused {g:?} {layout:?} {dtype}");
+        let what = format!("fused {g:?} {layout:?} {dtype} {kernel:?}");
         for (name, a, b) in [
             ("k_cache", &fused.cache.k, &comp.cache.k),
             ("v_cache", &fused.cache.v, &comp.cache.v),
@@ -576,6 +680,12 @@ fn fused_step_equals_update_then_attention(gpu: &Gpu) {
 
 fn graph_replay_follows_lengths_in_device_memory(shared: &Gpu) {
     let gpu = &shared.fork().unwrap();
+    for kernel in kernels() {
+        graph_replay_with(gpu, kernel);
+    }
+}
+
+fn graph_replay_with(gpu: &Gpu, kernel: DecodeKernel) {
     let mut rng = Rng::new(2024);
     for (dtype, layout, idx) in [
         (Dtype::BF16, CacheLayout::Bshd, false),
@@ -603,7 +713,7 @@ fn graph_replay_follows_lengths_in_device_memory(shared: &Gpu) {
         case.k_cache = dev.host.k_cache.clone();
         case.v_cache = dev.host.v_cache.clone();
         let ((mut nk, mut nv), (kh, vh)) = new_tokens(gpu, &mut rng, g.b, 1, g.h_kv, g.d, dtype);
-        let (mut ws, mut out) = dev.workspace(gpu);
+        let (mut ws, mut out) = dev.workspace(gpu, kernel);
         let params = case.params;
         let step = |gpu: &Gpu,
                     dev: &mut OnDevice,
@@ -649,7 +759,10 @@ fn graph_replay_follows_lengths_in_device_memory(shared: &Gpu) {
             seen.lens = lens.iter().map(|&n| n + 1).collect();
             let (o, lse) = reference(&seen);
             let (to, tl) = thresholds(dtype);
-            let what = format!("replay {t} {dtype} {layout:?} lens {:?}", seen.lens);
+            let what = format!(
+                "replay {t} {dtype} {layout:?} {kernel:?} lens {:?}",
+                seen.lens
+            );
             assert_close(&format!("{what} o"), &download(gpu, &out.o), &o, to);
             assert_close(&format!("{what} lse"), &download(gpu, &out.lse), &lse, tl);
             assert_bit_identical(
@@ -699,7 +812,10 @@ fn out_of_range_rows_raise_the_device_flag(gpu: &Gpu) {
     ];
     let mut good = case.clone();
     good.lens = vec![10, 0, 250];
-    for (lens, idx, bit, arg) in bad {
+    for ((lens, idx, bit, arg), kernel) in bad
+        .into_iter()
+        .flat_map(|b| kernels().into_iter().map(move |k| (b.clone(), k)))
+    {
         let dev = OnDevice::new(gpu, &case, Dtype::BF16);
         let seqlens = DeviceTensor::from_slice(gpu, &i32s(&lens)).unwrap();
         let idx_dev = DeviceTensor::from_slice(gpu, &i32s(&idx)).unwrap();
@@ -707,7 +823,7 @@ fn out_of_range_rows_raise_the_device_flag(gpu: &Gpu) {
             cache_seqlens: &seqlens,
             cache_batch_idx: Some(&idx_dev),
         };
-        let (mut ws, mut out) = dev.workspace(gpu);
+        let (mut ws, mut out) = dev.workspace(gpu, kernel);
         decode_attention_into(
             gpu,
             &dev.q,
@@ -776,6 +892,8 @@ fn out_of_range_rows_raise_the_device_flag(gpu: &Gpu) {
 gpu_tests!(
     spec_cases_match_reference,
     long_rows_match_reference,
+    mixed_lengths_with_many_empty_and_one_token_rows,
+    full_cache_of_32768,
     random_shapes_match_reference,
     attention_is_bit_identical_over_100_launches,
     kv_cache_update_is_bit_exact,

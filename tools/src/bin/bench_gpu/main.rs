@@ -30,7 +30,7 @@ mod split;
 
 use attn_gpu::{
     chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into,
-    kda_gate_into, DeviceTensor, GateInputs, Gpu, GpuResult,
+    kda_gate_into, read_stream, DeviceTensor, GateInputs, Gpu, GpuResult, READ_UNROLLS,
 };
 use attn_reference::gate::KdaGateChunkCumsumParams;
 use attn_reference::{Dtype, RCP_LN2};
@@ -227,6 +227,30 @@ fn time_ms(
     Ok(t[t.len() / 2])
 }
 
+/// The read ceiling: 2 GiB read once and reduced to one word ([`read_stream`]), the best median
+/// over 16-byte loads in flight per thread ([`READ_UNROLLS`]) and blocks per multiprocessor
+/// (2, 4, 8): `(GB/s, ms, the best configuration)`.
+fn read_ceiling(gpu: &Gpu, iters: usize) -> GpuResult<(f64, f64, String)> {
+    let n = 1usize << 31;
+    let src = DeviceTensor::alloc(gpu, &[n / 4], Dtype::I32)?;
+    let mut word = DeviceTensor::alloc(gpu, &[1], Dtype::I32)?;
+    let mut best = (f64::INFINITY, String::new());
+    for unroll in READ_UNROLLS {
+        for bps in [2, 4, 8] {
+            let ms = time_ms(gpu, iters, |_| {
+                read_stream(gpu, &src, unroll, bps, &mut word)
+            })?;
+            if ms < best.0 {
+                best = (
+                    ms,
+                    format!("{unroll} loads of 16 B per thread, {bps} blocks of 256 per SM"),
+                );
+            }
+        }
+    }
+    Ok((n as f64 / (best.0 * 1e-3) / 1e9, best.0, best.1))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut json_path = None;
     let mut filter = String::new();
@@ -259,6 +283,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     drop((src, dst));
     let ceiling = 2.0 * n as f64 / (copy_ms * 1e-3) / 1e9;
+    let (read_ceiling, read_ms, read_cfg) = read_ceiling(gpu, iters)?;
     println!(
         "device: {} ({} SMs, L2 {} MB), copy ceiling {:.0} GB/s ({:.3} ms for 2 GiB moved)",
         gpu.name(),
@@ -267,6 +292,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ceiling,
         copy_ms
     );
+    println!("read ceiling {read_ceiling:.0} GB/s ({read_ms:.3} ms for 2 GiB read; {read_cfg})");
     println!(
         "{:<40} {:>10} {:>10} {:>9} {:>8}",
         "case", "ms", "GB/s", "ceiling", "sets"
@@ -342,24 +368,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // decode: on a forked handle (graph capture needs a stream of its own)
     let dgpu = gpu.fork()?;
     dgpu.set_checked(false);
+    let variants = decode::variants()?;
+    let kernels: Vec<_> = variants.iter().map(|v| v.1).collect();
     for case in decode::cases().into_iter().filter(|c| wanted(&c.name)) {
-        let (ms, sets) = decode::run(&dgpu, &case, iters)?;
+        let (times, sets) = decode::run(&dgpu, &case, iters, &kernels)?;
         let bytes = case.bytes();
-        let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
-        println!(
-            "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}",
-            case.name,
-            ms,
-            gbps,
-            100.0 * gbps / ceiling,
-            sets
-        );
-        rows.push(json!({
-            "name": case.name, "shape": [case.b, case.h, case.h_kv, case.d, case.s],
-            "in_dtype": "bfloat16", "out_dtype": "bfloat16", "mode": format!("{:?}", case.mode),
-            "lens": case.lens, "layout": format!("{:?}", case.layout).to_lowercase(),
-            "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling, "sets": sets,
-        }));
+        for ((variant, _), ms) in variants.iter().zip(times) {
+            let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8} {:>6.1}% of read  [{variant}]",
+                case.name,
+                ms,
+                gbps,
+                100.0 * gbps / ceiling,
+                sets,
+                100.0 * gbps / read_ceiling,
+            );
+            rows.push(json!({
+                "name": case.name, "variant": variant, "shape": [case.b, case.h, case.h_kv, case.d, case.s],
+                "in_dtype": "bfloat16", "out_dtype": "bfloat16", "mode": format!("{:?}", case.mode),
+                "lens": case.lens, "layout": format!("{:?}", case.layout).to_lowercase(),
+                "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling,
+                "read_share": gbps / read_ceiling, "sets": sets,
+            }));
+        }
     }
     dgpu.synchronize()?;
     for case in delta::cases().into_iter().filter(|c| wanted(c.name)) {
@@ -376,7 +408,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = json_path {
         let doc = json!({
             "device": gpu.name(), "sm_count": gpu.sm_count(), "l2_bytes": l2,
-            "ceiling_gbps": ceiling, "copy_ms": copy_ms, "iters": iters, "cases": rows,
+            "ceiling_gbps": ceiling, "copy_ms": copy_ms, "read_ceiling_gbps": read_ceiling,
+            "read_ms": read_ms, "read_config": read_cfg, "iters": iters, "cases": rows,
         });
         std::fs::write(&p, serde_json::to_string_pretty(&doc)?)?;
     }
