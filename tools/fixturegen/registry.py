@@ -22,16 +22,18 @@ class CaseDef:
     name: str
     needs_cuda: bool
     build: Callable[[Ctx], Case]
+    # A Python module the case imports (e.g. "flash_qla"); without it the case is skipped.
+    needs_module: str | None = None
 
 
 CASES: list[CaseDef] = []
 
 
-def case(op: str, name: str, needs_cuda: bool = False):
+def case(op: str, name: str, needs_cuda: bool = False, needs_module: str | None = None):
     """Registers `build(ctx) -> Case` as the case `fixtures/<op>/<name>.safetensors`."""
 
     def deco(build):
-        CASES.append(CaseDef(op, name, needs_cuda, build))
+        CASES.append(CaseDef(op, name, needs_cuda, build, needs_module))
         return build
 
     return deco

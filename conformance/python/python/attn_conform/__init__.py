@@ -62,7 +62,10 @@ def ops() -> list[dict[str, Any]]:
     ``float`` or ``index``, ``shape``: the layout such as ``[B, T, H, K]``, ``dtype``: the
     accepted dtypes in words), ``params`` (``name``, ``type``, ``required``, ``default``),
     ``outputs`` (``name``, ``shape``, ``dtype``, ``present``: when the op produces it,
-    ``optional``: whether a case may leave it out), ``devices`` and ``spec`` (the spec section,
+    ``optional``: whether a case may leave it out, ``thresholds``: how it is compared, one
+    entry per compared row with ``name``, ``rule`` (``threshold``, ``exact`` or ``index``) and
+    the ratio thresholds ``half``, ``half_long`` (a sequence over 4096 tokens), ``float32`` and
+    ``float64`` by the dtype of the inputs), ``devices`` and ``spec`` (the spec section,
     ``conformance/spec/<file>.md §N``).
     """
     return json.loads(_native.ops())

@@ -64,12 +64,21 @@ ParamInfo = TypedDict(
     "ParamInfo", {"name": str, "type": str, "required": bool, "default": Any}
 )
 
+class ThresholdInfo(TypedDict):
+    name: str  # the compared row: the output, or "<output>.<part>"
+    rule: str  # "threshold" (ratio, with the 1e-6 absolute floor), "exact" or "index"
+    half: float | None  # bfloat16 / float16 inputs
+    half_long: float | None  # the same, a sequence over 4096 tokens
+    float32: float | None
+    float64: float | None
+
 class OutputInfo(TypedDict):
     name: str
     shape: str
     dtype: str
     present: str  # when the op produces it, e.g. "when output_final_state"
     optional: bool  # whether a case may leave it out
+    thresholds: list[ThresholdInfo]  # how it is compared, by the dtype of the inputs
 
 class OpInfo(TypedDict):
     op: str
