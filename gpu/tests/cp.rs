@@ -257,28 +257,20 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
 }
 
 /// Every layout, the three gate regimes in turn, with and without `initial_state`.
-fn forward_all(ranks: usize, per_key: bool) -> TestResult {
-    let group = match open(ranks) {
-        Ok(g) => g,
-        Err(outcome) => return outcome,
-    };
+fn forward_all(group: &CpGroup, per_key: bool) {
     let regimes = [Regime::Strong, Regime::Trained, Regime::Long];
     for lay in 0..layouts().len() {
         for (j, h0) in [true, false].into_iter().enumerate() {
-            forward_case(&group, per_key, lay, regimes[(lay + j) % 3], h0);
+            forward_case(group, per_key, lay, regimes[(lay + j) % 3], h0);
         }
     }
-    Ok(Completion::Completed)
 }
 
 /// `fwd_h` over `ranks` GPUs: `h`, `v_new` (gathered) and the final states against the float64
 /// reference (§2.7, long thresholds) and GPU 0 alone (5e-3), on realistic KDA-like (`gk`) and
 /// GDN-like (`g`) inputs; repeated run bit-identical.
-fn fwd_h_all(ranks: usize) -> TestResult {
-    let group = match open(ranks) {
-        Ok(g) => g,
-        Err(outcome) => return outcome,
-    };
+fn fwd_h_all(group: &CpGroup) {
+    let ranks = group.world();
     let gpu0 = group.gpu(0);
     for (i, (name, cu, _)) in layouts().into_iter().enumerate() {
         let gates = [Gates::Gk, Gates::G][i % 2];
@@ -308,10 +300,10 @@ fn fwd_h_all(ranks: usize) -> TestResult {
         let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
         let e = &up.exact;
         let sc = |arg: &str, a: ArrayD<f64>| {
-            scatter_tokens(&group, &part, arg, to_bf16(&a).view()).unwrap()
+            scatter_tokens(group, &part, arg, to_bf16(&a).view()).unwrap()
         };
         let sf = |arg: &str, a: ArrayD<f64>| {
-            scatter_tokens(&group, &part, arg, to_f32(&a).view()).unwrap()
+            scatter_tokens(group, &part, arg, to_f32(&a).view()).unwrap()
         };
         let (k, w, u) = (
             sc("k", e.k.clone().into_dyn()),
@@ -322,7 +314,7 @@ fn fwd_h_all(ranks: usize) -> TestResult {
         let gk = e.gk.clone().map(|a| sf("gk", a.into_dyn()));
         let h0s = up.exact_h0.as_ref().map(|a| {
             scatter_states(
-                &group,
+                group,
                 &part,
                 "initial_state",
                 to_f32(&a.clone().into_dyn()).view(),
@@ -338,11 +330,11 @@ fn fwd_h_all(ranks: usize) -> TestResult {
             })
             .collect();
         let run = || {
-            let outs = cp_chunk_gated_delta_rule_fwd_h(&group, &part, &shards, &p).unwrap();
+            let outs = cp_chunk_gated_delta_rule_fwd_h(group, &part, &shards, &p).unwrap();
             let h: ArrayD<bf16> =
-                gather_tokens(&group, "h", &outs.iter().map(|o| &o.h).collect::<Vec<_>>()).unwrap();
+                gather_tokens(group, "h", &outs.iter().map(|o| &o.h).collect::<Vec<_>>()).unwrap();
             let vn: ArrayD<bf16> = gather_tokens(
-                &group,
+                group,
                 "v_new",
                 &outs
                     .iter()
@@ -354,7 +346,7 @@ fn fwd_h_all(ranks: usize) -> TestResult {
                 .iter()
                 .map(|o| o.final_state.as_ref().unwrap())
                 .collect();
-            let f: ArrayD<f32> = gather_final_states(&group, &part, &fins).unwrap();
+            let f: ArrayD<f32> = gather_final_states(group, &part, &fins).unwrap();
             (h.mapv(f64::from), vn.mapv(f64::from), f.mapv(f64::from))
         };
         let (h, vn, f) = run();
@@ -399,7 +391,6 @@ fn fwd_h_all(ranks: usize) -> TestResult {
         assert_bit_identical(&format!("{what}: v_new repeated"), &vn, &vn2);
         assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
     }
-    Ok(Completion::Completed)
 }
 
 /// Bad input is a typed error naming the argument, before any launch: a partition of another
@@ -446,55 +437,48 @@ fn refuses_bad_input() -> TestResult {
     Ok(Completion::Completed)
 }
 
-fn kda_r1() -> TestResult {
-    forward_all(1, true)
-}
-fn kda_r2() -> TestResult {
-    forward_all(2, true)
-}
-fn kda_r3() -> TestResult {
-    forward_all(3, true)
-}
-fn kda_r4() -> TestResult {
-    forward_all(4, true)
-}
-fn gdn_r1() -> TestResult {
-    forward_all(1, false)
-}
-fn gdn_r2() -> TestResult {
-    forward_all(2, false)
-}
-fn gdn_r3() -> TestResult {
-    forward_all(3, false)
-}
-fn gdn_r4() -> TestResult {
-    forward_all(4, false)
-}
-fn fwd_h_r1() -> TestResult {
-    fwd_h_all(1)
-}
-fn fwd_h_r2() -> TestResult {
-    fwd_h_all(2)
-}
-fn fwd_h_r3() -> TestResult {
-    fwd_h_all(3)
-}
-fn fwd_h_r4() -> TestResult {
-    fwd_h_all(4)
+/// `kda_fwd`, `gdn_fwd` and `fwd_h` on one group of `ranks` GPUs (one group per test: every
+/// GPU of a group compiles its kernels once), each op's failure reported apart.
+fn all_ops(ranks: usize) -> TestResult {
+    let group = match open(ranks) {
+        Ok(g) => g,
+        Err(outcome) => return outcome,
+    };
+    type Op<'a> = &'a dyn Fn(&CpGroup);
+    let ops: [(&str, Op); 3] = [
+        ("kda_fwd", &|g| forward_all(g, true)),
+        ("gdn_fwd", &|g| forward_all(g, false)),
+        ("fwd_h", &fwd_h_all),
+    ];
+    let mut failed = Vec::new();
+    for (name, op) in ops {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(&group))) {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failed.push(format!("{name}: {msg}"));
+        }
+    }
+    if failed.is_empty() {
+        Ok(Completion::Completed)
+    } else {
+        Err(failed.join("\n").into())
+    }
 }
 
-gpu_tests!(
-    refuses_bad_input,
-    kda_r1,
-    kda_r2,
-    kda_r3,
-    kda_r4,
-    gdn_r1,
-    gdn_r2,
-    gdn_r3,
-    gdn_r4,
-    fwd_h_r1,
-    fwd_h_r2,
-    fwd_h_r3,
-    fwd_h_r4,
-);
+fn r1() -> TestResult {
+    all_ops(1)
+}
+fn r2() -> TestResult {
+    all_ops(2)
+}
+fn r3() -> TestResult {
+    all_ops(3)
+}
+fn r4() -> TestResult {
+    all_ops(4)
+}
+
+gpu_tests!(refuses_bad_input, r1, r2, r3, r4);
