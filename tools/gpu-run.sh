@@ -15,6 +15,10 @@
 # determinism delta-rule tests and the NSA 2^31-element and 100-launch tests; long_lane), ATTN_TEST_THREADS / ATTN_TEST_TIMEOUT /
 # ATTN_SANITIZE_TIMEOUT (2 threads, 420 s, 400 s), ATTN_BENCH_FILTER (bench_gpu --filter and the
 # anchors' --filter; all), ATTN_ANCHORS_DECODE_ONLY=1 (only the decode anchors).
+# `cp` (not in `all`): the context-parallel tests (test_cp) on every GPU of the machine, with
+# ATTN_REQUIRE_GPUS set to the GPU count (tests for more ranks than GPUs are reported ignored).
+# NCCL: cudarc opens `libnccl.so`; the Python package nvidia-nccl-cu13 ships only libnccl.so.2, so
+# this script links it as /tmp/attn-nccl/libnccl.so and puts that folder on LD_LIBRARY_PATH.
 # `ptx` (not in `all`): ptxas -v register and spill report of the modules in $ATTN_PTX_MODULES
 # (default: the decode kernels).
 set -u -o pipefail
@@ -25,6 +29,13 @@ OUT=${OUT:-/tmp/attn-gpu-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export ATTN_REQUIRE_GPU=1
+# NCCL for the context-parallel ops (cudarc looks for libnccl.so, the wheel has libnccl.so.2)
+NCCL_LIB=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+[ -f "$NCCL_LIB/libnccl.so.2" ] || NCCL_LIB=$(dirname "$(find / -name libnccl.so.2 -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+if [ -f "$NCCL_LIB/libnccl.so.2" ]; then
+  mkdir -p /tmp/attn-nccl && ln -sf "$NCCL_LIB/libnccl.so.2" /tmp/attn-nccl/libnccl.so
+  export LD_LIBRARY_PATH=/tmp/attn-nccl:$LD_LIBRARY_PATH
+fi
 if [ -d "$S/fixtures" ]; then export ATTN_FIXTURES=$S/fixtures; else export ATTN_FIXTURES=$PWD/fixtures; fi
 SUM=$OUT/summary.txt
 want() { [[ " $PARTS " == *" all "* || " $PARTS " == *" $1 "* ]]; }
@@ -36,7 +47,10 @@ say "== parts: $PARTS"
 if want tests; then
   for t in "$S"/bin/test_${ATTN_TESTS:-*}; do
     start=$(date +%s)
-    timeout "${ATTN_TEST_TIMEOUT:-420}" "$t" --test-threads "${ATTN_TEST_THREADS:-2}" >>"$OUT/tests.log" 2>&1
+    threads=${ATTN_TEST_THREADS:-2}
+    # the context-parallel tests hold every GPU's communicators: one at a time
+    [ "$(basename "$t")" = test_cp ] && threads=1
+    timeout "${ATTN_TEST_TIMEOUT:-420}" "$t" --test-threads "$threads" >>"$OUT/tests.log" 2>&1
     rc=$?
     say "tests $(basename "$t"): exit $rc, $(( $(date +%s) - start )) s, $(grep -h '^test result' "$OUT/tests.log" | tail -1)"
   done
@@ -94,6 +108,16 @@ if [[ " $PARTS " == *" tune "* ]]; then
       grep -E "^(chunk|kda|decode|fwd_h|nsa)" "$OUT/tune_one.txt" | awk -v v="[$v] p$pass" '{printf "%-58s %-40s %8s ms %6s\n", v, $1, $2, $4}' | tee -a "$SUM"
     done
   done
+fi
+
+if [[ " $PARTS " == *" cp "* ]]; then
+  NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  say "== cp: $NGPU GPU(s), NCCL from ${NCCL_LIB:-nowhere}"
+  start=$(date +%s)
+  ATTN_REQUIRE_GPUS=$NGPU timeout "${ATTN_TEST_TIMEOUT:-420}" "$S/bin/test_cp" --test-threads 1 >"$OUT/cp.log" 2>&1
+  rc=$?
+  say "tests test_cp (ATTN_REQUIRE_GPUS=$NGPU): exit $rc, $(( $(date +%s) - start )) s, $(grep -h '^test result' "$OUT/cp.log" | tail -1)"
+  grep -E "panicked|FAILED|ignored" "$OUT/cp.log" | head -30 | tee -a "$SUM"
 fi
 
 if [[ " $PARTS " == *" ptx "* ]]; then

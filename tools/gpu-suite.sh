@@ -56,4 +56,4 @@ ls "$DEST/bin" >&2
 echo
 echo "run command: bash $REL/run.sh $REL all"
 echo "carry: [\"$REL\"]"
-echo "(parts: 'tests', 'verify', 'python', 'sanitizer', 'bench' instead of 'all'; outputs land in \$OUT)"
+echo "(parts: 'tests', 'verify', 'python', 'sanitizer', 'bench' instead of 'all', and 'cp' (multi-GPU context parallelism, not in 'all'); outputs land in \$OUT)"

@@ -1,6 +1,6 @@
 //! Errors of the GPU crate: refused input (the reference's typed [`attn_reference::Error`],
-//! raised before any launch), an absent CUDA stack, and driver or NVRTC failures with their
-//! context.
+//! raised before any launch), an absent CUDA stack (or NCCL), driver, NVRTC and NCCL failures
+//! with their context.
 
 use cudarc::driver::DriverError;
 
@@ -27,6 +27,10 @@ pub enum GpuError {
         #[source]
         source: DriverError,
     },
+    /// A context-parallel collective (NCCL) failed or timed out, or a rank failed before it
+    /// (`context` names the call and rank). After a timeout the group is aborted.
+    #[error("collective error during {context}: {detail}")]
+    Collective { context: String, detail: String },
     /// A host-side tensor conversion was asked for the wrong element type.
     #[error("tensor `{arg}` holds {got}, not {expected}")]
     HostDtype {

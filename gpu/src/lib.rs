@@ -7,6 +7,7 @@
 //! checks the launch, and (unless [`Gpu::set_checked`] turned it off) the kernel's completion.
 //! Indexing is 64-bit throughout.
 
+pub mod cp;
 pub mod cumsum;
 pub mod decode;
 pub mod delta;

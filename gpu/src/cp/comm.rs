@@ -1,0 +1,338 @@
+//! The ranks of a context-parallel call and their NCCL communicators (cudarc's `nccl` module,
+//! loaded at run time like the driver and NVRTC).
+//!
+//! Two ways to form a group of `R` ranks:
+//!
+//! - [`CpGroup::open`]: one process drives GPUs `0 .. R` (one [`Gpu`] and one communicator per
+//!   device, `ncclCommInitAll`); collectives of all ranks are queued from the one thread between
+//!   `ncclGroupStart` and `ncclGroupEnd`.
+//! - [`CpGroup::join`]: one rank per process (across the GPUs of a host or across hosts): every
+//!   process opens its own GPU and joins with its rank, the world size and the [`CpId`] that rank
+//!   0 created and the caller sent to the others (`ncclCommInitRank`).
+//!
+//! The context-parallel ops take a group and the inputs of its *local* ranks (all of them in the
+//! first form, one in the second); the code is the same.
+//!
+//! Failure: before a collective every local rank's stream is synchronised, so an error on one
+//! GPU (of this process) is reported before any rank enters the collective. A collective that
+//! does not complete within [`CpGroup::timeout`] (a peer process failed or hung) aborts every
+//! communicator of the group (`ncclCommAbort`, which ends the waiting NCCL kernels) and returns
+//! [`GpuError::Collective`]; the group is then unusable and later calls return that error at
+//! once.
+
+use crate::device::Gpu;
+use crate::error::{GpuError, GpuResult};
+use crate::tensor::DeviceTensor;
+use attn_reference::Error;
+use cudarc::driver::CudaContext;
+use cudarc::nccl::{Comm, Id};
+use std::cell::RefCell;
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+/// Default time a collective may take: `$ATTN_NCCL_TIMEOUT_S` seconds, else 120.
+fn default_timeout() -> Duration {
+    let s = std::env::var("ATTN_NCCL_TIMEOUT_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(120.0);
+    Duration::from_secs_f64(s)
+}
+
+/// Runs an NCCL call, turning cudarc's panics (a library without the symbol) and NCCL errors
+/// into [`GpuError::Collective`].
+fn nccl<T>(
+    context: &str,
+    f: impl FnOnce() -> Result<T, cudarc::nccl::result::NcclError>,
+) -> GpuResult<T> {
+    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(GpuError::Collective {
+            context: context.to_string(),
+            detail: format!("{:?}", e.0),
+        }),
+        Err(p) => Err(GpuError::Collective {
+            context: context.to_string(),
+            detail: p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic in the NCCL binding".into()),
+        }),
+    }
+}
+
+/// Whether `libnccl` can be loaded; [`GpuError::Unavailable`] naming the fix otherwise.
+fn require_nccl() -> GpuResult<()> {
+    // SAFETY: only tries to dlopen the library.
+    if unsafe { cudarc::nccl::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(GpuError::Unavailable(
+            "the NCCL library (libnccl.so) was not found: put a directory holding libnccl.so \
+             (e.g. a link to the libnccl.so.2 of the Python package nvidia-nccl-cu13) on \
+             LD_LIBRARY_PATH (tools/GPU.md)"
+                .into(),
+        ))
+    }
+}
+
+/// The unique id of a group formed with [`CpGroup::join`]: created once (by rank 0) and sent by
+/// the caller to every other process as its 128 bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct CpId(Id);
+
+impl CpId {
+    /// A new id (needs NCCL; no GPU).
+    pub fn new() -> GpuResult<CpId> {
+        require_nccl()?;
+        nccl("ncclGetUniqueId", Id::new).map(CpId)
+    }
+
+    /// The id's bytes, to send to the other ranks.
+    pub fn to_bytes(&self) -> [u8; 128] {
+        self.0.internal().map(|c| c as u8)
+    }
+
+    /// The id received from rank 0.
+    pub fn from_bytes(bytes: [u8; 128]) -> CpId {
+        CpId(Id::uninit(bytes.map(|b| b as core::ffi::c_char)))
+    }
+}
+
+/// One rank of this process: its global rank and its GPU.
+struct LocalRank {
+    rank: usize,
+    gpu: Gpu,
+}
+
+/// The ranks of this process and their communicators (see the module docs).
+pub struct CpGroup {
+    local: Vec<LocalRank>,
+    world: usize,
+    comms: RefCell<Option<Vec<Comm>>>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for CpGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ranks: Vec<usize> = self.local.iter().map(|l| l.rank).collect();
+        write!(f, "CpGroup(world {}, local ranks {ranks:?})", self.world)
+    }
+}
+
+/// The number of CUDA devices (after [`Gpu::open`] proved the driver usable).
+fn device_count() -> GpuResult<usize> {
+    CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(GpuError::driver("device count"))
+}
+
+/// Opens GPU `ordinal` for a rank: unchecked launches (the ranks' work is queued from one
+/// thread, so that the GPUs run at once; the group synchronises at its collectives and at the
+/// end of each op).
+fn open_rank(ordinal: usize) -> GpuResult<Gpu> {
+    let gpu = Gpu::open(ordinal)?;
+    gpu.set_checked(false);
+    Ok(gpu)
+}
+
+impl CpGroup {
+    /// `ranks` ranks on GPUs `0 .. ranks` of this process. Errors: `ranks` 0 or above the device
+    /// count (naming `gpus`), no GPU or no NCCL ([`GpuError::Unavailable`]), an NCCL failure.
+    pub fn open(ranks: usize) -> GpuResult<CpGroup> {
+        if ranks == 0 {
+            return Err(Error::param("gpus", "at least 1 GPU", 0).into());
+        }
+        let first = open_rank(0)?;
+        let count = device_count()?;
+        if ranks > count {
+            return Err(Error::param(
+                "gpus",
+                format!("at most the {count} GPU(s) of this host"),
+                ranks,
+            )
+            .into());
+        }
+        require_nccl()?;
+        let mut gpus = vec![first];
+        for i in 1..ranks {
+            gpus.push(open_rank(i)?);
+        }
+        let streams = gpus.iter().map(|g| g.stream().clone()).collect();
+        let comms = nccl("ncclCommInitAll", || Comm::from_devices(streams))?;
+        Ok(CpGroup {
+            local: gpus
+                .into_iter()
+                .enumerate()
+                .map(|(rank, gpu)| LocalRank { rank, gpu })
+                .collect(),
+            world: ranks,
+            comms: RefCell::new(Some(comms)),
+            timeout: default_timeout(),
+        })
+    }
+
+    /// This process's rank `rank` of `world`, on its GPU `ordinal`, with the group's `id`
+    /// (blocks until every rank has joined).
+    pub fn join(ordinal: usize, rank: usize, world: usize, id: &CpId) -> GpuResult<CpGroup> {
+        if rank >= world {
+            return Err(
+                Error::param("rank", format!("a rank below the world size {world}"), rank).into(),
+            );
+        }
+        let gpu = open_rank(ordinal)?;
+        require_nccl()?;
+        let stream = gpu.stream().clone();
+        let comm = nccl("ncclCommInitRank", || {
+            Comm::from_rank(stream, rank, world, id.0)
+        })?;
+        Ok(CpGroup {
+            local: vec![LocalRank { rank, gpu }],
+            world,
+            comms: RefCell::new(Some(vec![comm])),
+            timeout: default_timeout(),
+        })
+    }
+
+    /// Ranks of the whole group `R`.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The global ranks driven by this process, in order.
+    pub fn local_ranks(&self) -> Vec<usize> {
+        self.local.iter().map(|l| l.rank).collect()
+    }
+
+    /// The GPU of the `i`-th local rank.
+    pub fn gpu(&self, i: usize) -> &Gpu {
+        &self.local[i].gpu
+    }
+
+    /// The local ranks' `(global rank, GPU)`.
+    pub fn ranks(&self) -> impl Iterator<Item = (usize, &Gpu)> {
+        self.local.iter().map(|l| (l.rank, &l.gpu))
+    }
+
+    /// How long a collective may take before the group is aborted.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Waits for every local rank's queued work, reporting the first failure (with its rank).
+    pub fn synchronize(&self) -> GpuResult<()> {
+        for l in &self.local {
+            l.gpu.synchronize().map_err(|e| GpuError::Collective {
+                context: format!("rank {}", l.rank),
+                detail: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// All-gather of `send[i]` (local rank `i`'s bytes) into `recv[i]` (`world` times the bytes
+    /// of one send, rank-major) on every local rank. Synchronises the ranks first (no rank
+    /// enters the collective after a failure), then waits up to [`CpGroup::timeout`].
+    pub fn all_gather(&self, send: &[&DeviceTensor], recv: &mut [DeviceTensor]) -> GpuResult<()> {
+        let n = self.local.len();
+        if send.len() != n || recv.len() != n {
+            return Err(Error::shape(
+                "send",
+                format!("one tensor per local rank ({n})"),
+                [send.len(), recv.len()],
+            )
+            .into());
+        }
+        let bytes = send.first().map_or(0, |t| t.num_bytes());
+        for (s, r) in send.iter().zip(recv.iter()) {
+            if s.num_bytes() != bytes || r.num_bytes() != bytes * self.world {
+                return Err(Error::shape(
+                    "recv",
+                    format!("{} bytes per rank, {} in all", bytes, bytes * self.world),
+                    [s.num_bytes(), r.num_bytes()],
+                )
+                .into());
+            }
+        }
+        self.synchronize()?;
+        let guard = self.comms.borrow();
+        let comms = guard.as_ref().ok_or_else(|| GpuError::Collective {
+            context: "all-gather".into(),
+            detail: "the group was aborted by an earlier failure; open a new one".into(),
+        })?;
+        if bytes > 0 {
+            let queued = nccl("ncclGroupStart", cudarc::nccl::group_start).and_then(|_| {
+                let each = comms.iter().zip(send.iter().zip(recv.iter_mut()));
+                let mut first_err = Ok(());
+                for (c, (s, r)) in each {
+                    let src = s.buffer().slice(0..bytes);
+                    let mut dst = r.buffer_mut().slice_mut(0..bytes * self.world);
+                    let sent = nccl("ncclAllGather", || c.all_gather(&src, &mut dst));
+                    if first_err.is_ok() {
+                        first_err = sent.map(|_| ());
+                    }
+                }
+                let ended = nccl("ncclGroupEnd", cudarc::nccl::group_end).map(|_| ());
+                first_err.and(ended)
+            });
+            drop(guard);
+            if let Err(e) = queued.and_then(|_| self.wait_all("all-gather")) {
+                self.abort();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls every local stream until its work is done or the timeout passes.
+    fn wait_all(&self, what: &str) -> GpuResult<()> {
+        let events = self
+            .local
+            .iter()
+            .map(|l| l.gpu.stream().record_event(None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(GpuError::driver(format!("event after the {what}")))?;
+        let deadline = Instant::now() + self.timeout;
+        for (l, e) in self.local.iter().zip(&events) {
+            loop {
+                match e.try_is_complete() {
+                    Ok(true) => break,
+                    Ok(false) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_micros(200))
+                    }
+                    Ok(false) => {
+                        return Err(GpuError::Collective {
+                            context: format!("{what} on rank {}", l.rank),
+                            detail: format!(
+                                "not complete after {:?} (a peer failed or hung); the group was aborted",
+                                self.timeout
+                            ),
+                        })
+                    }
+                    Err(err) => {
+                        return Err(GpuError::Collective {
+                            context: format!("{what} on rank {}", l.rank),
+                            detail: err.to_string(),
+                        })
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Aborts every communicator (`ncclCommAbort` on drop); the group refuses collectives
+    /// afterwards.
+    fn abort(&self) {
+        if let Some(comms) = self.comms.borrow_mut().take() {
+            // cudarc's drop panics if the abort itself fails: nothing more can be done then
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(comms)));
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! Context parallelism over `R` GPUs (`attn_gpu::cp`): `kda_fwd`, `gdn_fwd` and
+//! `chunk_gated_delta_rule_fwd_h` with R = 1, 2, 3, 4 against the float64 reference (the spec's
+//! thresholds) and against the single-GPU result on GPU 0 (same dtype, 5e-3): one long
+//! sequence, a long one with short ones on either side, many sequences, a sequence shorter than
+//! `R` chunks, zero-length sequences; with and without `initial_state`, final state on; strong,
+//! trained-like and long-memory gates; repeated runs bit-identical; bad input refused.
+//!
+//! A test for `R` GPUs is reported ignored where fewer GPUs (or no NCCL) are present, and fails
+//! instead when `ATTN_REQUIRE_GPUS` is at least `R` (`ATTN_REQUIRE_GPU=1` counts as
+//! `ATTN_REQUIRE_GPUS=1`: the R = 1 tests then need a GPU and NCCL).
+
+mod common;
+
+use attn_gpu::cp::{
+    cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd, gather_final_states, gather_tokens,
+    scatter_states, scatter_tokens, CpGroup, Partition,
+};
+use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, FwdHPlan};
+use attn_gpu::{DeviceTensor, ForwardTensors, FwdHTensors, GpuError};
+use attn_reference::delta::{self as d, FwdHParams, GdnFwdParams, KdaFwdParams};
+use attn_reference::Dtype;
+use common::delta::{random_state, realistic, Gates, Layout, Uploaded};
+use common::forward::*;
+use common::*;
+use half::bf16;
+use libtest_mimic::{Completion, Failed};
+use ndarray::{ArrayD, Ix3, Ix4};
+
+type TestResult = Result<Completion, Failed>;
+
+/// GPUs the run must have: `$ATTN_REQUIRE_GPUS`, else 1 under `ATTN_REQUIRE_GPU=1`, else 0.
+fn required_gpus() -> usize {
+    std::env::var("ATTN_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if std::env::var("ATTN_REQUIRE_GPU").as_deref() == Ok("1") {
+            1
+        } else {
+            0
+        })
+}
+
+/// The group of `ranks` GPUs, or the outcome of a test that cannot run.
+fn open(ranks: usize) -> Result<CpGroup, TestResult> {
+    CpGroup::open(ranks).map_err(|e| {
+        if required_gpus() >= ranks {
+            Err(format!("{ranks} GPU(s) required (ATTN_REQUIRE_GPUS) but: {e}").into())
+        } else {
+            Ok(Completion::ignored_with(format!(
+                "needs {ranks} GPU(s) and NCCL: {e}"
+            )))
+        }
+    })
+}
+
+/// The test layouts (chunk 64) and whether R > 1 must cut a sequence.
+fn layouts() -> Vec<(&'static str, Vec<i64>, bool)> {
+    let mut many = vec![0i64];
+    let mut rng = Rng::new(25);
+    for _ in 0..24 {
+        let l = [0, 1, 63, 64, 65, 130, 300][rng.below(7)];
+        many.push(many.last().unwrap() + l);
+    }
+    let cum = |lens: &[i64]| {
+        let mut cu = vec![0i64];
+        for l in lens {
+            cu.push(cu.last().unwrap() + l);
+        }
+        cu
+    };
+    vec![
+        ("one long sequence", cum(&[64 * 40 + 17]), true),
+        (
+            "long with short ones on either side",
+            cum(&[30, 1, 64 * 32 + 5, 50, 0, 7]),
+            true,
+        ),
+        ("many sequences", many, false),
+        ("a sequence shorter than R chunks", cum(&[100]), false),
+        (
+            "zero-length sequences",
+            cum(&[0, 64 * 24, 0, 0, 70, 0]),
+            true,
+        ),
+    ]
+}
+
+/// Minimum piece of the tests' partitions: small enough to cut the short test sequences.
+const MIN_PIECE: usize = 2;
+
+fn to_bf16(a: &ArrayD<f64>) -> ArrayD<bf16> {
+    a.mapv(bf16::from_f64)
+}
+
+fn to_f32(a: &ArrayD<f64>) -> ArrayD<f32> {
+    a.mapv(|x| x as f32)
+}
+
+/// One forward case over `ranks` GPUs: CP vs reference, CP vs GPU 0 alone, CP twice.
+fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: bool) {
+    let ranks = group.world();
+    let (name, cu, splits) = layouts().swap_remove(lay);
+    let what = format!(
+        "{} R={ranks} {name} {regime:?} h0={h0}",
+        if per_key { "kda" } else { "gdn" }
+    );
+    let gpu0 = group.gpu(0);
+    let t = *cu.last().unwrap() as usize;
+    let draw_spec = Draw {
+        b: 1,
+        t,
+        h: 1,
+        hv: 2,
+        k: 64,
+        v: 64,
+        per_key,
+        regime,
+        raw_qk: false,
+        beta_logits: false,
+        gate_input: false,
+        h0,
+        v_first: false,
+    };
+    let mut rng = Rng::new(0xC0 + lay as u64 + 16 * ranks as u64);
+    let (mut host, mut dev) = draw(gpu0, &mut rng, &draw_spec, Dtype::BF16, Dtype::F32);
+    set_state_rows(
+        gpu0,
+        &mut rng,
+        &mut host,
+        &mut dev,
+        cu.len() - 1,
+        false,
+        Dtype::F32,
+    );
+    let kp = KdaFwdParams {
+        output_final_state: true,
+        ..KdaFwdParams::default()
+    };
+    let gp = GdnFwdParams {
+        output_final_state: true,
+        ..GdnFwdParams::default()
+    };
+    // the float64 reference
+    let want = if per_key {
+        let g = host.g.clone().into_dimensionality::<Ix4>().unwrap();
+        let inp = d::KdaFwdInputs {
+            initial_state: host.h0.as_ref().map(|a| a.view()),
+            cu_seqlens: Some(&cu),
+            ..d::KdaFwdInputs::new(
+                host.q.view(),
+                host.k.view(),
+                host.v.view(),
+                g.view(),
+                host.beta.view(),
+            )
+        };
+        d::kda_fwd(&inp, &kp).unwrap()
+    } else {
+        let g = host.g.clone().into_dimensionality::<Ix3>().unwrap();
+        let inp = d::GdnFwdInputs {
+            initial_state: host.h0.as_ref().map(|a| a.view()),
+            cu_seqlens: Some(&cu),
+            ..d::GdnFwdInputs::new(
+                host.q.view(),
+                host.k.view(),
+                host.v.view(),
+                g.view(),
+                host.beta.view(),
+            )
+        };
+        d::gdn_fwd(&inp, &gp).unwrap()
+    };
+    let want_o = want.o.into_dyn();
+    let want_f = want.final_state.unwrap().into_dyn();
+    // GPU 0 alone
+    let plan = if per_key {
+        DeltaFwdPlan::kda(gpu0, &dev.tensors(), Some(&cu), &kp, ForwardPath::Auto)
+    } else {
+        DeltaFwdPlan::gdn(gpu0, &dev.tensors(), Some(&cu), &gp, ForwardPath::Auto)
+    }
+    .unwrap();
+    let mut ws = plan.alloc_workspace(gpu0).unwrap();
+    let mut single = plan.alloc_outputs(gpu0).unwrap();
+    plan.run(gpu0, &dev.tensors(), &mut ws, &mut single)
+        .unwrap();
+    let single_o = download(gpu0, &single.o);
+    let single_f = download(gpu0, single.final_state.as_ref().unwrap());
+    // R ranks
+    let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
+    if ranks > 1 && splits {
+        assert!(
+            part.shards().iter().any(|s| s.continued().is_some()),
+            "{what}: the partition cuts no sequence: {:?}",
+            part.cuts()
+        );
+    }
+    let sc =
+        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_bf16(a).view()).unwrap();
+    let sf =
+        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_f32(a).view()).unwrap();
+    let q = sc("q", &host.q.clone().into_dyn());
+    let k = sc("k", &host.k.clone().into_dyn());
+    let v = sc("v", &host.v.clone().into_dyn());
+    let g = sf("g", &host.g);
+    let beta = sf("beta", &host.beta.clone().into_dyn());
+    let h0s: Option<Vec<DeviceTensor>> = host.h0.as_ref().map(|a| {
+        scatter_states(
+            group,
+            &part,
+            "initial_state",
+            to_f32(&a.clone().into_dyn()).view(),
+        )
+        .unwrap()
+    });
+    let shards: Vec<ForwardTensors> = (0..ranks)
+        .map(|i| ForwardTensors {
+            initial_state: h0s.as_ref().map(|h| &h[i]),
+            ..ForwardTensors::new(&q[i], &k[i], &v[i], &g[i], &beta[i])
+        })
+        .collect();
+    let run = || {
+        let outs = if per_key {
+            cp_kda_fwd(group, &part, &shards, &kp, ForwardPath::Auto)
+        } else {
+            cp_gdn_fwd(group, &part, &shards, &gp, ForwardPath::Auto)
+        }
+        .unwrap();
+        let o: ArrayD<bf16> =
+            gather_tokens(group, "o", &outs.iter().map(|o| &o.o).collect::<Vec<_>>()).unwrap();
+        let fins: Vec<&DeviceTensor> = outs
+            .iter()
+            .map(|o| o.final_state.as_ref().unwrap())
+            .collect();
+        let f: ArrayD<f32> = gather_final_states(group, &part, &fins).unwrap();
+        (o.mapv(f64::from), f.mapv(f64::from))
+    };
+    let (o, f) = run();
+    let long = cu.windows(2).any(|w| w[1] - w[0] > 4096);
+    let thr = if long { 1e-2 } else { 5e-3 };
+    assert_close(&format!("{what}: o vs reference"), &o, &want_o, thr);
+    assert_close(
+        &format!("{what}: final_state vs reference"),
+        &f,
+        &want_f,
+        thr,
+    );
+    assert_close(&format!("{what}: o vs one GPU"), &o, &single_o, 5e-3);
+    assert_close(
+        &format!("{what}: final_state vs one GPU"),
+        &f,
+        &single_f,
+        5e-3,
+    );
+    let (o2, f2) = run();
+    assert_bit_identical(&format!("{what}: o repeated"), &o, &o2);
+    assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
+}
+
+/// Every layout, the three gate regimes in turn, with and without `initial_state`.
+fn forward_all(group: &CpGroup, per_key: bool) {
+    let regimes = [Regime::Strong, Regime::Trained, Regime::Long];
+    for lay in 0..layouts().len() {
+        for (j, h0) in [true, false].into_iter().enumerate() {
+            forward_case(group, per_key, lay, regimes[(lay + j) % 3], h0);
+        }
+    }
+}
+
+/// `fwd_h` over `ranks` GPUs: `h`, `v_new` (gathered) and the final states against the float64
+/// reference (§2.7, long thresholds) and GPU 0 alone (5e-3), on realistic KDA-like (`gk`) and
+/// GDN-like (`g`) inputs; repeated run bit-identical.
+fn fwd_h_all(group: &CpGroup) {
+    let ranks = group.world();
+    let gpu0 = group.gpu(0);
+    for (i, (name, cu, _)) in layouts().into_iter().enumerate() {
+        let gates = [Gates::Gk, Gates::G][i % 2];
+        let what = format!("fwd_h R={ranks} {name} {gates:?}");
+        let lay = Layout {
+            b: 1,
+            t: *cu.last().unwrap() as usize,
+            h: 2,
+            hv: 2,
+            k: 64,
+            v: 64,
+            bt: 64,
+            cu: Some(cu.clone()),
+        };
+        let mut rng = Rng::new(0xF0 + i as u64 + 16 * ranks as u64);
+        let inp = realistic(&mut rng, &lay, gates, false);
+        let h0 = (i % 3 != 2).then(|| random_state(&mut rng, &lay, false));
+        let up = Uploaded::new(gpu0, &inp, h0.as_ref(), Dtype::BF16, Dtype::F32, Dtype::F32);
+        let p = FwdHParams {
+            output_final_state: true,
+            ..FwdHParams::default()
+        };
+        let want = d::chunk_gated_delta_rule_fwd_h(&up.reference(Some(&cu)), &p).unwrap();
+        let plan = FwdHPlan::new(gpu0, &up.tensors(), Some(&cu), &p).unwrap();
+        let mut single = plan.alloc_outputs(gpu0).unwrap();
+        plan.run(gpu0, &up.tensors(), &mut single).unwrap();
+        let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
+        let e = &up.exact;
+        let sc = |arg: &str, a: ArrayD<f64>| {
+            scatter_tokens(group, &part, arg, to_bf16(&a).view()).unwrap()
+        };
+        let sf = |arg: &str, a: ArrayD<f64>| {
+            scatter_tokens(group, &part, arg, to_f32(&a).view()).unwrap()
+        };
+        let (k, w, u) = (
+            sc("k", e.k.clone().into_dyn()),
+            sc("w", e.w.clone().into_dyn()),
+            sc("u", e.u.clone().into_dyn()),
+        );
+        let g = e.g.clone().map(|a| sf("g", a.into_dyn()));
+        let gk = e.gk.clone().map(|a| sf("gk", a.into_dyn()));
+        let h0s = up.exact_h0.as_ref().map(|a| {
+            scatter_states(
+                group,
+                &part,
+                "initial_state",
+                to_f32(&a.clone().into_dyn()).view(),
+            )
+            .unwrap()
+        });
+        let shards: Vec<FwdHTensors> = (0..ranks)
+            .map(|r| FwdHTensors {
+                g: g.as_ref().map(|x| &x[r]),
+                gk: gk.as_ref().map(|x| &x[r]),
+                initial_state: h0s.as_ref().map(|x| &x[r]),
+                ..FwdHTensors::new(&k[r], &w[r], &u[r])
+            })
+            .collect();
+        let run = || {
+            let outs = cp_chunk_gated_delta_rule_fwd_h(group, &part, &shards, &p).unwrap();
+            let h: ArrayD<bf16> =
+                gather_tokens(group, "h", &outs.iter().map(|o| &o.h).collect::<Vec<_>>()).unwrap();
+            let vn: ArrayD<bf16> = gather_tokens(
+                group,
+                "v_new",
+                &outs
+                    .iter()
+                    .map(|o| o.v_new.as_ref().unwrap())
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let fins: Vec<&DeviceTensor> = outs
+                .iter()
+                .map(|o| o.final_state.as_ref().unwrap())
+                .collect();
+            let f: ArrayD<f32> = gather_final_states(group, &part, &fins).unwrap();
+            (h.mapv(f64::from), vn.mapv(f64::from), f.mapv(f64::from))
+        };
+        let (h, vn, f) = run();
+        assert_close(
+            &format!("{what}: h vs reference"),
+            &h,
+            &want.h.into_dyn(),
+            1e-2,
+        );
+        assert_close(
+            &format!("{what}: v_new vs reference"),
+            &vn,
+            &want.v_new.unwrap().into_dyn(),
+            1e-2,
+        );
+        assert_close(
+            &format!("{what}: final_state vs reference"),
+            &f,
+            &want.final_state.unwrap().into_dyn(),
+            1e-2,
+        );
+        assert_close(
+            &format!("{what}: h vs one GPU"),
+            &h,
+            &download(gpu0, &single.h),
+            5e-3,
+        );
+        assert_close(
+            &format!("{what}: v_new vs one GPU"),
+            &vn,
+            &download(gpu0, single.v_new.as_ref().unwrap()),
+            5e-3,
+        );
+        assert_close(
+            &format!("{what}: final_state vs one GPU"),
+            &f,
+            &download(gpu0, single.final_state.as_ref().unwrap()),
+            5e-3,
+        );
+        let (h2, vn2, f2) = run();
+        assert_bit_identical(&format!("{what}: h repeated"), &h, &h2);
+        assert_bit_identical(&format!("{what}: v_new repeated"), &vn, &vn2);
+        assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
+    }
+}
+
+/// Bad input is a typed error naming the argument, before any launch: a partition of another
+/// rank count, a shard whose tokens are not the partition's, a chunk size other than the
+/// partition's; and more ranks than GPUs.
+fn refuses_bad_input() -> TestResult {
+    let group = match open(1) {
+        Ok(g) => g,
+        Err(outcome) => return outcome,
+    };
+    let too_many = CpGroup::open(1024).unwrap_err();
+    assert!(matches!(too_many, GpuError::Input(_)), "{too_many}");
+    assert!(too_many.to_string().contains("gpus"), "{too_many}");
+    let gpu = group.gpu(0);
+    let cu = [0i64, 200];
+    let mut rng = Rng::new(7);
+    let spec = Draw {
+        b: 1,
+        t: 200,
+        h: 1,
+        hv: 1,
+        k: 64,
+        v: 64,
+        per_key: false,
+        regime: Regime::Strong,
+        raw_qk: false,
+        beta_logits: false,
+        gate_input: false,
+        h0: false,
+        v_first: false,
+    };
+    let (_, dev) = draw(gpu, &mut rng, &spec, Dtype::BF16, Dtype::F32);
+    let p = GdnFwdParams::default();
+    let shards = [dev.tensors()];
+    let two = Partition::balanced(&cu, 64, 2, 1).unwrap();
+    let e = cp_gdn_fwd(&group, &two, &shards, &p, ForwardPath::Auto).unwrap_err();
+    assert!(e.to_string().contains("partition"), "{e}");
+    let short = Partition::balanced(&[0, 199], 64, 1, 1).unwrap();
+    let e = cp_gdn_fwd(&group, &short, &shards, &p, ForwardPath::Auto).unwrap_err();
+    assert!(e.to_string().contains("q (rank 0)"), "{e}");
+    let one = Partition::balanced(&cu, 32, 1, 1).unwrap();
+    let e = cp_gdn_fwd(&group, &one, &shards, &p, ForwardPath::Auto).unwrap_err();
+    assert!(e.to_string().contains("chunk_size"), "{e}");
+    Ok(Completion::Completed)
+}
+
+/// `kda_fwd`, `gdn_fwd` and `fwd_h` on one group of `ranks` GPUs (one group per test: every
+/// GPU of a group compiles its kernels once), each op's failure reported apart.
+fn all_ops(ranks: usize) -> TestResult {
+    let group = match open(ranks) {
+        Ok(g) => g,
+        Err(outcome) => return outcome,
+    };
+    type Op<'a> = &'a dyn Fn(&CpGroup);
+    let ops: [(&str, Op); 3] = [
+        ("kda_fwd", &|g| forward_all(g, true)),
+        ("gdn_fwd", &|g| forward_all(g, false)),
+        ("fwd_h", &fwd_h_all),
+    ];
+    let mut failed = Vec::new();
+    for (name, op) in ops {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(&group))) {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failed.push(format!("{name}: {msg}"));
+        }
+    }
+    if failed.is_empty() {
+        Ok(Completion::Completed)
+    } else {
+        Err(failed.join("\n").into())
+    }
+}
+
+fn r1() -> TestResult {
+    all_ops(1)
+}
+fn r2() -> TestResult {
+    all_ops(2)
+}
+fn r3() -> TestResult {
+    all_ops(3)
+}
+fn r4() -> TestResult {
+    all_ops(4)
+}
+
+gpu_tests!(refuses_bad_input, r1, r2, r3, r4);
