@@ -364,17 +364,33 @@ fn fused_and_staged_agree(gpu: &Gpu) {
                 c.draw.v = 128;
                 c.cu = Some(vec![0, 100, 101, 700]);
                 c.draw.b = 1;
-                let (_, dev) = draw_case(gpu, &c, 77 + i as u64);
+                let (host, dev) = draw_case(gpu, &c, 77 + i as u64);
+                let want = reference(&c, &host);
                 let fused = run(gpu, &c, &dev, ForwardPath::Fused);
                 let staged = run(gpu, &c, &dev, ForwardPath::Staged);
                 let what = format!("{regime:?} per_key {per_key} {dtype}");
-                assert_close(&format!("{what}: o"), &fused.o, &staged.o, 5e-3);
-                assert_close(
-                    &format!("{what}: final_state"),
-                    fused.fin.as_ref().unwrap(),
-                    staged.fin.as_ref().unwrap(),
-                    5e-3,
-                );
+                // GDN's fused path is its own rounding chain (Akk diag(β) applied to
+                // V - e^G K S, not FLA's u - w S): with long memory each path lies ~3.5e-3
+                // from the f64 truth, so they may differ by up to √2 · 5e-3
+                let agree = if !per_key && regime == Regime::Long {
+                    7.5e-3
+                } else {
+                    5e-3
+                };
+                let outs = |g: &Got| [g.o.clone(), g.fin.clone().unwrap()];
+                let (f, s, w) = (outs(&fused), outs(&staged), outs(&want));
+                for (i, name) in ["o", "final_state"].into_iter().enumerate() {
+                    let (f, s, w) = (&f[i], &s[i], &w[i]);
+                    let err = |x: &ArrayD<f64>| close_ratio(name, x, w).map_or(0.0, |r| r.1);
+                    eprintln!(
+                        "{what} {name}: fused {:.2e}, staged {:.2e} from the reference",
+                        err(f),
+                        err(s)
+                    );
+                    assert_close(&format!("{what}: fused {name}"), f, w, 5e-3);
+                    assert_close(&format!("{what}: staged {name}"), s, w, 5e-3);
+                    assert_close(&format!("{what}: {name}, fused vs staged"), f, s, agree);
+                }
             }
         }
     }

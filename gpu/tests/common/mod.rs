@@ -137,8 +137,9 @@ pub fn threshold(output: Dtype, fp32: f64) -> f64 {
 
 /// The spec's comparison: no NaN/Inf where `want` is finite (so every poisoned element must
 /// have been written), the same NaN/±Inf where `want` is not finite, and
-/// `max_abs <= 1e-6` or `RMS(want - got) / (RMS(want) + 1e-8) <= thr` over the finite elements.
-pub fn assert_close(what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>, thr: f64) {
+/// `(max_abs, RMS(want - got) / (RMS(want) + 1e-8))` over the finite elements of `want`
+/// (`None` when it has none); non-finite ones must match exactly (NaN for NaN).
+pub fn close_ratio(what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>) -> Option<(f64, f64)> {
     assert_eq!(got.shape(), want.shape(), "{what}: shape");
     let (mut d2, mut r2, mut max_abs, mut n) = (0.0f64, 0.0f64, 0.0f64, 0usize);
     for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
@@ -154,14 +155,20 @@ pub fn assert_close(what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>, thr: f64)
             assert_eq!(g, w, "{what}: element {i}");
         }
     }
-    if n == 0 {
-        return;
+    (n > 0).then(|| {
+        let ratio = (d2 / n as f64).sqrt() / ((r2 / n as f64).sqrt() + 1e-8);
+        (max_abs, ratio)
+    })
+}
+
+/// `max_abs <= 1e-6` or `RMS(want - got) / (RMS(want) + 1e-8) <= thr` over the finite elements.
+pub fn assert_close(what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>, thr: f64) {
+    if let Some((max_abs, ratio)) = close_ratio(what, got, want) {
+        assert!(
+            max_abs <= 1e-6 || ratio <= thr,
+            "{what}: max_abs {max_abs:e}, ratio {ratio:e} > {thr:e}"
+        );
     }
-    let ratio = (d2 / n as f64).sqrt() / ((r2 / n as f64).sqrt() + 1e-8);
-    assert!(
-        max_abs <= 1e-6 || ratio <= thr,
-        "{what}: max_abs {max_abs:e}, ratio {ratio:e} > {thr:e}"
-    );
 }
 
 /// Bitwise equality of two downloads (NaN payloads included).
