@@ -17,6 +17,7 @@ pub mod fwd_h;
 pub mod intra;
 mod launch;
 pub mod merge;
+mod pieces;
 pub mod policy;
 pub mod prescan;
 pub mod split;

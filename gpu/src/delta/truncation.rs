@@ -20,7 +20,7 @@
 //! that produces the chunk bounds itself (a fused forward computing them with its gates) calls
 //! [`TruncationPolicy::queue_decide`] on them.
 
-use super::split::Tables;
+use super::pieces::Tables;
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
