@@ -489,6 +489,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
         auto loads_and_h = [&]() {
             load(buf == 0 ? ST - 1 : buf - 1, c + ST - 1);
             if (!emit) {
+                // a warm-up chunk stores no h
             } else if (fast_h) {
                 T* hc = hq + c * hstep;
 #pragma unroll
