@@ -231,7 +231,8 @@ impl FwdHSplitPlan {
         self.decision.as_ref()
     }
 
-    /// The explicit warm-ups of a `SplitMode::Warmup` plan, as given (`None` otherwise).
+    /// The explicit warm-ups of a `SplitMode::Warmup` plan per piece, each clamped to the piece's
+    /// first chunk in its sequence (what runs; `None` for other modes or a serial plan).
     pub fn warmup_chunks(&self) -> Option<Vec<i64>> {
         let s = self.split.as_ref()?;
         s.fixed_warm.as_ref()?;
