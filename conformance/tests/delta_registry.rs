@@ -322,9 +322,11 @@ fn tolerance_keys_may_name_parts() {
 /// `conformance/spec/ops-delta-rule.md` §5.9: `warmup_chunks` is an optional `[S]` index input of
 /// `chunk_gated_delta_rule_fwd_h_split`; the CPU runner applies it (int32 and int64 alike; warm-ups
 /// reaching the sequence start give the exact result, a shorter one changes it) and refuses a bad
-/// one by name; the GPU runner refuses non-zero warm-ups before any device work.
+/// one by name; the GPU runner takes them too (checked against the reference by
+/// `gpu/tests/fwd_h_split.rs`) and refuses `warmup_chunks` without `subseq_cu_seqlens` before any
+/// device work.
 #[test]
-fn split_takes_warmup_chunks_on_the_cpu_and_the_gpu_refuses_them() {
+fn split_takes_warmup_chunks_on_the_cpu_and_the_gpu() {
     let op = "chunk_gated_delta_rule_fwd_h_split";
     let spec = find(op).unwrap();
     let w = spec
@@ -389,24 +391,16 @@ fn split_takes_warmup_chunks_on_the_cpu_and_the_gpu_refuses_them() {
         ),
         other => panic!("expected a warmup_chunks error, got {other:?}"),
     }
-    // the GPU split refuses non-zero warm-ups (with or without a GPU: before any device work)
-    let mut warm = case.inputs.clone();
-    warm.insert(
-        "warmup_chunks".into(),
-        common::idx(&[0, 0, 0, 0, 1], Dtype::I32),
-    );
-    match (spec.gpu.unwrap())(&warm, &p) {
-        Err(Problem::Reference(e)) => {
-            assert_eq!(
-                (e.kind, e.arg.as_str()),
-                (ErrorKind::Param, "warmup_chunks")
-            );
-            assert!(e.expected.contains("does not take warm-up"), "{e}");
-        }
-        other => panic!("expected the GPU to refuse warm-ups, got {other:?}"),
+    // the GPU split refuses warm-ups without pieces (with or without a GPU: before device work)
+    match (spec.gpu.unwrap())(&no_split, &p) {
+        Err(Problem::Reference(e)) => assert_eq!(
+            (e.kind, e.arg.as_str()),
+            (ErrorKind::Missing, "warmup_chunks")
+        ),
+        other => panic!("expected the GPU to refuse warm-ups without pieces, got {other:?}"),
     }
-    use attn_conformance::ops::delta::refuse_gpu_warmups;
-    assert!(refuse_gpu_warmups(None).is_ok());
-    assert!(refuse_gpu_warmups(Some(&[0, 0, 0])).is_ok());
-    assert!(refuse_gpu_warmups(Some(&[0, 3, 0])).is_err());
+    use attn_conformance::ops::delta::warmups_need_pieces;
+    assert!(warmups_need_pieces(false, false).is_ok());
+    assert!(warmups_need_pieces(true, true).is_ok());
+    assert!(warmups_need_pieces(false, true).is_err());
 }

@@ -31,7 +31,16 @@ struct FwdHArgs {
     i64 v_first;              // states in memory are S^T
     i64 nb_b;                 // column blocks of the first V columns (pre-scan: then K columns)
     i64 split;                // pre-scan: hi/lo operands for the M columns (mma kernel)
+    u64 warm;                 // i64 [N] or 0: per row, see row_warmup
 };
+
+// The warm-up of row n (`conformance/spec/ops-delta-rule.md` §5.9): w > 0 moves the row's first
+// token back by w chunks (the caller keeps them inside the row's sequence), and those w chunks
+// update the state only (no h, no v_new); w < 0 skips the row (the block writes nothing: a
+// pre-scan summary nobody reads); 0 (or no table) runs the row as given.
+__device__ __forceinline__ i64 row_warmup(const FwdHArgs& a, i64 n) {
+    return a.warm != 0 ? reinterpret_cast<const i64*>(a.warm)[n] : 0;
+}
 
 // Loads element i of a float tensor whose dtype is a run-time code, as Acc (fp32 or fp64).
 template <typename Acc = float>
@@ -357,8 +366,12 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     const i64 kh = hv / (a.HV / a.H);
     const ColBlock cb(a, blockIdx.y, BV);
     const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
-    const i64 row0 = seq[0], len = seq[1], hbase = seq[2];
     const int bt = (int)a.bt;
+    // leading state-only chunks; h row of chunk c: hbase + c (never below the sequence's first
+    // h row: a warm-up stays inside its sequence)
+    const i64 wc = row_warmup(a, n);
+    if (wc < 0) return;
+    const i64 row0 = seq[0] - wc * bt, len = seq[1] + wc * bt, hbase = seq[2] - wc;
     const i64 nchunks = (len + bt - 1) / bt;
     const bool split = PRESCAN && a.split && cb.m_cols;
     const int nb = (int)(cb.c_end - cb.c0);
@@ -453,6 +466,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
     auto step = [&](const bool FULL, i64 c, int buf) {
         const int nc = FULL ? FWDH_BT : chunk_rows(c);
         const int btc = FULL ? FWDH_BT : bt;
+        const bool emit = c >= wc;  // a warm-up chunk writes neither h nor v_new
         // 1. the rounded state (hi, and lo when split) into shared memory
 #pragma unroll
         for (int j = 0; j < SU; ++j) {
@@ -474,7 +488,9 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
         //    out while this one computes (its buffer: c - 1's), and h is stored
         auto loads_and_h = [&]() {
             load(buf == 0 ? ST - 1 : buf - 1, c + ST - 1);
-            if (fast_h) {
+            if (!emit) {
+                // a warm-up chunk stores no h
+            } else if (fast_h) {
                 T* hc = hq + c * hstep;
 #pragma unroll
                 for (int p = 0; p < HPASS; ++p) {
@@ -563,7 +579,7 @@ __device__ __forceinline__ void fwd_h_mma(const FwdHArgs& a) {
                     const bool valid = FULL || r < nc;
                     const float d0 = widen(uu[j][h2].v[0]) - (dacc[j][0][2 * h2] + dacc[j][1][2 * h2]);
                     const float d1 = widen(uu[j][h2].v[1]) - (dacc[j][0][2 * h2 + 1] + dacc[j][1][2 * h2 + 1]);
-                    if (vrow != nullptr && valid) {
+                    if (vrow != nullptr && valid && emit) {
                         if (FULL) *reinterpret_cast<Vec<T, 2>*>(vrow + r * vs + col) = pack2<T>(d0, d1);
                         else store_pair<T>(vrow + r * vs + col, col, nb, pair_ok, d0, d1);
                     }
@@ -658,8 +674,10 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
     const i64 kh = hv / (a.HV / a.H);
     const ColBlock cb(a, blockIdx.y, FMA_BV);
     const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
-    const i64 row0 = seq[0], len = seq[1], hbase = seq[2];
     const int bt = (int)a.bt, K = (int)a.K;
+    const i64 wc = row_warmup(a, n);  // leading state-only chunks (h row of chunk c: hbase + c)
+    if (wc < 0) return;
+    const i64 row0 = seq[0] - wc * bt, len = seq[1] + wc * bt, hbase = seq[2] - wc;
     const i64 nchunks = (len + bt - 1) / bt;
     const bool col_ok = cb.c0 + j < cb.c_end;
     const Acc* kp = reinterpret_cast<const Acc*>(a.k);
@@ -672,7 +690,8 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
     for (i64 c = 0; c < nchunks; ++c) {
         const int nc = (int)min((i64)bt, len - c * bt);
         const i64 rc = row0 + c * bt;
-        if (!PRESCAN && a.h != 0 && col_ok) {
+        const bool emit = c >= wc;  // a warm-up chunk writes neither h nor v_new
+        if (!PRESCAN && a.h != 0 && col_ok && emit) {
             Acc* hp = reinterpret_cast<Acc*>(a.h) + ((hbase + c) * a.HV + hv) * a.K * a.V;
             for (int r = q0; r < K; r += RSTEP) {
                 hp[a.v_first ? (cb.c0 + j) * a.K + r : r * a.V + cb.c0 + j] = sm.s[r][j];
@@ -714,7 +733,7 @@ __device__ __forceinline__ void fwd_h_fma(const FwdHArgs& a) {
         for (int q = 0; q < FWDH_BT / RSTEP; ++q) {
             const int r = q0 + q * RSTEP;
             if (r < bt) {
-                if (!PRESCAN && a.v_new != 0 && r < nc && col_ok) {
+                if (!PRESCAN && a.v_new != 0 && r < nc && col_ok && emit) {
                     reinterpret_cast<Acc*>(a.v_new)[((rc + r) * a.HV + hv) * a.V + cb.c0 + j] = d[q];
                 }
                 const Acc f = r < nc ? (a.g != 0 ? ex2(g_last - sm.g[r]) : Acc(1)) : zero;

@@ -8,9 +8,14 @@
 // N + q0_n + i, and its summary [b | M] is hm row q0_n + i (the pre-scan ran on exactly those
 // pieces, in that order).
 //
-// For every sequence n, value head hv and block of SPLIT_MERGE_BV state columns:
+// For every sequence n, value head hv and block of SPLIT_MERGE_BV state columns, with w_i the
+// warm-up of piece i (warm[row(i)], all 0 without a table) and L the last piece with w_i = 0:
 //   X <- initial_state[n, hv] (0 when absent)
-//   for i = 0 .. m_n - 1:  init[row(i), hv] = X;  if i < m_n - 1: X <- M_q X + b_q (q = q0_n + i)
+//   for i with w_i > 0:  init[row(i), hv] = (w_i >= c0_i ? X : 0)    (c0_i: the piece's first
+//                        chunk in its sequence; the warm-up reaches the start, or starts at zero)
+//   for i = 0 .. L:  if w_i = 0: init[row(i), hv] = X;  if i < L: X <- M_q X + b_q (q = q0_n + i)
+// so a warm-up piece has no merge step of its own, and the summaries of pieces >= L are never
+// read (the pre-scan skips them: fwd_h.cuh's row_warmup < 0).
 // FMAs in hm's precision (IEEE fp32, or fp64), in a fixed order (b, then l = 0 .. K-1: the order
 // of fwd_h_merge.cu; deterministic). init is written in the state layout of v_first (the re-run
 // reads it as its initial_state).
@@ -37,6 +42,8 @@ struct SplitMergeArgs {
     i64 N, HV, K, V;
     i64 h0_dtype;
     i64 v_first;
+    u64 run;       // const i64* [S][3]: the re-run rows (first token row, length, first h row)
+    u64 warm;      // const i64* [S]: warm-up chunks of every re-run row, or 0 (all exact)
 };
 
 // Element (i, c) of a K x V state at `base` in the layout of v_first.
@@ -73,14 +80,32 @@ __device__ __forceinline__ void fwd_h_split_merge(const SplitMergeArgs& a) {
         if (r < K && a.h0 != 0 && col_ok) v = load_f<Acc>(reinterpret_cast<const void*>(a.h0), a.h0_dtype, split_state_index(a, (n * a.HV + hv) * state, r, c));
         sm.x[r][j] = v;
     }
-    auto out_base = [&](i64 i) { return ((i == m - 1 ? n : a.N + s0 + i) * a.HV + hv) * state; };
+    auto row_of = [&](i64 i) { return i == m - 1 ? n : a.N + s0 + i; };
+    auto out_base = [&](i64 i) { return (row_of(i) * a.HV + hv) * state; };
+    const i64* warm = reinterpret_cast<const i64*>(a.warm);
+    const i64* run = reinterpret_cast<const i64*>(a.run);
+    auto warm_of = [&](i64 i) { return warm != nullptr ? warm[row_of(i)] : (i64)0; };
+    // the chain's length L (every thread finds the same) and the warm-up pieces' initial states
+    // (the first piece is exact: validated on the host, never chosen by the policy)
+    i64 steps = 0;
+    const i64 h_first = run[row_of(0) * 3 + 2];
+    for (i64 i = 1; i < m; ++i) {
+        const i64 w = warm_of(i);
+        if (w == 0) {
+            steps = i;
+        } else if (col_ok) {
+            const bool reach = w >= run[row_of(i) * 3 + 2] - h_first;
+            const i64 ob = out_base(i);
+            for (int r = rg; r < K; r += SPLIT_MERGE_RG) init[split_state_index(a, ob, r, c)] = reach ? sm.x[r][j] : Acc(0);
+        }
+    }
     {
         const i64 ob = out_base(0);
         for (int r = rg; r < K; r += SPLIT_MERGE_RG)
             if (col_ok) init[split_state_index(a, ob, r, c)] = sm.x[r][j];
     }
     const int nt = (K + SPLIT_MERGE_LT - 1) / SPLIT_MERGE_LT;
-    const i64 total = (m - 1) * nt;
+    const i64 total = steps * nt;
     // the prefetch of tile t (step t / nt, columns l0 = (t % nt) * LT) into registers
     Acc pf[SPLIT_MERGE_PF];
     auto fetch = [&](i64 t) {
@@ -146,12 +171,13 @@ __device__ __forceinline__ void fwd_h_split_merge(const SplitMergeArgs& a) {
         if (tl == nt - 1) {
             __syncthreads();  // every thread is done reading X
             const i64 ob = out_base(step + 1);
+            const bool exact = warm_of(step + 1) == 0;
 #pragma unroll
             for (int i = 0; i < SPLIT_MERGE_RPT; ++i) {
                 const int r = rg + i * SPLIT_MERGE_RG;
                 if (r < K) {
                     sm.x[r][j] = acc[i];
-                    if (col_ok) init[split_state_index(a, ob, r, c)] = acc[i];
+                    if (col_ok && exact) init[split_state_index(a, ob, r, c)] = acc[i];
                 }
             }
         }

@@ -34,6 +34,7 @@ pub enum Module {
     FwdHPreScan,
     FwdHMerge,
     FwdHSplit,
+    FwdHTruncation,
     KdaIntra,
     DeltaFwd,
 }
@@ -60,6 +61,7 @@ impl Module {
             Module::FwdHPreScan => "fwd_h_pre_scan",
             Module::FwdHMerge => "fwd_h_merge",
             Module::FwdHSplit => "chunk_gated_delta_rule_fwd_h_split",
+            Module::FwdHTruncation => "fwd_h_truncation",
             Module::KdaIntra => "kda_intra",
             Module::DeltaFwd => "delta_fwd",
         }
@@ -90,6 +92,7 @@ impl Module {
             Module::FwdHPreScan => include_str!("../kernels/fwd_h_pre_scan.cu"),
             Module::FwdHMerge => include_str!("../kernels/fwd_h_merge.cu"),
             Module::FwdHSplit => include_str!("../kernels/fwd_h_split.cu"),
+            Module::FwdHTruncation => include_str!("../kernels/fwd_h_truncation.cu"),
             Module::KdaIntra => include_str!("../kernels/kda_intra.cu"),
             Module::DeltaFwd => include_str!("../kernels/delta_fwd.cu"),
         }
@@ -103,6 +106,7 @@ impl Module {
             | Module::FwdHPreScan
             | Module::FwdHMerge
             | Module::FwdHSplit
+            | Module::FwdHTruncation
             | Module::DeltaFwd => {
                 s.push_str(FWD_H);
                 s.push_str(self.op_source());
@@ -141,7 +145,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 21] = [
+    pub const ALL: [Module; 22] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -161,6 +165,7 @@ impl Module {
         Module::FwdHPreScan,
         Module::FwdHMerge,
         Module::FwdHSplit,
+        Module::FwdHTruncation,
         Module::KdaIntra,
         Module::DeltaFwd,
     ];

@@ -3,18 +3,26 @@
 //! and three split sequences in one batch, the layout FLA 0.6.0 gets wrong), long cases against the
 //! reference and against our serial kernel (5e-3), the auto policy against the serial kernel,
 //! determinism over 100 launches of one plan and workspace, and every bad split of §5.6 a typed
-//! error. Outputs and the workspace are poisoned with NaN before every launch. Without a GPU each
-//! test says why and passes.
+//! error. Warm-up pieces (§5.9): explicit `warmup_chunks` against the float64 reference of the
+//! same warm-ups, and the device truncation policy (§5.10): its choices never exceed what the
+//! float64 reference bound allows, the result stays within §5.7 of the untruncated reference.
+//! Outputs and the workspace are poisoned with NaN before every launch. Without a GPU each test
+//! is reported not run.
 
 mod common;
 
-use attn_gpu::delta::{FwdHDeviceOutputs, FwdHPlan, FwdHSplitPlan, SplitMode};
+use attn_gpu::delta::{
+    BoundGates, FwdHDeviceOutputs, FwdHPlan, FwdHSplitPlan, SplitMode, TruncationInputs,
+    TruncationParams,
+};
+use attn_gpu::DeviceTensor;
 use attn_gpu::{Gpu, GpuError};
 use attn_reference::delta::{self as d, FwdHParams};
 use attn_reference::Dtype;
 use common::delta::*;
+use common::forward::Regime;
 use common::*;
-use ndarray::ArrayD;
+use ndarray::{s, ArrayD, Axis, Ix2, Ix3, Ix4};
 
 /// The downloaded outputs.
 struct Got {
@@ -461,10 +469,764 @@ fn bad_splits_are_typed_errors_naming_the_argument(gpu: &Gpu) {
     }
 }
 
+/// The float64 reference of the split with `warmup_chunks` (§5.9) on the exact device values.
+fn reference_warm(
+    up: &Uploaded,
+    cu: Option<&[i64]>,
+    pieces: &[i64],
+    warm: &[i64],
+    p: &FwdHParams,
+) -> Got {
+    let o = d::chunk_gated_delta_rule_fwd_h_split(
+        &d::FwdHSplitInputs {
+            fwd_h: up.reference(cu),
+            subseq_cu_seqlens: Some(pieces),
+            warmup_chunks: Some(warm),
+        },
+        p,
+    )
+    .unwrap();
+    Got {
+        h: o.h.into_dyn(),
+        v_new: o.v_new.map(|a| a.into_dyn()),
+        final_state: o.final_state.map(|a| a.into_dyn()),
+    }
+}
+
+/// Per piece of `pieces` over the sequences `bounds` (`[bos, eos)`): its sequence, its index in
+/// the sequence and its first chunk there.
+fn piece_places(
+    pieces: &[i64],
+    bounds: &[(usize, usize)],
+    bt: usize,
+) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut seq = 0;
+    let mut i = 0;
+    for wdw in pieces.windows(2) {
+        let (a, e) = (wdw[0] as usize, wdw[1] as usize);
+        while seq < bounds.len()
+            && !(bounds[seq].0 <= a && (a < bounds[seq].1 || bounds[seq].0 == bounds[seq].1))
+        {
+            seq += 1;
+            i = 0;
+        }
+        out.push((seq, i, (a - bounds[seq].0) / bt));
+        i += 1;
+        if e >= bounds[seq].1 {
+            seq += 1;
+            i = 0;
+        }
+    }
+    out
+}
+
+/// One warm-up case: a layout, its cuts (chunks per piece) and a rule giving the warm-up of
+/// piece `i` (> 0) of a sequence from its first chunk `c0`.
+struct WarmCase {
+    what: &'static str,
+    lens: Vec<usize>,
+    varlen: bool,
+    cuts: Vec<&'static [usize]>,
+    warm: fn(usize, usize) -> i64,
+}
+
+fn warm_cases() -> Vec<WarmCase> {
+    let c = |what, lens: Vec<usize>, cuts: Vec<&'static [usize]>, warm| WarmCase {
+        what,
+        lens,
+        varlen: true,
+        cuts,
+        warm,
+    };
+    vec![
+        c(
+            "warm-ups reaching the sequence start (and beyond it: clamped)",
+            vec![1300],
+            vec![&[2, 3, 4, 3]],
+            |i, c0| if i % 2 == 1 { c0 as i64 } else { c0 as i64 + 3 },
+        ),
+        c("pieces of one chunk", vec![700], vec![&[1; 40]], |i, _| {
+            1 + (i % 3) as i64
+        }),
+        c(
+            "mixed warm-up and exact pieces (exact ones after warm-ups)",
+            vec![1300],
+            vec![&[3, 3, 3, 3, 3, 3]],
+            |i, _| if i % 2 == 1 { 2 } else { 0 },
+        ),
+        c(
+            "only warm-ups (no summary read)",
+            vec![1000, 500],
+            vec![&[4, 2], &[2]],
+            |_, _| 4,
+        ),
+        c(
+            "several split sequences between unsplit ones",
+            vec![700, 200, 900, 130, 650],
+            vec![&[2, 3], &[], &[1, 5, 2], &[], &[4]],
+            |i, c0| [0, 1, 3, c0 as i64][i % 4],
+        ),
+        c(
+            "zero-length and one-token sequences",
+            vec![0, 1, 600, 0, 700, 1],
+            vec![&[], &[], &[2, 2], &[], &[3], &[]],
+            |i, _| (i % 2) as i64 * 2,
+        ),
+        WarmCase {
+            what: "no cu_seqlens, B = 2",
+            lens: vec![500, 500],
+            varlen: false,
+            cuts: vec![&[2], &[1, 3]],
+            warm: |i, _| i as i64,
+        },
+    ]
+}
+
+const WARM_REGIMES: [Regime; 3] = [Regime::Strong, Regime::Trained, Regime::Long];
+
+fn warmup_pieces_match_reference(gpu: &Gpu) {
+    let mut rng = Rng::new(0x5eed_2401);
+    let dtypes = [Dtype::BF16, Dtype::F32, Dtype::F16, Dtype::F64];
+    let cases = warm_cases();
+    let total = cases.len() * 3;
+    for (i, case) in cases.into_iter().enumerate() {
+        for round in 0..3 {
+            let j = i * 3 + round;
+            if !table_row_runs(j, total) {
+                continue;
+            }
+            let bt = [64, 32, 16][round];
+            let scale = 64 / bt;
+            let lens: Vec<usize> = case
+                .lens
+                .iter()
+                .map(|&l| if l <= 1 { l } else { l / scale })
+                .collect();
+            let cuts: Vec<Vec<usize>> = case.cuts.iter().map(|c| c.to_vec()).collect();
+            let cut_refs: Vec<&[usize]> = cuts.iter().map(Vec::as_slice).collect();
+            let pieces = split_by_chunks(&lens, &cut_refs, bt);
+            let cu = cu_of(&lens);
+            let bounds: Vec<(usize, usize)> = cu
+                .windows(2)
+                .map(|w| (w[0] as usize, w[1] as usize))
+                .collect();
+            let places = piece_places(&pieces, &bounds, bt);
+            let warm: Vec<i64> = places
+                .iter()
+                .map(|&(_, k, c0)| if k == 0 { 0 } else { (case.warm)(k, c0) })
+                .collect();
+            // what runs: each count clamped to the piece's first chunk
+            let clamped: Vec<i64> = places
+                .iter()
+                .zip(&warm)
+                .map(|(&(_, _, c0), &w)| w.min(c0 as i64))
+                .collect();
+            let dtype = dtypes[j % 4];
+            let regime = WARM_REGIMES[(i + round) % 3];
+            let gates = [Gates::Gk, Gates::G][j % 2];
+            let hv = [(1, 1), (2, 2), (2, 4)][(i + 2 * round) % 3];
+            let lay = Layout {
+                b: if case.varlen { 1 } else { lens.len() },
+                t: if case.varlen {
+                    cu[cu.len() - 1] as usize
+                } else {
+                    lens[0]
+                },
+                h: hv.0,
+                hv: hv.1,
+                k: [64, 128, 100][(i + round) % 3],
+                v: [64, 96][j % 2],
+                bt,
+                cu: case.varlen.then(|| cu.clone()),
+            };
+            let bits = (j as u8).wrapping_mul(3);
+            let p = FwdHParams {
+                chunk_size: bt as i64,
+                output_final_state: bits & 1 != 0 || round == 0,
+                save_new_value: bits & 2 != 0 || round == 1,
+                state_v_first: bits & 4 != 0,
+            };
+            let (inp, _) = realistic_with(&mut rng, &lay, gates, Draw::Regime(regime));
+            let h0 = (round != 2).then(|| random_state(&mut rng, &lay, p.state_v_first));
+            let wide = if dtype == Dtype::F64 {
+                Dtype::F64
+            } else {
+                Dtype::F32
+            };
+            let up = Uploaded::new(gpu, &inp, h0.as_ref(), dtype, wide, wide);
+            let cu_arg = lay.cu.as_deref();
+            let mode = SplitMode::Warmup {
+                subseq_cu_seqlens: &pieces,
+                warmup_chunks: &warm,
+            };
+            let plan = FwdHSplitPlan::new(gpu, &up.tensors(), cu_arg, mode, &p).unwrap();
+            assert_eq!(
+                plan.warmup_chunks().as_deref(),
+                Some(clamped.as_slice()),
+                "{}",
+                case.what
+            );
+            let got = launch(gpu, &plan, &up);
+            let want = reference_warm(&up, cu_arg, &pieces, &warm, &p);
+            let tag = format!(
+                "{} {lay:?} {dtype} {regime:?} {gates:?} {p:?} {pieces:?} {warm:?}",
+                case.what
+            );
+            compare(&tag, &got, &want, split_threshold(dtype));
+        }
+    }
+}
+
+/// Device copies of a case's bound inputs (gates, β, keys in f32), optionally with the keys
+/// scaled by `key_scale` (the norm term of §5.10 then grows).
+struct BoundDevice {
+    gates: DeviceTensor,
+    beta: DeviceTensor,
+    k: DeviceTensor,
+    per_key: bool,
+    exact: BoundHost,
+}
+
+impl BoundDevice {
+    fn new(gpu: &Gpu, host: &BoundHost, key_scale: f64) -> BoundDevice {
+        let (gates, a) = upload(gpu, &host.a, Dtype::F32);
+        let (beta, b) = upload(gpu, &host.beta.clone().into_dyn(), Dtype::F32);
+        let (k, kk) = upload(gpu, &host.k.mapv(|x| x * key_scale).into_dyn(), Dtype::F32);
+        BoundDevice {
+            per_key: host.a.ndim() == 4,
+            gates,
+            beta,
+            k,
+            exact: BoundHost {
+                a,
+                beta: b.into_dimensionality::<Ix3>().unwrap(),
+                k: kk.into_dimensionality::<Ix4>().unwrap(),
+            },
+        }
+    }
+
+    fn inputs(&self) -> TruncationInputs<'_> {
+        TruncationInputs {
+            gates: if self.per_key {
+                BoundGates::PerKey(&self.gates)
+            } else {
+                BoundGates::Scalar(&self.gates)
+            },
+            gate_scale: 1.0,
+            contraction: Some((&self.beta, &self.k)),
+        }
+    }
+
+    /// The float64 reference bound `Λ` of value head `hv` over the flattened tokens `t0 .. t1`.
+    fn reference(&self, h: usize, hv: usize, t0: usize, t1: usize) -> f64 {
+        let flat_t = |a: &ArrayD<f64>| {
+            let sh = a.shape().to_vec();
+            let mut s2 = vec![sh[0] * sh[1]];
+            s2.extend_from_slice(&sh[2..]);
+            a.to_shape(s2).unwrap().to_owned()
+        };
+        let a = flat_t(&self.exact.a);
+        let beta = flat_t(&self.exact.beta.clone().into_dyn());
+        let k = flat_t(&self.exact.k.clone().into_dyn());
+        let kh = hv / (beta.shape()[1] / h);
+        let kk = k
+            .index_axis(Axis(1), kh)
+            .into_dimensionality::<Ix2>()
+            .unwrap();
+        let bb = beta
+            .index_axis(Axis(1), hv)
+            .into_dimensionality::<ndarray::Ix1>()
+            .unwrap();
+        let gates_hv = a.index_axis(Axis(1), hv);
+        let lg = if self.per_key {
+            d::LogGates::PerKey(gates_hv.into_dimensionality::<Ix2>().unwrap())
+        } else {
+            d::LogGates::Scalar(gates_hv.into_dimensionality::<ndarray::Ix1>().unwrap())
+        };
+        let (kk, bb) = (kk.slice(s![.., ..]), bb.slice(s![..]));
+        d::truncation_log_bound(lg, bb, kk, t0, t1).unwrap()
+    }
+}
+
+/// Asserts the policy's `warm` (per piece) against §5.10 with the float64 reference bound: 0 on
+/// first pieces, at most `max_w` and `c0`, and every warm-up short of the sequence start has
+/// `Λ ≤ ln ε` for every value head. Returns the pieces that warmed up short of the start.
+fn assert_admissible(
+    tag: &str,
+    warm: &[i64],
+    pieces: &[i64],
+    bd: &BoundDevice,
+    lay: &Layout,
+    tp: &TruncationParams,
+) -> usize {
+    let (bounds, bt) = (lay.seqs(), lay.bt);
+    let eps = tp.log2_eps * std::f64::consts::LN_2;
+    let mut truncated = 0;
+    for (j, (seq, i, c0)) in piece_places(pieces, &bounds, bt).into_iter().enumerate() {
+        let w = warm[j];
+        assert!(
+            w >= 0 && w as usize <= tp.max_warmup_chunks && w as usize <= c0,
+            "{tag}: piece {j} w {w} c0 {c0}"
+        );
+        if i == 0 {
+            assert_eq!(w, 0, "{tag}: a first piece warmed up");
+        }
+        if w > 0 && (w as usize) < c0 {
+            truncated += 1;
+            let t1 = pieces[j] as usize;
+            let t0 = t1 - w as usize * bt;
+            assert!(t0 >= bounds[seq].0);
+            for hv in 0..lay.hv {
+                let lam = bd.reference(lay.h, hv, t0, t1);
+                assert!(
+                    lam <= eps,
+                    "{tag}: piece {j} head {hv}: warm-up {w} with reference Λ {lam} > ln ε {eps}"
+                );
+            }
+        }
+    }
+    truncated
+}
+
+fn truncation_policy_is_admissible_and_within_thresholds(gpu: &Gpu) {
+    let mut rng = Rng::new(0x5eed_2402);
+    let tp = TruncationParams::default();
+    // (lens, heads, gates, draw, key scale, expect truncation)
+    type TruncCase = (Vec<usize>, (usize, usize), Gates, Draw, f64, Option<bool>);
+    let cases: [TruncCase; 8] = [
+        (
+            vec![8192],
+            (2, 2),
+            Gates::G,
+            Draw::Regime(Regime::Strong),
+            1.0,
+            Some(true),
+        ),
+        (
+            vec![8192],
+            (2, 2),
+            Gates::Gk,
+            Draw::Regime(Regime::Strong),
+            1.0,
+            Some(true),
+        ),
+        (
+            vec![6144, 3000],
+            (4, 4),
+            Gates::G,
+            Draw::Regime(Regime::Trained),
+            1.0,
+            None,
+        ),
+        (
+            vec![8192],
+            (2, 2),
+            Gates::Gk,
+            Draw::Regime(Regime::Trained),
+            1.0,
+            None,
+        ),
+        (
+            vec![8192],
+            (2, 2),
+            Gates::G,
+            Draw::Regime(Regime::Long),
+            1.0,
+            Some(false),
+        ),
+        (
+            vec![8192],
+            (2, 2),
+            Gates::Gk,
+            Draw::Regime(Regime::Long),
+            1.0,
+            Some(false),
+        ),
+        (
+            vec![8192, 4096],
+            (4, 4),
+            Gates::G,
+            Draw::Mixed(Regime::Strong, Regime::Long),
+            1.0,
+            Some(false),
+        ),
+        // unnormalised keys (|1 − β‖k‖²| up to 1.25): the norm term counts
+        (
+            vec![8192],
+            (2, 2),
+            Gates::G,
+            Draw::Regime(Regime::Strong),
+            1.5,
+            None,
+        ),
+    ];
+    for (ci, (lens, heads, gates, draw, key_scale, expect)) in cases.into_iter().enumerate() {
+        let cu = cu_of(&lens);
+        let lay = Layout {
+            b: 1,
+            t: cu[cu.len() - 1] as usize,
+            h: heads.0,
+            hv: heads.1,
+            k: 128,
+            v: 64,
+            bt: 64,
+            cu: Some(cu.clone()),
+        };
+        let p = FwdHParams {
+            output_final_state: true,
+            save_new_value: true,
+            ..FwdHParams::default()
+        };
+        let (inp, host) = realistic_with(&mut rng, &lay, gates, draw);
+        let h0 = random_state(&mut rng, &lay, false);
+        let dtype = [Dtype::BF16, Dtype::F32][ci % 2];
+        let up = Uploaded::new(gpu, &inp, Some(&h0), dtype, Dtype::F32, Dtype::F32);
+        let cut: Vec<&[usize]> = lens.iter().map(|_| &[8usize; 64][..]).collect();
+        let pieces = split_by_chunks(&lens, &cut, 64);
+        let plan = FwdHSplitPlan::new(
+            gpu,
+            &up.tensors(),
+            Some(&cu),
+            SplitMode::Pieces(&pieces),
+            &p,
+        )
+        .unwrap();
+        let policy = plan
+            .truncation_policy(gpu, &tp)
+            .unwrap()
+            .expect("split plan");
+        let bd = BoundDevice::new(gpu, &host, key_scale);
+        let mut ws = plan.alloc_workspace(gpu).unwrap();
+        let mut o = plan.alloc_outputs(gpu).unwrap();
+        poison_all(gpu, &mut o);
+        plan.run_truncated(gpu, &up.tensors(), &bd.inputs(), &policy, &mut ws, &mut o)
+            .unwrap();
+        let got = fetch(gpu, &o);
+        let warm = plan.chosen_warmups(gpu, &ws).unwrap().unwrap();
+        let tag =
+            format!("case {ci} {lens:?} {heads:?} {gates:?} {draw:?} keys x{key_scale} {dtype}");
+        let truncated = assert_admissible(&tag, &warm, &pieces, &bd, &lay, &tp);
+        match expect {
+            Some(true) => assert!(truncated > 0, "{tag}: no piece warmed up: {warm:?}"),
+            Some(false) => assert_eq!(
+                truncated, 0,
+                "{tag}: a long-memory head truncated: {warm:?}"
+            ),
+            None => {}
+        }
+        // the run is the §5.9 rule of the chosen warm-ups ...
+        let thr = split_threshold(dtype);
+        compare(
+            &format!("{tag} vs same warm-ups"),
+            &got,
+            &reference_warm(&up, Some(&cu), &pieces, &warm, &p),
+            thr,
+        );
+        // ... and, the bound being faithful, within §5.7 of the untruncated result
+        if key_scale == 1.0 {
+            compare(
+                &format!("{tag} vs untruncated"),
+                &got,
+                &reference(&up, Some(&cu), &p),
+                thr,
+            );
+        }
+    }
+}
+
+/// Gates tuned so that a one-chunk window's float64 `Λ` sits just above `ln ε` (the warm-up must
+/// not be 1 chunk) or just below it (1 chunk is allowed): the device bound never undercuts the
+/// reference, and its margin is small enough to take the second.
+fn truncation_policy_at_the_threshold(gpu: &Gpu) {
+    let mut rng = Rng::new(0x5eed_2403);
+    let tp = TruncationParams::default();
+    let eps = tp.log2_eps * std::f64::consts::LN_2;
+    for (rel, want) in [(1.0 - 1e-12, 2i64), (1.0 + 1e-6, 1)] {
+        let lens = [64 * 24];
+        let cu = cu_of(&lens);
+        let lay = Layout {
+            b: 1,
+            t: lens[0],
+            h: 1,
+            hv: 2,
+            k: 64,
+            v: 64,
+            bt: 64,
+            cu: Some(cu.clone()),
+        };
+        let p = FwdHParams::default();
+        let inp = small_random(&mut rng, &lay, Gates::G);
+        let up = Uploaded::new(gpu, &inp, None, Dtype::F32, Dtype::F32, Dtype::F32);
+        let pieces = split_by_chunks(&lens, &[&[4; 6]], 64);
+        let plan = FwdHSplitPlan::new(
+            gpu,
+            &up.tensors(),
+            Some(&cu),
+            SplitMode::Pieces(&pieces),
+            &p,
+        )
+        .unwrap();
+        let policy = plan.truncation_policy(gpu, &tp).unwrap().unwrap();
+        let a = ArrayD::from_elem(vec![1, lens[0], 2], eps * rel / 64.0);
+        let (gates, _) = upload(gpu, &a, Dtype::F64);
+        let bin = TruncationInputs {
+            gates: BoundGates::Scalar(&gates),
+            gate_scale: 1.0,
+            contraction: None,
+        };
+        let mut ws = plan.alloc_workspace(gpu).unwrap();
+        let mut o = plan.alloc_outputs(gpu).unwrap();
+        poison_all(gpu, &mut o);
+        plan.run_truncated(gpu, &up.tensors(), &bin, &policy, &mut ws, &mut o)
+            .unwrap();
+        let warm = plan.chosen_warmups(gpu, &ws).unwrap().unwrap();
+        let zeros = ndarray::Array1::<f64>::zeros(lens[0]);
+        let k0 = ndarray::Array2::<f64>::zeros((lens[0], 64));
+        let a1 = a
+            .index_axis(Axis(2), 0)
+            .index_axis(Axis(0), 0)
+            .to_owned()
+            .into_dimensionality::<ndarray::Ix1>()
+            .unwrap();
+        let lam1 = d::truncation_log_bound(
+            d::LogGates::Scalar(a1.view()),
+            zeros.view(),
+            k0.view(),
+            0,
+            64,
+        )
+        .unwrap();
+        assert_eq!(
+            lam1 <= eps,
+            want == 1,
+            "the test's gates: Λ {lam1} vs ln ε {eps}"
+        );
+        for (j, &w) in warm.iter().enumerate().skip(1) {
+            assert_eq!(w, want, "piece {j} (rel {rel}): {warm:?}");
+        }
+        let got = fetch(gpu, &o);
+        compare(
+            "at the threshold",
+            &got,
+            &reference_warm(&up, Some(&cu), &pieces, &warm, &p),
+            5e-5,
+        );
+    }
+}
+
+fn warmup_hundred_launches_are_bit_identical(gpu: &Gpu) {
+    let mut rng = Rng::new(0x5eed_2404);
+    let lens = [3000usize, 100, 2500];
+    let cu = cu_of(&lens);
+    let pieces = split_by_chunks(&lens, &[&[8, 8, 8], &[], &[5, 10]], 64);
+    let warm = vec![0, 2, 0, 5, 0, 0, 3, 1];
+    assert_eq!(warm.len(), pieces.len() - 1);
+    let lay = Layout {
+        b: 1,
+        t: 5600,
+        h: 2,
+        hv: 2,
+        k: 128,
+        v: 128,
+        bt: 64,
+        cu: Some(cu.clone()),
+    };
+    let p = FwdHParams {
+        output_final_state: true,
+        ..FwdHParams::default()
+    };
+    for dtype in [Dtype::BF16, Dtype::F32] {
+        let (inp, host) = realistic_with(&mut rng, &lay, Gates::Gk, Draw::Regime(Regime::Strong));
+        let h0 = random_state(&mut rng, &lay, false);
+        let up = Uploaded::new(gpu, &inp, Some(&h0), dtype, Dtype::F32, Dtype::F32);
+        let bd = BoundDevice::new(gpu, &host, 1.0);
+        let fixed = FwdHSplitPlan::new(
+            gpu,
+            &up.tensors(),
+            Some(&cu),
+            SplitMode::Warmup {
+                subseq_cu_seqlens: &pieces,
+                warmup_chunks: &warm,
+            },
+            &p,
+        )
+        .unwrap();
+        let policy = fixed
+            .truncation_policy(gpu, &TruncationParams::default())
+            .unwrap()
+            .unwrap();
+        for truncated in [false, true] {
+            let mut ws = fixed.alloc_workspace(gpu).unwrap();
+            let mut o = fixed.alloc_outputs(gpu).unwrap();
+            let mut first: Option<(Got, Option<Vec<i64>>)> = None;
+            for i in 0..100 {
+                poison_all(gpu, &mut o);
+                if truncated {
+                    fixed
+                        .run_truncated(gpu, &up.tensors(), &bd.inputs(), &policy, &mut ws, &mut o)
+                        .unwrap();
+                } else {
+                    fixed.run(gpu, &up.tensors(), &mut ws, &mut o).unwrap();
+                }
+                let got = fetch(gpu, &o);
+                let chosen = truncated.then(|| fixed.chosen_warmups(gpu, &ws).unwrap().unwrap());
+                match &first {
+                    None => first = Some((got, chosen)),
+                    Some((f, c)) => {
+                        let tag = format!("{dtype} truncated {truncated} launch {i}");
+                        assert_eq!(&chosen, c, "{tag}: warm-ups");
+                        assert_bit_identical(&format!("h {tag}"), &got.h, &f.h);
+                        let (a, b) = (got.v_new.as_ref().unwrap(), f.v_new.as_ref().unwrap());
+                        assert_bit_identical(&format!("v_new {tag}"), a, b);
+                        let (a, b) = (got.final_state.unwrap(), f.final_state.as_ref().unwrap());
+                        assert_bit_identical(&format!("final {tag}"), &a, b);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn bad_warmups_are_typed_errors_before_any_launch(gpu: &Gpu) {
+    let mut rng = Rng::new(0x5eed_2405);
+    let cu = vec![0i64, 300, 500];
+    let lay = Layout {
+        b: 1,
+        t: 500,
+        h: 1,
+        hv: 1,
+        k: 64,
+        v: 32,
+        bt: 64,
+        cu: Some(cu.clone()),
+    };
+    let inp = small_random(&mut rng, &lay, Gates::G);
+    let up = Uploaded::new(gpu, &inp, None, Dtype::BF16, Dtype::F32, Dtype::F32);
+    let p = FwdHParams {
+        output_final_state: true,
+        ..FwdHParams::default()
+    };
+    let pieces = vec![0i64, 128, 300, 364, 500];
+    let expect_arg = |e: GpuError, arg: &str, what: &str| match e {
+        GpuError::Input(e) => assert_eq!(e.arg, arg, "{what}: {e}"),
+        other => panic!("{what}: not a typed input error: {other}"),
+    };
+    for (what, warm) in [
+        ("wrong length", vec![0i64, 1, 0]),
+        ("negative", vec![0, -1, 0, 1]),
+        ("first piece of a sequence", vec![0, 1, 1, 0]),
+        ("first piece of the batch", vec![2, 0, 0, 0]),
+    ] {
+        let mode = SplitMode::Warmup {
+            subseq_cu_seqlens: &pieces,
+            warmup_chunks: &warm,
+        };
+        let e = FwdHSplitPlan::new(gpu, &up.tensors(), Some(&cu), mode, &p).unwrap_err();
+        expect_arg(e, "warmup_chunks", what);
+    }
+    // the truncation policy's inputs and knobs, refused before any launch: outputs untouched
+    let plan = FwdHSplitPlan::new(
+        gpu,
+        &up.tensors(),
+        Some(&cu),
+        SplitMode::Pieces(&pieces),
+        &p,
+    )
+    .unwrap();
+    for (field, tp) in [
+        (
+            "max_warmup_chunks",
+            TruncationParams {
+                max_warmup_chunks: 257,
+                ..TruncationParams::default()
+            },
+        ),
+        (
+            "log2_eps",
+            TruncationParams {
+                log2_eps: 0.0,
+                ..TruncationParams::default()
+            },
+        ),
+        (
+            "log2_eps",
+            TruncationParams {
+                log2_eps: f64::NAN,
+                ..TruncationParams::default()
+            },
+        ),
+    ] {
+        expect_arg(plan.truncation_policy(gpu, &tp).unwrap_err(), field, field);
+    }
+    let policy = plan
+        .truncation_policy(gpu, &TruncationParams::default())
+        .unwrap()
+        .unwrap();
+    let good = poisoned(gpu, &[1, 500, 1], Dtype::F32);
+    let wrong = poisoned(gpu, &[1, 499, 1], Dtype::F32);
+    let ints = DeviceTensor::from_slice(gpu, &[0i64; 500]).unwrap();
+    let beta = poisoned(gpu, &[1, 500, 1], Dtype::F32);
+    let bad_keys = poisoned(gpu, &[1, 500, 1, 60], Dtype::F32);
+    let sc = |g| TruncationInputs {
+        gates: BoundGates::Scalar(g),
+        gate_scale: 1.0,
+        contraction: None,
+    };
+    let cases: [(&str, TruncationInputs<'_>); 5] = [
+        ("gates", sc(&wrong)),
+        (
+            "gates",
+            TruncationInputs {
+                gates: BoundGates::PerKey(&good),
+                ..sc(&good)
+            },
+        ),
+        ("gates", sc(&ints)),
+        (
+            "gate_scale",
+            TruncationInputs {
+                gate_scale: 0.0,
+                ..sc(&good)
+            },
+        ),
+        (
+            "k",
+            TruncationInputs {
+                contraction: Some((&beta, &bad_keys)),
+                ..sc(&good)
+            },
+        ),
+    ];
+    for (arg, bin) in cases {
+        let mut ws = plan.alloc_workspace(gpu).unwrap();
+        let mut o = plan.alloc_outputs(gpu).unwrap();
+        poison_all(gpu, &mut o);
+        let e = plan
+            .run_truncated(gpu, &up.tensors(), &bin, &policy, &mut ws, &mut o)
+            .unwrap_err();
+        expect_arg(e, arg, arg);
+        let got = fetch(gpu, &o);
+        for (name, t) in [
+            ("h", Some(&got.h)),
+            ("final_state", got.final_state.as_ref()),
+        ] {
+            if let Some(t) = t {
+                assert!(t.iter().all(|x| x.is_nan()), "{arg}: {name} was written");
+            }
+        }
+    }
+}
+
 gpu_tests!(
     explicit_splits_match_reference,
     long_sequences_match_reference_and_the_serial_kernel,
     auto_policy_on_long_sequences_equals_the_serial_kernel,
     split_hundred_launches_are_bit_identical,
-    bad_splits_are_typed_errors_naming_the_argument
+    bad_splits_are_typed_errors_naming_the_argument,
+    warmup_pieces_match_reference,
+    truncation_policy_is_admissible_and_within_thresholds,
+    truncation_policy_at_the_threshold,
+    warmup_hundred_launches_are_bit_identical,
+    bad_warmups_are_typed_errors_before_any_launch
 );

@@ -348,22 +348,28 @@ fn chunk_gated_delta_rule_fwd_h_split_cpu(
     Ok(fwd_h_outputs(o))
 }
 
-/// Section 2's outputs through the GPU split: the case's `subseq_cu_seqlens` when it has them,
-/// the auto policy (split or serial) otherwise. The GPU split does not take warm-up pieces yet
-/// (`conformance/spec/ops-delta-rule.md` §5.9): a case with a non-zero `warmup_chunks` is refused
-/// ([`refuse_gpu_warmups`]); all-zero `warmup_chunks` is the exact split.
+/// Section 2's outputs through the GPU split: the case's `subseq_cu_seqlens` (and
+/// `warmup_chunks`, `conformance/spec/ops-delta-rule.md` §5.9) when it has them, the auto policy
+/// (split or serial) otherwise. `warmup_chunks` without `subseq_cu_seqlens` is refused before any
+/// device work ([`warmups_need_pieces`]); the device validates the rest as the reference does.
 fn chunk_gated_delta_rule_fwd_h_split_gpu(
     inputs: &Tensors,
     p: &Params,
 ) -> Result<Tensors, Problem> {
-    refuse_gpu_warmups(opt_indices(inputs, "warmup_chunks")?.as_deref())?;
+    let subseq = opt_indices(inputs, "subseq_cu_seqlens")?;
+    let warmup = opt_indices(inputs, "warmup_chunks")?;
+    warmups_need_pieces(subseq.is_some(), warmup.is_some())?;
     let gpu = gpu()?;
     let t = FwdHDevice::upload(inputs)?;
     let cu = opt_indices(inputs, "cu_seqlens")?;
-    let subseq = opt_indices(inputs, "subseq_cu_seqlens")?;
-    let mode = subseq
-        .as_deref()
-        .map_or(attn_gpu::SplitMode::Auto, attn_gpu::SplitMode::Pieces);
+    let mode = match (subseq.as_deref(), warmup.as_deref()) {
+        (Some(s), Some(w)) => attn_gpu::SplitMode::Warmup {
+            subseq_cu_seqlens: s,
+            warmup_chunks: w,
+        },
+        (Some(s), None) => attn_gpu::SplitMode::Pieces(s),
+        _ => attn_gpu::SplitMode::Auto,
+    };
     let o = attn_gpu::chunk_gated_delta_rule_fwd_h_split(
         gpu,
         &t.tensors(),
@@ -374,23 +380,18 @@ fn chunk_gated_delta_rule_fwd_h_split_gpu(
     fwd_h_downloads(gpu, o)
 }
 
-/// The GPU split runs exact pieces only: a non-zero `warmup_chunks` entry is refused with an
-/// error naming `warmup_chunks` (never ignored); absent or all zero passes.
-pub fn refuse_gpu_warmups(warmup_chunks: Option<&[i64]>) -> Result<(), Problem> {
-    let Some(w) = warmup_chunks else {
-        return Ok(());
-    };
-    match w.iter().enumerate().find(|&(_, &x)| x != 0) {
-        None => Ok(()),
-        Some((i, &x)) => Err(attn_reference::Error::new(
-            attn_reference::ErrorKind::Param,
+/// `warmup_chunks` requires `subseq_cu_seqlens` (§5.6): the error of the reference's
+/// `validate_warmup_chunks`, named `warmup_chunks`, raised on the host.
+pub fn warmups_need_pieces(subseq_given: bool, warmup_given: bool) -> Result<(), Problem> {
+    if warmup_given && !subseq_given {
+        return Err(attn_reference::Error::missing(
             "warmup_chunks",
-            "all 0 on the GPU: the GPU split does not take warm-up pieces yet \
-             (conformance/spec/ops-delta-rule.md §5.9; the CPU reference does)",
-            format!("warmup_chunks[{i}] = {x}"),
+            "subseq_cu_seqlens alongside warmup_chunks (warm-ups need explicit pieces)",
+            "warmup_chunks without subseq_cu_seqlens",
         )
-        .into()),
+        .into());
     }
+    Ok(())
 }
 
 const KDA_INTRA: OpSpec = OpSpec {

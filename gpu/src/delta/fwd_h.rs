@@ -316,6 +316,7 @@ impl FwdHPlan {
             v_first: p.state_v_first as i64,
             nb_b: g.v.div_ceil(self.choice.bv()) as i64,
             split: 0,
+            warm: 0,
         };
         launch(
             gpu,

@@ -37,6 +37,8 @@ pub(crate) struct FwdHArgs {
     pub v_first: i64,
     pub nb_b: i64,
     pub split: i64,
+    /// `i64 [rows]` warm-up chunks per row (fwd_h.cuh `row_warmup`), 0 = none.
+    pub warm: u64,
 }
 // SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
 unsafe impl DeviceRepr for FwdHArgs {}

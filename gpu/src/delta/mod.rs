@@ -1,7 +1,8 @@
 //! The gated delta-rule state recurrence on the GPU (`conformance/spec/ops-delta-rule.md` §2-§5):
 //! [`chunk_gated_delta_rule_fwd_h`](fwd_h), its affine summary [`fwd_h_pre_scan`](prescan), the
 //! summary chain [`fwd_h_merge`](merge), and the intra-card split built from them
-//! ([`chunk_gated_delta_rule_fwd_h_split`](split), with its [`policy`]).
+//! ([`chunk_gated_delta_rule_fwd_h_split`](split), with its [`policy`] and the device-side
+//! [`truncation`] policy of warm-up pieces).
 //!
 //! The whole forwards [`kda_fwd`], [`gdn_fwd`] are in [`forward`], their intra stage and the
 //! [`kda_intra`] op in [`intra`].
@@ -16,9 +17,11 @@ pub mod fwd_h;
 pub mod intra;
 mod launch;
 pub mod merge;
+mod pieces;
 pub mod policy;
 pub mod prescan;
 pub mod split;
+pub mod truncation;
 
 pub use forward::{
     fused_choice, gdn_fwd, kda_fwd, DeltaFwdDeviceOutputs, DeltaFwdPlan, DeltaFwdWorkspace,
@@ -34,4 +37,7 @@ pub use policy::{split_policy, SplitDecision, SplitQuery};
 pub use prescan::{check_fwd_h_pre_scan, fwd_h_pre_scan, FwdHPreScanPlan};
 pub use split::{
     chunk_gated_delta_rule_fwd_h_split, FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage,
+};
+pub use truncation::{
+    BoundGates, TruncationInputs, TruncationParams, TruncationPolicy, MAX_WARMUP_CHUNKS,
 };

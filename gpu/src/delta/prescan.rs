@@ -134,6 +134,7 @@ impl FwdHPreScanPlan {
             v_first: 0,
             nb_b: g.v.div_ceil(bv) as i64,
             split: split as i64,
+            warm: 0,
         };
         launch(
             gpu,

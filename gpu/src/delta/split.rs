@@ -23,13 +23,15 @@
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
 use super::launch::{code, kernel_choice, queue, state_dtype, FwdHArgs, KernelChoice, Workload};
+use super::pieces::Tables;
 use super::policy::{split_policy, SplitDecision, SplitQuery};
+use super::truncation::{TruncationInputs, TruncationParams, TruncationPolicy};
 use crate::device::Gpu;
 use crate::error::{GpuError, GpuResult};
 use crate::kernels::Module;
 use crate::params::dtype_code;
 use crate::tensor::DeviceTensor;
-use attn_reference::delta::{subseq_offsets, FwdHParams, Geometry};
+use attn_reference::delta::{FwdHParams, Geometry};
 use attn_reference::{Dtype, Error};
 use cudarc::driver::DeviceRepr;
 
@@ -47,6 +49,13 @@ pub enum SplitMode<'a> {
     /// This `subseq_cu_seqlens` (`conformance/spec/ops-delta-rule.md` §5.1: boundaries over the
     /// flattened tokens).
     Pieces(&'a [i64]),
+    /// This `subseq_cu_seqlens` with per-piece `warmup_chunks` (§5.9): a piece with `w > 0`
+    /// starts from zero `w` chunks early (from `initial_state` when that reaches its sequence's
+    /// start), updating the state only over those chunks; no summary or merge step of its own.
+    Warmup {
+        subseq_cu_seqlens: &'a [i64],
+        warmup_chunks: &'a [i64],
+    },
 }
 
 /// The stages of a split run, in order.
@@ -78,6 +87,8 @@ struct SplitMergeArgs {
     v_dim: i64,
     h0_dtype: i64,
     v_first: i64,
+    run: u64,
+    warm: u64,
 }
 // SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
 unsafe impl DeviceRepr for SplitMergeArgs {}
@@ -92,6 +103,11 @@ const MERGE_LT: usize = 32;
 struct Split {
     /// The `subseq_cu_seqlens` used.
     pieces: Vec<i64>,
+    /// The host tables.
+    tables: Tables,
+    /// Explicit warm-ups (`SplitMode::Warmup`): `[S]` per re-run row (clamped to the sequence
+    /// start) and `[Q]` per summary row (`-1`: not read by the merge, skipped).
+    fixed_warm: Option<(DeviceTensor, DeviceTensor)>,
     /// Sequences `N`, pieces `S`, summarised pieces `Q = S − N`.
     n: usize,
     s: usize,
@@ -106,12 +122,34 @@ struct Split {
     run_seqs: DeviceTensor,
 }
 
-/// The scratch of a split run: summaries, the pieces' initial states, their exit states.
+/// The scratch of a split run: summaries, the pieces' initial states, their exit states, and
+/// the truncation policy's chunk bounds and per-piece decisions ([`FwdHSplitPlan::run_truncated`]).
 #[derive(Debug)]
 pub struct FwdHSplitWorkspace {
     hm: Option<DeviceTensor>,
     init: Option<DeviceTensor>,
     ht: Option<DeviceTensor>,
+    decision: Option<Decision>,
+}
+
+/// The device side of a truncation decision: `bounds` `[C, HV]` f64, `warm` `[S]` and `skip`
+/// `[Q]` i64 (see [`TruncationPolicy`]).
+#[derive(Debug)]
+struct Decision {
+    bounds: DeviceTensor,
+    warm: DeviceTensor,
+    skip: DeviceTensor,
+}
+
+/// Where the re-run's warm-ups and the pre-scan's skips come from.
+#[derive(Clone, Copy)]
+enum WarmSource {
+    /// None: every piece exact.
+    Exact,
+    /// The plan's explicit `warmup_chunks`, or none.
+    Plan,
+    /// The workspace's decision (written by the truncation policy in the same stream).
+    Workspace,
 }
 
 /// A validated call with its path chosen and its tables on the device.
@@ -150,7 +188,11 @@ impl FwdHSplitPlan {
         };
         let (decision, pieces) = match mode {
             SplitMode::Serial => (None, None),
-            SplitMode::Pieces(p) => (None, Some(p.to_vec())),
+            SplitMode::Pieces(p)
+            | SplitMode::Warmup {
+                subseq_cu_seqlens: p,
+                ..
+            } => (None, Some(p.to_vec())),
             SplitMode::Auto | SplitMode::Split => {
                 let d = split_policy(&query)?;
                 let p = if mode == SplitMode::Auto {
@@ -162,8 +204,12 @@ impl FwdHSplitPlan {
                 (Some(d), p)
             }
         };
+        let warmup_chunks = match mode {
+            SplitMode::Warmup { warmup_chunks, .. } => Some(warmup_chunks),
+            _ => None,
+        };
         let split = match pieces {
-            Some(p) => Split::new(gpu, &geo, cu_seqlens.is_some(), dtype, p)?,
+            Some(p) => Split::new(gpu, &geo, cu_seqlens.is_some(), dtype, p, warmup_chunks)?,
             None => None,
         };
         Ok(FwdHSplitPlan {
@@ -183,6 +229,42 @@ impl FwdHSplitPlan {
     /// The policy's estimates (for `Auto` and `Split`).
     pub fn decision(&self) -> Option<&SplitDecision> {
         self.decision.as_ref()
+    }
+
+    /// The explicit warm-ups of a `SplitMode::Warmup` plan per piece, each clamped to the piece's
+    /// first chunk in its sequence (what runs; `None` for other modes or a serial plan).
+    pub fn warmup_chunks(&self) -> Option<Vec<i64>> {
+        let s = self.split.as_ref()?;
+        s.fixed_warm.as_ref()?;
+        Some(s.tables.warmup_in_piece_order(&s.tables.fixed))
+    }
+
+    /// The truncation policy of this plan's pieces (`None` when the plan is serial); run it with
+    /// [`FwdHSplitPlan::run_truncated`].
+    pub fn truncation_policy(
+        &self,
+        gpu: &Gpu,
+        params: &TruncationParams,
+    ) -> GpuResult<Option<TruncationPolicy>> {
+        self.split
+            .as_ref()
+            .map(|s| TruncationPolicy::new(gpu, self.geometry(), &s.tables, params))
+            .transpose()
+    }
+
+    /// The warm-ups the last [`FwdHSplitPlan::run_truncated`] with `ws` chose, per piece in
+    /// `subseq_cu_seqlens` order (0: exact summaries). A debug query: it waits for the stream.
+    pub fn chosen_warmups(
+        &self,
+        gpu: &Gpu,
+        ws: &FwdHSplitWorkspace,
+    ) -> GpuResult<Option<Vec<i64>>> {
+        let (Some(s), Some(d)) = (&self.split, &ws.decision) else {
+            return Ok(None);
+        };
+        let rows = d.warm.to_array::<i64>(gpu)?;
+        let rows: Vec<i64> = rows.iter().copied().collect();
+        Ok(Some(s.tables.warmup_in_piece_order(&rows)))
     }
 
     /// The kernels of the pre-scan and of the re-run (the serial kernel twice when not split).
@@ -210,6 +292,7 @@ impl FwdHSplitPlan {
                 hm: None,
                 init: None,
                 ht: None,
+                decision: None,
             });
         };
         let g = self.geometry();
@@ -229,6 +312,11 @@ impl FwdHSplitPlan {
                 .output_final_state
                 .then(|| DeviceTensor::alloc(gpu, &state(s.s), sd))
                 .transpose()?,
+            decision: Some(Decision {
+                bounds: DeviceTensor::alloc(gpu, &[s.tables.chunks.len() / 2, g.hv], Dtype::F64)?,
+                warm: DeviceTensor::alloc(gpu, &[s.s], Dtype::I64)?,
+                skip: DeviceTensor::alloc(gpu, &[s.q], Dtype::I64)?,
+            }),
         })
     }
 
@@ -244,6 +332,42 @@ impl FwdHSplitPlan {
         self.run_stages(gpu, inputs, ws, out, &SplitStage::ALL)
     }
 
+    /// Runs the call with the warm-ups `policy` (from [`FwdHSplitPlan::truncation_policy`])
+    /// decides on the device from `bound` (`conformance/spec/ops-delta-rule.md` §5.10): the bound
+    /// and decision kernels, then the stages, queued on the stream with no host synchronisation.
+    /// A serial plan runs its kernel.
+    pub fn run_truncated(
+        &self,
+        gpu: &Gpu,
+        inputs: &FwdHTensors<'_>,
+        bound: &TruncationInputs<'_>,
+        policy: &TruncationPolicy,
+        ws: &mut FwdHSplitWorkspace,
+        out: &mut FwdHDeviceOutputs,
+    ) -> GpuResult<()> {
+        if self.split.is_none() {
+            return self.serial.run(gpu, inputs, out);
+        }
+        policy.check(self.geometry(), bound)?;
+        let Some(d) = ws.decision.as_mut() else {
+            return Err(Error::missing(
+                "workspace",
+                "the workspace of this plan (alloc_workspace)",
+                "another one",
+            )
+            .into());
+        };
+        policy.queue(gpu, bound, &mut d.bounds, &mut d.warm, &mut d.skip)?;
+        self.stages(
+            gpu,
+            inputs,
+            ws,
+            out,
+            &SplitStage::ALL,
+            WarmSource::Workspace,
+        )
+    }
+
     /// Runs only the given stages of a split plan (benchmarks time them one by one; the
     /// outputs are complete only when every stage runs, in order). A serial plan runs its
     /// kernel whatever `stages` asks.
@@ -254,6 +378,18 @@ impl FwdHSplitPlan {
         ws: &mut FwdHSplitWorkspace,
         out: &mut FwdHDeviceOutputs,
         stages: &[SplitStage],
+    ) -> GpuResult<()> {
+        self.stages(gpu, inputs, ws, out, stages, WarmSource::Plan)
+    }
+
+    fn stages(
+        &self,
+        gpu: &Gpu,
+        inputs: &FwdHTensors<'_>,
+        ws: &mut FwdHSplitWorkspace,
+        out: &mut FwdHDeviceOutputs,
+        stages: &[SplitStage],
+        source: WarmSource,
     ) -> GpuResult<()> {
         let Some(s) = &self.split else {
             return self.serial.run(gpu, inputs, out);
@@ -276,6 +412,23 @@ impl FwdHSplitPlan {
             {
                 (hm, init)
             }
+            _ => {
+                return Err(Error::missing(
+                    "workspace",
+                    "the workspace of this plan (alloc_workspace)",
+                    "another one",
+                )
+                .into())
+            }
+        };
+        let source = match (source, &s.fixed_warm) {
+            (WarmSource::Plan, None) => WarmSource::Exact,
+            (src, _) => src,
+        };
+        let (warm, skip) = match (source, &s.fixed_warm, &ws.decision) {
+            (WarmSource::Exact, ..) => (0, 0),
+            (WarmSource::Plan, Some((w, k)), _) => (w.ptr(gpu), k.ptr(gpu)),
+            (WarmSource::Workspace, _, Some(d)) => (d.warm.ptr(gpu), d.skip.ptr(gpu)),
             _ => {
                 return Err(Error::missing(
                     "workspace",
@@ -311,6 +464,7 @@ impl FwdHSplitPlan {
             cols: (g.v + g.k) as i64,
             nb_b: g.v.div_ceil(bv) as i64,
             split: crate::knobs::prescan_split() as i64,
+            warm: skip,
             ..base
         };
         let blocks = g.v.div_ceil(bv) + g.k.div_ceil(bv);
@@ -341,6 +495,8 @@ impl FwdHSplitPlan {
             v_dim: g.v as i64,
             h0_dtype: code(inputs.initial_state),
             v_first: p.state_v_first as i64,
+            run: s.run_seqs.ptr(gpu),
+            warm,
         };
         let (kernel, size) = if sd == Dtype::F64 {
             ("fwd_h_split_merge_f64", 8)
@@ -369,6 +525,7 @@ impl FwdHSplitPlan {
             cols: g.v as i64,
             v_first: p.state_v_first as i64,
             nb_b: g.v.div_ceil(bv) as i64,
+            warm,
             ..base
         };
         on(SplitStage::Rerun)
@@ -401,63 +558,6 @@ impl FwdHSplitPlan {
     }
 }
 
-/// The host tables of a split (see fwd_h_split.cu for the numbering): `pre` `[Q, 3]` and `run`
-/// `[S, 3]` rows of (first token row of the flattened `B · T`, length, first `h` row), `merge`
-/// `[N, 2]` rows of (pieces, first summary row).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Tables {
-    pre: Vec<i64>,
-    merge: Vec<i64>,
-    run: Vec<i64>,
-}
-
-impl Tables {
-    /// Validates `pieces` against the sequences of `geo`
-    /// (`conformance/spec/ops-delta-rule.md` §5.2) and numbers them; `None` when no sequence is cut
-    /// (the serial kernel is then the same computation).
-    fn new(geo: &Geometry, varlen: bool, pieces: &[i64]) -> attn_reference::Result<Option<Tables>> {
-        let bounds: Vec<(usize, usize)> = geo
-            .seqs
-            .iter()
-            .map(|s| (s.batch * geo.t + s.bos, s.batch * geo.t + s.eos))
-            .collect();
-        let offs = subseq_offsets(pieces, &bounds, geo.bt)?;
-        let n = geo.n();
-        if pieces.len() - 1 == n {
-            return Ok(None);
-        }
-        let nt = geo.nt(varlen);
-        let starts = geo.chunk_starts(varlen);
-        // (first token row, length, first h row) of piece j of sequence `seq`
-        let row = |seq: usize, j: usize| {
-            let sq = &geo.seqs[seq];
-            let (a, e) = (pieces[j] as usize, pieces[j + 1] as usize);
-            let hbase = sq.batch * nt + starts[sq.n] + (a - bounds[seq].0) / geo.bt;
-            [a as i64, (e - a) as i64, hbase as i64]
-        };
-        let mut run = Vec::with_capacity(n * 3);
-        let mut pre = Vec::new();
-        let mut merge = Vec::with_capacity(n * 2);
-        for seq in 0..n {
-            let (j0, j1) = (offs[seq] as usize, offs[seq + 1] as usize);
-            merge.extend([(j1 - j0) as i64, (pre.len() / 3) as i64]);
-            for j in j0..j1 - 1 {
-                pre.extend(row(seq, j));
-            }
-            run.extend(row(seq, j1 - 1));
-        }
-        run.extend(&pre);
-        Ok(Some(Tables { pre, merge, run }))
-    }
-
-    /// The chunks of every row of a `[rows, 3]` table.
-    fn chunks(rows: &[i64], bt: usize) -> Vec<usize> {
-        rows.chunks(3)
-            .map(|r| (r[1] as usize).div_ceil(bt))
-            .collect()
-    }
-}
-
 impl Split {
     /// The device side of [`Tables::new`] with the kernels of both launches.
     fn new(
@@ -466,33 +566,53 @@ impl Split {
         varlen: bool,
         dtype: Dtype,
         pieces: Vec<i64>,
+        warmup_chunks: Option<&[i64]>,
     ) -> GpuResult<Option<Split>> {
-        let Some(t) = Tables::new(geo, varlen, &pieces)? else {
+        let Some(t) = Tables::new(geo, varlen, &pieces, warmup_chunks)? else {
             return Ok(None);
         };
-        let choice = |groups: &[usize], rows: &[i64]| {
+        let choice = |groups: &[usize], rows: &[i64], warm: &[i64]| {
+            let mut chunks = Tables::chunks(rows, geo.bt);
+            // warm-up chunks run too; a skipped row (-1) runs none
+            for (c, &w) in chunks.iter_mut().zip(warm) {
+                *c = if w < 0 { 0 } else { *c + w as usize };
+            }
             kernel_choice(
                 &Workload {
                     dtype,
                     k: geo.k,
                     col_groups: groups,
-                    seq_chunks: &Tables::chunks(rows, geo.bt),
+                    seq_chunks: &chunks,
                     hv: geo.hv,
                 },
                 gpu.sm_count(),
             )
         };
         let (n, q) = (geo.n(), t.pre.len() / 3);
+        let fixed_warm = warmup_chunks
+            .map(|_| -> GpuResult<_> {
+                Ok((
+                    DeviceTensor::from_slice(gpu, &t.fixed)?,
+                    DeviceTensor::from_slice(gpu, &t.skip)?,
+                ))
+            })
+            .transpose()?;
         Ok(Some(Split {
             pieces,
             n,
             s: n + q,
             q,
-            pre_choice: choice(&[geo.v, geo.k], &t.pre),
+            pre_choice: choice(
+                &[geo.v, geo.k],
+                &t.pre,
+                if fixed_warm.is_some() { &t.skip } else { &[] },
+            ),
             pre_seqs: DeviceTensor::from_slice(gpu, &t.pre)?,
             merge_table: DeviceTensor::from_slice(gpu, &t.merge)?,
-            run_choice: choice(&[geo.v], &t.run),
+            run_choice: choice(&[geo.v], &t.run, &t.fixed),
             run_seqs: DeviceTensor::from_slice(gpu, &t.run)?,
+            fixed_warm,
+            tables: t,
         }))
     }
 }
@@ -528,108 +648,4 @@ pub fn chunk_gated_delta_rule_fwd_h_split(
     let mut out = plan.alloc_outputs(gpu)?;
     plan.run(gpu, inputs, &mut ws, &mut out)?;
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use attn_reference::delta::{validate_chunk_gated_delta_rule_fwd_h, FwdHShapes};
-    use proptest::prelude::*;
-
-    /// The geometry of `lens` (varlen) or of `B = lens.len()` rows of `lens[0]` tokens.
-    fn geometry(lens: &[usize], varlen: bool, bt: usize) -> Geometry {
-        let (b, t) = if varlen {
-            (1, lens.iter().sum())
-        } else {
-            (lens.len(), lens[0])
-        };
-        let cu: Vec<i64> = std::iter::once(0)
-            .chain(lens.iter().scan(0i64, |a, &l| {
-                *a += l as i64;
-                Some(*a)
-            }))
-            .collect();
-        let (k, u) = ([b, t, 1, 4], [b, t, 1, 4]);
-        let shapes = FwdHShapes {
-            k: &k,
-            w: &k,
-            u: &u,
-            ..FwdHShapes::default()
-        };
-        let p = FwdHParams {
-            chunk_size: bt as i64,
-            ..FwdHParams::default()
-        };
-        validate_chunk_gated_delta_rule_fwd_h(&shapes, varlen.then_some(cu.as_slice()), &p).unwrap()
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-        /// For random layouts and random valid splits: the re-run rows partition the tokens
-        /// and the `h` rows exactly once, rows `0 .. N` are the sequences' last pieces, the
-        /// pre-scan rows are the re-run rows `N ..` in order, and the merge table counts each
-        /// sequence's pieces with running summary offsets.
-        #[test]
-        fn piece_tables_cover_every_chunk_once(
-            lens in proptest::collection::vec(0usize..300, 1..6),
-            cuts in proptest::collection::vec(0usize..8, 6),
-            bi in 0usize..3,
-            varlen in any::<bool>(),
-        ) {
-            let bt = [16, 32, 64][bi];
-            let lens = if varlen { lens } else { vec![lens[0]; lens.len()] };
-            let geo = geometry(&lens, varlen, bt);
-            // cut sequence n after every cuts[n]-th chunk
-            let mut pieces = vec![0i64];
-            let mut bos = 0usize;
-            for (i, &l) in lens.iter().enumerate() {
-                let step = cuts[i % cuts.len()];
-                if step > 0 {
-                    let mut at = bos + step * bt;
-                    while at < bos + l {
-                        pieces.push(at as i64);
-                        at += step * bt;
-                    }
-                }
-                bos += l;
-                pieces.push(bos as i64);
-            }
-            let n = lens.len();
-            match Tables::new(&geo, varlen, &pieces).unwrap() {
-                None => prop_assert_eq!(pieces.len() - 1, n),
-                Some(t) => {
-                    let s = pieces.len() - 1;
-                    prop_assert_eq!(t.run.len(), 3 * s);
-                    prop_assert_eq!(&t.run[3 * n..], &t.pre[..]);
-                    let total: usize = lens.iter().sum();
-                    let nt = geo.nt(varlen);
-                    let h_rows = geo.b * nt;
-                    let (mut tok, mut h) = (vec![0u8; total], vec![0u8; h_rows]);
-                    for r in t.run.chunks(3) {
-                        let (a, l, hb) = (r[0] as usize, r[1] as usize, r[2] as usize);
-                        tok[a..a + l].iter_mut().for_each(|x| *x += 1);
-                        for c in 0..l.div_ceil(bt) {
-                            h[hb + c] += 1;
-                        }
-                    }
-                    prop_assert!(tok.iter().all(|&x| x == 1));
-                    // every h row that exists (partial batch rows have unused tail rows)
-                    let used: usize = lens.iter().map(|l| l.div_ceil(bt)).sum();
-                    prop_assert_eq!(h.iter().filter(|&&x| x == 1).count(), used);
-                    prop_assert!(h.iter().all(|&x| x <= 1));
-                    let mut q = 0i64;
-                    let mut end = 0usize;
-                    for (i, &l) in lens.iter().enumerate() {
-                        end += l;
-                        let r = &t.run[3 * i..3 * i + 3];
-                        prop_assert_eq!((r[0] + r[1]) as usize, end);
-                        let m = t.merge[2 * i];
-                        prop_assert_eq!(t.merge[2 * i + 1], q);
-                        q += m - 1;
-                    }
-                    prop_assert_eq!(q as usize, t.pre.len() / 3);
-                }
-            }
-        }
-    }
 }

@@ -4,6 +4,7 @@
 //! reference's `kda_intra` run on exactly the chunks of the tested layout, so the recurrence stays
 //! bounded. Small random ones scale `k, w` down instead.
 
+use super::forward::Regime;
 use super::{upload, Rng};
 use attn_gpu::{DeviceTensor, Gpu};
 use attn_reference::delta::{self as d, FwdHInputs, KdaIntraInputs, KdaIntraParams};
@@ -134,14 +135,69 @@ fn normalised(rng: &mut Rng, shape: [usize; 4]) -> Array4<f64> {
 /// Realistic inputs (`conformance/spec/ops-delta-rule.md` §10.2) for `lay` with `gates`; KDA's `k =
 /// kg` needs `H = HV` (with GVA the raw keys are used with `gk`).
 pub fn realistic(rng: &mut Rng, lay: &Layout, gates: Gates, hard: bool) -> Inputs {
+    realistic_with(rng, lay, gates, Draw::Spec { hard }).0
+}
+
+/// How [`realistic_with`] draws the per-step gates.
+#[derive(Clone, Copy, Debug)]
+pub enum Draw {
+    /// §10.2's `logsigmoid(randn) / n`, optionally sparse or with hard-forget tokens.
+    Spec { hard: bool },
+    /// A regime of the whole-forward tests (strong, trained-like, long memory, ...).
+    Regime(Regime),
+    /// Even value heads in the first regime, odd ones in the second (fast- and slow-forgetting
+    /// heads in one batch).
+    Mixed(Regime, Regime),
+}
+
+/// What the truncation bound of §5.10 reads for a case of [`realistic_with`]: the per-step
+/// natural-log gates (`[B, T, HV, K]` for `Gk`, `[B, T, HV]` for `G`), `β` `[B, T, HV]` and the
+/// normalised keys `[B, T, H, K]` of the delta rule behind `w`, `u`.
+#[derive(Clone, Debug)]
+pub struct BoundHost {
+    pub a: ArrayD<f64>,
+    pub beta: Array3<f64>,
+    pub k: Array4<f64>,
+}
+
+/// [`realistic`] with the gates drawn by `draw`, and the bound's inputs (`gates` `G` or `Gk`
+/// give a faithful bound; `Both` adds a second gate that `a` leaves out).
+pub fn realistic_with(
+    rng: &mut Rng,
+    lay: &Layout,
+    gates: Gates,
+    draw: Draw,
+) -> (Inputs, BoundHost) {
     let (b, t, h, hv, kd, vd) = (lay.b, lay.t, lay.h, lay.hv, lay.k, lay.v);
     let bounds = lay.chunk_bounds();
     let sparse = rng.below(2) == 0;
     let key_gate = matches!(gates, Gates::Gk | Gates::Both);
+    let step = |rng: &mut Rng, shape: &[usize]| match draw {
+        Draw::Spec { hard } => step_gates(rng, shape, sparse, hard),
+        Draw::Regime(r) => super::forward::step_gates(rng, shape, r),
+        Draw::Mixed(even, odd) => {
+            let (x, y) = (
+                super::forward::step_gates(rng, shape, even),
+                super::forward::step_gates(rng, shape, odd),
+            );
+            let mut out = x;
+            for (idx, v) in out.indexed_iter_mut() {
+                if idx[2] % 2 == 1 {
+                    *v = y[&idx];
+                }
+            }
+            out
+        }
+    };
+    let a = if key_gate {
+        step(rng, &[b, t, hv, kd])
+    } else {
+        step(rng, &[b, t, hv])
+    };
     let big = if key_gate {
-        chunk_cumsum(&step_gates(rng, &[b, t, hv, kd], sparse, hard), &bounds)
+        chunk_cumsum(&a, &bounds)
     } else if gates == Gates::G {
-        let g = chunk_cumsum(&step_gates(rng, &[b, t, hv], sparse, hard), &bounds);
+        let g = chunk_cumsum(&a, &bounds);
         let g3 = g.into_dimensionality::<Ix3>().unwrap();
         g3.insert_axis(Axis(3))
             .broadcast((b, t, hv, kd))
@@ -181,6 +237,7 @@ pub fn realistic(rng: &mut Rng, lay: &Layout, gates: Gates, hard: bool) -> Input
         let back = |a: Array4<f64>, last: usize| a.to_shape((b, t, hv, last)).unwrap().to_owned();
         (back(o.w, kd), back(o.u, vd), back(o.kg, kd))
     };
+    let k_raw = k.clone();
     let (k_in, g, gk) = match gates {
         Gates::None => (k, None, None),
         Gates::G => (k, Some(big.slice(s![.., .., .., 0]).to_owned()), None),
@@ -195,13 +252,17 @@ pub fn realistic(rng: &mut Rng, lay: &Layout, gates: Gates, hard: bool) -> Input
             (keys, g2, Some(big))
         }
     };
-    Inputs {
-        k: k_in,
-        w,
-        u,
-        g,
-        gk,
-    }
+    let host = BoundHost { a, beta, k: k_raw };
+    (
+        Inputs {
+            k: k_in,
+            w,
+            u,
+            g,
+            gk,
+        },
+        host,
+    )
 }
 
 /// Small random inputs: `k, w` uniform and scaled by `(0.3 / (BT K))^(1/2)`, `u` uniform,

@@ -5,13 +5,22 @@
 //! 64, `gk`, `initial_state`, final state, `v_new`, varlen). Each row times our serial kernel,
 //! our auto path (the policy's choice: the row's `median_ms`) and the policy's best split forced
 //! (`split_ms`, and its three stages alone: `forced_stage_ms`), and records whether auto split,
-//! its pieces and the policy's estimates.
+//! its pieces and the policy's estimates. Warm-up pieces (`conformance/spec/ops-delta-rule.md`
+//! §5.9, §5.10) on the forced split's pieces: every piece but the first of a sequence warmed up by
+//! [`FORCED_WARMUP`] chunks (`warm_forced_ms`: no summary, no merge step), and the device
+//! truncation policy deciding per piece from per-token gates (`trunc_strong_ms`: `a` in
+//! [−1.5, −0.5], every piece warms up by one chunk; `trunc_long_ms`: `a` in [−1e-3, 0], every
+//! piece falls back to the exact summaries), bound and decision kernels included, with the
+//! chosen warm-ups summarised (`trunc_*_warm`: pieces warmed up, longest warm-up).
 
 use super::delta::{sets, BT};
-use super::time_ms;
-use attn_gpu::delta::{FwdHPlan, FwdHSplitPlan, SplitMode, SplitStage};
+use super::{random_tensor, time_ms};
+use attn_gpu::delta::{
+    BoundGates, FwdHPlan, FwdHSplitPlan, SplitMode, SplitStage, TruncationInputs, TruncationParams,
+};
 use attn_gpu::{Gpu, GpuResult};
 use attn_reference::delta::FwdHParams;
+use attn_reference::Dtype;
 use serde_json::{json, Value};
 
 /// One case: its name (shared with `bench_anchors.py`), value heads and sequence lengths.
@@ -22,6 +31,9 @@ pub struct SplitCase {
 }
 
 const K1: usize = 1024;
+
+/// Warm-up chunks of every non-first piece in the forced warm-up rows.
+pub const FORCED_WARMUP: i64 = 4;
 
 pub fn cases() -> Vec<SplitCase> {
     let shapes: Vec<(&str, Vec<usize>)> = vec![
@@ -105,6 +117,49 @@ pub fn run(gpu: &Gpu, case: &SplitCase, iters: usize, l2: usize, free: usize) ->
     }
     let pieces = |pl: &FwdHSplitPlan| pl.pieces().map_or(0, |p| p.len() - 1);
     let d = auto.decision().cloned();
+    // warm-up pieces on the forced split's pieces: explicit, then chosen by the device policy
+    let (mut warm_forced_ms, mut trunc) = (None, Vec::new());
+    if let Some(sub) = forced.pieces() {
+        let sub = sub.to_vec();
+        let starts: Vec<i64> = cu[..cu.len() - 1].to_vec();
+        let warm: Vec<i64> = sub[..sub.len() - 1]
+            .iter()
+            .map(|a| if starts.contains(a) { 0 } else { FORCED_WARMUP })
+            .collect();
+        let mode = SplitMode::Warmup {
+            subseq_cu_seqlens: &sub,
+            warmup_chunks: &warm,
+        };
+        let plan = FwdHSplitPlan::new(gpu, &inputs(0), Some(&cu), mode, &p)?;
+        let mut ws = plan.alloc_workspace(gpu)?;
+        warm_forced_ms = Some(time_ms(gpu, iters, |i| {
+            plan.run(gpu, &inputs(i), &mut ws, &mut out)
+        })?);
+        let t: usize = case.seqs.iter().sum();
+        let policy = forced
+            .truncation_policy(gpu, &TruncationParams::default())?
+            .expect("a split plan");
+        let mut ws = forced.alloc_workspace(gpu)?;
+        for (lo, hi, seed) in [(-1.5, -0.5, 71), (-1e-3, 0.0, 72)] {
+            let a = random_tensor(gpu, &[1, t, case.heads, 128], Dtype::F32, lo, hi, seed)?;
+            let bound = TruncationInputs {
+                gates: BoundGates::PerKey(&a),
+                gate_scale: 1.0,
+                contraction: None,
+            };
+            let ms = time_ms(gpu, iters, |i| {
+                forced.run_truncated(gpu, &inputs(i), &bound, &policy, &mut ws, &mut out)
+            })?;
+            let chosen = forced.chosen_warmups(gpu, &ws)?.unwrap_or_default();
+            let warmed = chosen.iter().filter(|&&w| w > 0).count();
+            let longest = chosen.iter().copied().max().unwrap_or(0);
+            trunc.push((ms, warmed, longest));
+        }
+    }
+    println!(
+        "{:<40} warm-up forced {:?} truncated strong / long (ms, pieces warmed, longest) {:?}",
+        case.name, warm_forced_ms, trunc
+    );
     println!(
         "{:<40} serial {:>8.4} auto {:>8.4} ({:.2}x, {}) split {:>8.4} ({} pieces, {:?}) est {:.0}/{:.0} us, stages {:?} ms",
         case.name,
@@ -128,5 +183,10 @@ pub fn run(gpu: &Gpu, case: &SplitCase, iters: usize, l2: usize, free: usize) ->
         "est_split_us": d.as_ref().and_then(|d| d.split_us),
         "piece_chunks": d.as_ref().map(|d| d.piece_chunks), "sets": n,
         "forced_stage_ms": stage_ms,
+        "warm_forced_ms": warm_forced_ms, "warm_forced_chunks": FORCED_WARMUP,
+        "trunc_strong_ms": trunc.first().map(|t| t.0),
+        "trunc_strong_warm": trunc.first().map(|t| [t.1 as i64, t.2]),
+        "trunc_long_ms": trunc.get(1).map(|t| t.0),
+        "trunc_long_warm": trunc.get(1).map(|t| [t.1 as i64, t.2]),
     }))
 }
