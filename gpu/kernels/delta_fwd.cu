@@ -315,13 +315,21 @@ FUSED_KERNELS(f16, f16)
 // since Akk diag(β) (V - diag(e) K S) = u - w S for a scalar gate. Warp w computes the chunk
 // tiles of row tile w / 2 and column tiles (w % 2) NTN / 2 .. of every product of the chunk
 // (one A fragment per key step for all its columns); the state tiles as in delta_fused.
+//
+// A CTA runs one piece of a sequence (conformance/spec/ops-delta-rule.md 5.9-5.10): with
+// w = warm[piece, head] > 0 it starts w chunks before the piece from a zero state (from
+// initial_state when that is the sequence's start: then it is the exact prefix), computing the
+// state only there; with w < 0 the piece is not warmable for this head and the CTA of an
+// earlier piece runs through it; the final state is written by the CTA that reaches the
+// sequence's end.
 
 struct GdnFusedArgs {
     u64 q, k, v, tbh, tbl, aqk, g, h0;  // q, k [rows][QH][K]; v [rows][HV][V]; tb*, aqk [rows][HV][bt]; g = G [rows][HV] f32
-    u64 seqs;                           // i64 [N][3]: first packed token row, length, first chunk index
+    u64 pieces;                         // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
+    u64 warm;                           // i64 [P][HV] warm-up chunks (gdn_warm_policy), or 0: none
     u64 o, ht;
     i64 QH, HV, K, V, bt;
-    i64 h0_dtype, v_first;
+    i64 h0_dtype, v_first, npieces;
     double scale;
 };
 
@@ -416,12 +424,21 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
     const int gid = lane >> 2, t4 = lane & 3;
     const int mt = warp >> 1, nt0 = (warp & 1) * TW;  // this warp's chunk tiles
 
-    const i64 n = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
+    const i64 p = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
     const i64 c0 = (i64)blockIdx.y * BV;
     const int nb = (int)min((i64)BV, a.V - c0);
-    const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
-    const i64 row0 = seq[0], len = seq[1];
+    const i64* pieces = reinterpret_cast<const i64*>(a.pieces);
+    const i64* warm = reinterpret_cast<const i64*>(a.warm);
+    const i64 w = warm != nullptr ? warm[p * a.HV + hv] : 0;
+    if (w < 0) return;  // an earlier piece runs through this one
+    const i64 seq0 = pieces[p * 5 + 2], seqend = pieces[p * 5 + 3], n = pieces[p * 5 + 4];
+    i64 end = pieces[p * 5] + pieces[p * 5 + 1];
+    for (i64 q = p + 1; warm != nullptr && q < a.npieces && pieces[q * 5 + 2] == seq0 && warm[q * a.HV + hv] < 0; ++q)
+        end = pieces[q * 5] + pieces[q * 5 + 1];
     const int bt = (int)a.bt;
+    const i64 row0 = pieces[p * 5] - w * bt;  // w warm-up chunks first (state only)
+    const i64 len = end - row0;
+    const bool from_start = row0 == seq0, to_end = end == seqend;
     const i64 nchunks = (len + bt - 1) / bt;
     const bool pair_ok = (a.V % 2) == 0;
     const i64 os = a.HV * a.V;
@@ -462,7 +479,7 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
         for (int e = 0; e < 4; ++e) {
             const int r = smt * 16 + gid + (e >> 1) * 8, c = snt * 8 + t4 * 2 + (e & 1);
             float v = 0.f;
-            if (a.h0 != 0 && r < a.K && c < nb) {
+            if (a.h0 != 0 && from_start && r < a.K && c < nb) {
                 const i64 base = (n * a.HV + hv) * a.K * a.V;
                 v = load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, base + (a.v_first ? (c0 + c) * a.K + r : r * a.V + c0 + c));
             }
@@ -495,6 +512,7 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] *= lam;
         const bool active = mt * 16 < bt;  // the warp's row tile exists in this chunk size
+        const bool out = c >= w;            // a chunk of the piece itself (else warm-up: state only)
         // the warp's rows: gate factors
         const int r0 = mt * 16 + gid, r1 = r0 + 8;
         const bool v0 = r0 < nc, v1 = r1 < nc;
@@ -517,7 +535,7 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
 #pragma unroll
                 for (int j = 0; j < TW; ++j) {
                     Mma<T>::run(xacc[j], kf, bf[j]);
-                    Mma<T>::run(oacc[j], qf, bf[j]);
+                    if (out) Mma<T>::run(oacc[j], qf, bf[j]);
                 }
             }
             // 4. W = V - diag(e) X, rounded into shared memory (zero beyond the valid rows)
@@ -569,7 +587,7 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
         }
         __syncthreads();  // D and D' are visible
         // 6. o = scale diag(e) O + Aqk D, stored
-        if (active) {
+        if (active && out) {
             const float q0 = scale * ex2_ftz(g0), q1 = scale * ex2_ftz(g1);
 #pragma unroll
             for (int j = 0; j < TW; ++j) {
@@ -616,7 +634,7 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
         }
         // the next step's barrier orders these reads before the buffers are overwritten
     }
-    if (a.ht != 0) {
+    if (a.ht != 0 && to_end) {
         float* ht = reinterpret_cast<float*>(a.ht) + (n * a.HV + hv) * a.K * a.V;
 #pragma unroll
         for (int j = 0; j < SU; ++j) {
@@ -629,6 +647,73 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
         }
     }
 }
+
+// The warm-up of every piece and value head (conformance/spec/ops-delta-rule.md 5.10), for the
+// pieces of gdn_fwd's fused path: one CTA per (piece, head); thread i sums over chunk c0 - 1 - i
+// of the sequence (c0: the piece's first chunk) the bound's terms
+//   λ_t = g_t + ln max(1, |1 - β_t ‖k_t‖²|)       (fp64; ‖k_t‖² bounded above and below: with
+//                                                   l2norm [0.99, 1.01], the rounded unit keys)
+// plus a margin of 1e-9 Σ|terms|; then warm = the least w <= wmax with Σ_{i<w} Λ_i <= log_eps
+// (a truncation error below exp(log_eps) ‖S‖), or the piece's chunk offset when the warm-up
+// reaches the sequence's start first (exact), else -1: not warmable (the previous piece runs
+// through it). The first piece of a sequence gets 0.
+struct WarmArgs {
+    u64 pieces, g, beta, k, warm;
+    i64 H, HV, K, bt, npieces, wmax, g_dtype, beta_dtype, l2norm;
+    double log_eps;
+};
+
+template <typename T>
+__device__ void gdn_warm_policy(const WarmArgs& a) {
+    __shared__ double lam[64];
+    const i64 p = blockIdx.x, hv = blockIdx.y;
+    const i64* pc = reinterpret_cast<const i64*>(a.pieces) + p * 5;
+    const i64 row0 = pc[0], seq0 = pc[2];
+    const i64 c0 = (row0 - seq0) / a.bt;
+    const int i = threadIdx.x;
+    const i64 kh = hv / (a.HV / a.H);
+    if (i < a.wmax && c0 - 1 - i >= 0) {
+        const i64 r0 = seq0 + (c0 - 1 - i) * a.bt;
+        double sum = 0.0, mag = 0.0;
+        for (i64 r = r0; r < r0 + a.bt; ++r) {
+            const double g = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, r * a.HV + hv);
+            const double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
+            double klo = 0.99, khi = 1.01;
+            if (!a.l2norm) {
+                const T* kp = reinterpret_cast<const T*>(a.k) + (r * a.H + kh) * a.K;
+                double n2 = 0.0;
+                for (i64 d = 0; d < a.K; ++d) n2 += (double)widen(kp[d]) * (double)widen(kp[d]);
+                klo = n2 * (1.0 - 1e-12);
+                khi = n2 * (1.0 + 1e-12);
+            }
+            const double grow = fmax(1.0, fmax(fabs(1.0 - b * klo), fabs(1.0 - b * khi)));
+            const double t = log(grow);
+            sum += g + t;
+            mag += fabs(g) + t;
+        }
+        lam[i] = sum + 1e-9 * mag;
+    }
+    __syncthreads();
+    if (i == 0) {
+        i64 w = 0;
+        if (c0 > 0) {
+            w = -1;
+            double acc = 0.0;
+            for (i64 j = 0; j < min(c0, a.wmax); ++j) {
+                acc += lam[j];
+                if (acc <= a.log_eps) {
+                    w = j + 1;
+                    break;
+                }
+            }
+            if (w < 0 && c0 <= a.wmax) w = c0;  // the warm-up reaches the sequence's start: exact
+        }
+        reinterpret_cast<i64*>(a.warm)[p * a.HV + hv] = w;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(64) gdn_warm_policy_bf16(const WarmArgs a) { gdn_warm_policy<bf16>(a); }
+extern "C" __global__ void __launch_bounds__(64) gdn_warm_policy_f16(const WarmArgs a) { gdn_warm_policy<f16>(a); }
 
 #define GDN_KERNEL(T, TAG, KP, BV) \
     extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) delta_fwd_gdn_##TAG##_k##KP##_v##BV(const GdnFusedArgs a) { \

@@ -10,7 +10,9 @@
 
 mod common;
 
-use attn_gpu::delta::{DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, KdaIntraTensors};
+use attn_gpu::delta::{
+    DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, KdaIntraTensors, SplitRule,
+};
 use attn_gpu::Gpu;
 use attn_reference::delta::{self as d, GdnFwdParams, KdaFwdParams, KdaIntraParams};
 use attn_reference::Dtype;
@@ -717,7 +719,130 @@ fn bad_input_is_refused_before_any_launch(gpu: &Gpu) {
     );
 }
 
+/// The automatic split of `gdn_fwd`'s fused path (spec 5.9-5.10) with small pieces (4 chunks,
+/// warm-ups up to 8): against the f64 reference and the unsplit run (5e-3) in the strong,
+/// trained-like and long-memory regimes, one long sequence and a varlen batch with a one-token
+/// sequence; the chosen warm-ups (strong decay: every later piece warms up; long memory: every
+/// piece whose warm-up cannot reach its sequence's start is run through), and two runs
+/// bit-identical.
+fn gdn_auto_split(gpu: &Gpu) {
+    let rule = SplitRule {
+        min_piece_chunks: 4,
+        max_warmup_chunks: 8,
+    };
+    let layouts: [(usize, Option<Vec<i64>>); 2] =
+        [(2048, None), (2600, Some(vec![0, 1500, 1501, 2600]))];
+    for regime in [Regime::Strong, Regime::Trained, Regime::Long] {
+        for (li, (t, cu)) in layouts.iter().enumerate() {
+            let mut c = base(false, Dtype::BF16);
+            c.draw.regime = regime;
+            c.draw.t = *t;
+            c.draw.k = 128;
+            c.draw.v = 128;
+            c.draw.raw_qk = li == 1; // l2norm in the kernel on the varlen layout
+            c.cu = cu.clone();
+            c.path = ForwardPath::Fused;
+            let (host, dev) = draw_case(gpu, &c, 991 + li as u64);
+            let want = reference(&c, &host);
+            let what = format!("{regime:?} layout {li}");
+            let split = plan(gpu, &c, &dev, ForwardPath::Fused)
+                .with_split(gpu, Some(rule))
+                .unwrap();
+            assert!(split.splits(), "{what}: the plan splits");
+            let serial = plan(gpu, &c, &dev, ForwardPath::Fused)
+                .with_split(gpu, None)
+                .unwrap();
+            assert!(!serial.splits());
+            let go = |p: &DeltaFwdPlan| {
+                let mut ws = p.alloc_workspace(gpu).unwrap();
+                let mut out = p.alloc_outputs(gpu).unwrap();
+                poison(gpu, &mut out);
+                p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+                let warm = p.chosen_warmups(gpu, &ws).unwrap();
+                let got = Got {
+                    o: download(gpu, &out.o),
+                    fin: out.final_state.as_ref().map(|t| download(gpu, t)),
+                };
+                (got, warm)
+            };
+            let (a, warm) = go(&split);
+            let (b, _) = go(&split);
+            let (s, none) = go(&serial);
+            assert!(none.is_none(), "{what}: no warm-ups without a split");
+            assert_eq!(
+                a.o.as_slice().unwrap(),
+                b.o.as_slice().unwrap(),
+                "{what}: o bit-identical"
+            );
+            assert_eq!(a.fin, b.fin, "{what}: final state bit-identical");
+            for (name, got, sref, w) in [
+                ("o", &a.o, &s.o, &want.o),
+                (
+                    "final_state",
+                    a.fin.as_ref().unwrap(),
+                    s.fin.as_ref().unwrap(),
+                    want.fin.as_ref().unwrap(),
+                ),
+            ] {
+                assert_close(&format!("{what}: split {name}"), got, w, 5e-3);
+                assert_close(&format!("{what}: split vs serial {name}"), got, sref, 5e-3);
+            }
+            // the warm-ups: per (piece, value head); a piece's first chunk within its sequence
+            let warm = warm.expect("a split plan reports its warm-ups");
+            let hv = c.draw.hv;
+            let starts = piece_chunk_offsets(gpu, &c, rule);
+            assert_eq!(
+                warm.len(),
+                starts.len() * hv,
+                "{what}: one warm-up per piece and head"
+            );
+            for (pi, &c0) in starts.iter().enumerate() {
+                for h in 0..hv {
+                    let w = warm[pi * hv + h];
+                    let at = format!("{what}: piece {pi} (chunk {c0}) head {h}: warm-up {w}");
+                    if c0 == 0 {
+                        assert_eq!(w, 0, "{at}");
+                    } else if c0 <= 8 && w != -1 {
+                        assert!((1..=c0 as i64).contains(&w), "{at}");
+                    } else {
+                        match regime {
+                            Regime::Strong => assert!((1..=2).contains(&w), "{at}"),
+                            Regime::Long => assert!(c0 <= 8 && w == c0 as i64 || w == -1, "{at}"),
+                            _ => assert!(w == -1 || (1..=8).contains(&w), "{at}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first chunk (within its sequence) of every piece `split_pieces` makes for `c` on this
+/// GPU's plan: recomputed from the public rule.
+fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule) -> Vec<usize> {
+    let gpu_sm = gpu.sm_count();
+    let lens: Vec<usize> = match &c.cu {
+        Some(cu) => cu.windows(2).map(|w| (w[1] - w[0]) as usize).collect(),
+        None => vec![c.draw.t; c.draw.b],
+    };
+    let chunks: Vec<usize> = lens.iter().map(|l| l.div_ceil(c.bt as usize)).collect();
+    let choice =
+        attn_gpu::delta::fused_choice(c.draw.k, c.draw.v, &chunks, c.draw.hv, gpu_sm, true);
+    let per = attn_gpu::delta::split_pieces(
+        &chunks,
+        c.draw.hv * c.draw.v.div_ceil(choice.bv),
+        gpu_sm,
+        &rule,
+    );
+    let mut out = Vec::new();
+    for (&n, &m) in chunks.iter().zip(&per) {
+        out.extend((0..m).map(|j| j * n / m));
+    }
+    out
+}
+
 gpu_tests!(
+    gdn_auto_split,
     kda_fwd_matches_the_reference,
     gdn_fwd_matches_the_reference,
     fused_and_staged_agree,

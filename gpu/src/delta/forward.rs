@@ -178,7 +178,8 @@ struct GdnFusedArgs {
     aqk: u64,
     g: u64,
     h0: u64,
-    seqs: u64,
+    pieces: u64,
+    warm: u64,
     o: u64,
     ht: u64,
     qk_heads: i64,
@@ -188,10 +189,104 @@ struct GdnFusedArgs {
     bt: i64,
     h0_dtype: i64,
     v_first: i64,
+    npieces: i64,
     scale: f64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for GdnFusedArgs {}
+
+/// Mirror of `WarmArgs` (delta_fwd.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct WarmArgs {
+    pieces: u64,
+    g: u64,
+    beta: u64,
+    k: u64,
+    warm: u64,
+    heads: i64,
+    value_heads: i64,
+    k_dim: i64,
+    bt: i64,
+    npieces: i64,
+    wmax: i64,
+    g_dtype: i64,
+    beta_dtype: i64,
+    l2norm: i64,
+    log_eps: f64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for WarmArgs {}
+
+/// The automatic split of `gdn_fwd`'s fused path (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
+/// when a call's (sequence, head, column block) CTAs leave multiprocessors idle, its long
+/// sequences are cut into pieces at chunk boundaries, each piece (after the first) starting from a
+/// zero state `w` chunks early, the least `w ≤ max_warmup_chunks` whose bound `Λ` (§5.10,
+/// computed on the device from `g`, `β` and the key norms) is at most `ln 2^-30`. A piece with no
+/// such `w` (long memory) is run through by the CTA of the piece before it: the result stays
+/// exact and the call never slower than a serial run by more than the bound kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitRule {
+    /// Fewest chunks of a piece.
+    pub min_piece_chunks: usize,
+    /// Most warm-up chunks of a piece (at most 64).
+    pub max_warmup_chunks: usize,
+}
+
+impl Default for SplitRule {
+    fn default() -> Self {
+        SplitRule {
+            min_piece_chunks: 128,
+            max_warmup_chunks: 32,
+        }
+    }
+}
+
+/// `ln 2^-30`: the truncation error the warm-ups allow, relative to the state's norm.
+const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
+
+/// Pieces per sequence: one each when `ctas_per_piece` CTAs per piece fill `sm_count`
+/// multiprocessors with the sequences alone, else the spare pieces handed out in proportion to
+/// the sequences' chunks, each piece at least `rule.min_piece_chunks` long.
+pub fn split_pieces(
+    seq_chunks: &[usize],
+    ctas_per_piece: usize,
+    sm_count: usize,
+    rule: &SplitRule,
+) -> Vec<usize> {
+    let n = seq_chunks.len();
+    let budget = sm_count / ctas_per_piece.max(1);
+    let total: usize = seq_chunks.iter().sum();
+    seq_chunks
+        .iter()
+        .map(|&c| {
+            if budget <= n {
+                return 1;
+            }
+            let want = 1 + (budget - n) * c / total.max(1);
+            want.min(c / rule.min_piece_chunks.max(1)).max(1)
+        })
+        .collect()
+}
+
+/// The pieces table of the fused GDN kernel (`[P, 5]`: first row, length, the sequence's first
+/// and end rows, the sequence), `pieces[s]` even pieces of sequence `s` at chunk boundaries.
+fn piece_table(geo: &Geometry, pieces: &[usize]) -> Vec<i64> {
+    let mut rows = Vec::new();
+    for (s, &m) in geo.seqs.iter().zip(pieces) {
+        let c = s.num_chunks(geo.bt);
+        let base = s.batch * geo.t;
+        for j in 0..m {
+            let (a, e) = (j * c / m, (j + 1) * c / m);
+            let first = s.bos + a * geo.bt;
+            let last = (s.bos + e * geo.bt).min(s.eos);
+            rows.extend(
+                [base + first, last - first, base + s.bos, base + s.eos, s.n].map(|x| x as i64),
+            );
+        }
+    }
+    rows
+}
 
 /// How a forward's gate input is read (`gate_mode` of `IntraArgs`: 1, 2; `kda_intra` reads
 /// `G` itself, mode 0).
@@ -379,6 +474,10 @@ pub struct DeltaFwdPlan {
     chunks: DeviceTensor,
     nchunks: usize,
     seqs: DeviceTensor,
+    /// The lean GDN path's pieces (`piece_table`) and their count; split when more than one
+    /// piece per sequence.
+    pieces: Option<(DeviceTensor, usize, bool)>,
+    split_rule: Option<SplitRule>,
     /// The staged path's `fwd_h` call (its plan is made on the workspace's tensors).
     cu_seqlens: Option<Vec<i64>>,
 }
@@ -400,6 +499,8 @@ enum Tiles {
         tbl: DeviceTensor,
         g: DeviceTensor,
         qk: Option<(DeviceTensor, DeviceTensor)>,
+        /// The split's warm-up chunks per (piece, value head) (`[P · HV]` i64).
+        warm: Option<DeviceTensor>,
     },
     /// `w, u, kg, qg` for the fused KDA kernel and the staged path.
     Full(Box<FullTiles>),
@@ -481,6 +582,8 @@ impl DeltaFwdPlan {
         let (chunks, nchunks) = chunk_table(gpu, &geo, varlen)?;
         let seqs = seq_table(gpu, &geo, varlen)?;
         let (output_final_state, state_v_first) = call.state_flags();
+        let split_rule = fused.filter(|f| f.lean).map(|_| SplitRule::default());
+        let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
             call,
@@ -493,8 +596,77 @@ impl DeltaFwdPlan {
             chunks,
             nchunks,
             seqs,
+            pieces,
+            split_rule,
             cu_seqlens: cu_seqlens.map(<[i64]>::to_vec),
         })
+    }
+
+    /// The lean path's pieces under `rule` (one per sequence without a rule).
+    fn pieces(
+        gpu: &Gpu,
+        geo: &Geometry,
+        fused: Option<FusedChoice>,
+        rule: Option<SplitRule>,
+    ) -> GpuResult<Option<(DeviceTensor, usize, bool)>> {
+        let Some(choice) = fused.filter(|f| f.lean) else {
+            return Ok(None);
+        };
+        let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
+        let per_seq = match rule {
+            Some(r) => split_pieces(
+                &chunks,
+                geo.hv * geo.v.div_ceil(choice.bv),
+                gpu.sm_count(),
+                &r,
+            ),
+            None => vec![1; chunks.len()],
+        };
+        let mut rows = piece_table(geo, &per_seq);
+        let n = rows.len() / 5;
+        if rows.is_empty() {
+            rows.push(0);
+        }
+        let split = per_seq.iter().any(|&m| m > 1);
+        Ok(Some((DeviceTensor::from_slice(gpu, &rows)?, n, split)))
+    }
+
+    /// The plan with the fused GDN path's automatic split under `rule`, or without a split
+    /// (`None`: one serial run per sequence); other paths are unchanged. A rule's
+    /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1.
+    pub fn with_split(mut self, gpu: &Gpu, rule: Option<SplitRule>) -> GpuResult<DeltaFwdPlan> {
+        if let Some(r) = rule {
+            if !(1..=64).contains(&r.max_warmup_chunks) || r.min_piece_chunks == 0 {
+                return Err(Error::param(
+                    "rule",
+                    "max_warmup_chunks in 1..=64 and min_piece_chunks >= 1",
+                    format!("{r:?}"),
+                )
+                .into());
+            }
+        }
+        if self.fused.is_some_and(|f| f.lean) {
+            self.split_rule = rule;
+            self.pieces = Self::pieces(gpu, &self.geo, self.fused, rule)?;
+        }
+        Ok(self)
+    }
+
+    /// Whether the plan splits a sequence into pieces (the fused GDN path's automatic split).
+    pub fn splits(&self) -> bool {
+        self.pieces.as_ref().is_some_and(|p| p.2)
+    }
+
+    /// The warm-up chunks the last run chose per (piece, value head), `[P · HV]` (§5.10: `0` for
+    /// a sequence's first piece, `-1` for a piece run through by the one before it), when the
+    /// plan splits; the debug query of the automatic split.
+    pub fn chosen_warmups(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<i64>>> {
+        match &ws.tiles {
+            Tiles::Lean { warm: Some(w), .. } => {
+                Ok(Some(w.to_array::<i64>(gpu)?.iter().copied().collect()))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The path this plan runs.
@@ -533,6 +705,12 @@ impl DeltaFwdPlan {
                         .l2norm
                         .then(|| Ok::<_, crate::error::GpuError>((tok(g.k)?, tok(g.k)?)))
                         .transpose()?,
+                    warm: match &self.pieces {
+                        Some((_, n, true)) => {
+                            Some(DeviceTensor::alloc(gpu, &[n * g.hv], Dtype::I64)?)
+                        }
+                        _ => None,
+                    },
                 },
             });
         }
@@ -658,7 +836,9 @@ impl DeltaFwdPlan {
         let mut args = self.intra_args(gpu, t)?;
         args.aqk = ws.aqk.ptr_mut(gpu);
         match &mut ws.tiles {
-            Tiles::Lean { tbh, tbl, g, qk } => {
+            Tiles::Lean {
+                tbh, tbl, g, qk, ..
+            } => {
                 args.tbh = tbh.ptr_mut(gpu);
                 args.tbl = tbl.ptr_mut(gpu);
                 args.gout = g.ptr_mut(gpu);
@@ -699,8 +879,29 @@ impl DeltaFwdPlan {
         self.intra(gpu, t, ws)?;
         let DeltaFwdWorkspace { aqk, tiles } = ws;
         let full = match (self.fused, tiles) {
-            (Some(choice), Tiles::Lean { tbh, tbl, g, qk }) if choice.lean => {
-                return self.run_lean(gpu, t, choice, [tbh, tbl, aqk, g], qk.as_ref(), out);
+            (
+                Some(choice),
+                Tiles::Lean {
+                    tbh,
+                    tbl,
+                    g,
+                    qk,
+                    warm,
+                },
+            ) if choice.lean => {
+                if self.splits() != warm.is_some() {
+                    return Err(Error::missing(
+                        "ws",
+                        "a workspace of this plan (allocated after with_split)",
+                        "one of another split",
+                    )
+                    .into());
+                }
+                if let Some(w) = warm.as_mut() {
+                    self.run_warm_policy(gpu, t, w)?;
+                }
+                let warm = warm.as_ref();
+                return self.run_lean(gpu, t, choice, [tbh, tbl, aqk, g], qk.as_ref(), warm, out);
             }
             (_, Tiles::Full(f)) => f,
             (_, Tiles::Lean { .. }) => {
@@ -837,10 +1038,14 @@ impl DeltaFwdPlan {
         choice: FusedChoice,
         [tbh, tbl, aqk, gate]: [&DeviceTensor; 4],
         qk: Option<&(DeviceTensor, DeviceTensor)>,
+        warm: Option<&DeviceTensor>,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         let g = &self.geo;
-        let tasks = g.n() * g.hv;
+        let Some((pieces, npieces, _)) = &self.pieces else {
+            return Err(Error::missing("plan", "the lean path's pieces", "none").into());
+        };
+        let tasks = npieces * g.hv;
         let blocks = g.v.div_ceil(choice.bv);
         if tasks == 0 || blocks == 0 {
             return Ok(());
@@ -858,7 +1063,8 @@ impl DeltaFwdPlan {
             aqk: aqk.ptr(gpu),
             g: gate.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
-            seqs: self.seqs.ptr(gpu),
+            pieces: pieces.ptr(gpu),
+            warm: warm.map_or(0, |w| w.ptr(gpu)),
             o: out.o.ptr_mut(gpu),
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             qk_heads: qk_heads as i64,
@@ -868,6 +1074,7 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
+            npieces: *npieces as i64,
             scale: self.prep.scale,
         };
         let grid_x = grid_x(tasks, "v", "N * HV < 2^31")?;
@@ -883,6 +1090,48 @@ impl DeltaFwdPlan {
             (grid_x, blocks as u32),
             THREADS,
             choice.smem_bytes() as u32,
+            &args,
+        )
+    }
+
+    /// The split's warm-up chunks per (piece, value head) into `warm` (`gdn_warm_policy`).
+    fn run_warm_policy(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        warm: &mut DeviceTensor,
+    ) -> GpuResult<()> {
+        let (Some((pieces, npieces, _)), Some(rule)) = (&self.pieces, self.split_rule) else {
+            return Err(Error::missing("plan", "a split plan", "none").into());
+        };
+        let g = &self.geo;
+        if *npieces == 0 || g.hv == 0 {
+            return Ok(());
+        }
+        let args = WarmArgs {
+            pieces: pieces.ptr(gpu),
+            g: t.g.ptr(gpu),
+            beta: t.beta.ptr(gpu),
+            k: t.k.ptr(gpu),
+            warm: warm.ptr_mut(gpu),
+            heads: g.h as i64,
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            bt: g.bt as i64,
+            npieces: *npieces as i64,
+            wmax: rule.max_warmup_chunks as i64,
+            g_dtype: dtype_code(t.g.dtype()),
+            beta_dtype: dtype_code(t.beta.dtype()),
+            l2norm: self.prep.l2norm as i64,
+            log_eps: LOG_EPS,
+        };
+        let grid = grid_x(*npieces, "v", "fewer than 2^31 pieces")?;
+        gpu.launch_3d(
+            Module::DeltaFwd,
+            &format!("gdn_warm_policy_{}", tag(self.dtype)),
+            (grid, g.hv as u32, 1),
+            64,
+            0,
             &args,
         )
     }
@@ -960,4 +1209,88 @@ fn run_new(
     let mut out = plan.alloc_outputs(gpu)?;
     plan.run(gpu, t, &mut ws, &mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_reference::varlen::Seq;
+
+    fn geo(lens: &[usize], bt: usize) -> Geometry {
+        let mut bos = 0;
+        let seqs = lens
+            .iter()
+            .enumerate()
+            .map(|(n, &l)| {
+                let s = Seq {
+                    n,
+                    batch: 0,
+                    bos,
+                    eos: bos + l,
+                };
+                bos += l;
+                s
+            })
+            .collect();
+        Geometry {
+            b: 1,
+            t: bos,
+            h: 1,
+            hv: 1,
+            k: 64,
+            v: 64,
+            bt,
+            seqs,
+        }
+    }
+
+    /// The pieces of any layout cover each sequence once, in order, at chunk boundaries, each
+    /// at least `min_piece_chunks` long when a sequence is split, and split only with spare CTAs.
+    #[test]
+    fn pieces_cover_every_sequence_at_chunk_boundaries() {
+        let rule = SplitRule {
+            min_piece_chunks: 3,
+            max_warmup_chunks: 8,
+        };
+        let mut seed = 0x9e37_79b9_u64;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        for _ in 0..300 {
+            let bt = [16, 32, 64][next(3)];
+            let lens: Vec<usize> = (0..1 + next(5)).map(|_| next(40 * bt)).collect();
+            let g = geo(&lens, bt);
+            let chunks: Vec<usize> = g.seqs.iter().map(|s| s.num_chunks(bt)).collect();
+            let ctas = 1 + next(40);
+            let sms = 1 + next(200);
+            let per = split_pieces(&chunks, ctas, sms, &rule);
+            if sms / ctas <= lens.len() {
+                assert!(per.iter().all(|&m| m == 1), "no spare CTAs, no split");
+            }
+            let rows = piece_table(&g, &per);
+            assert_eq!(rows.len() / 5, per.iter().sum::<usize>());
+            let mut i = 0;
+            for (s, &m) in g.seqs.iter().zip(&per) {
+                if m > 1 {
+                    assert!(chunks[s.n] / m >= rule.min_piece_chunks, "{lens:?} {per:?}");
+                }
+                let mut at = s.bos;
+                for _ in 0..m {
+                    let r = &rows[5 * i..5 * i + 5];
+                    assert_eq!(r[0] as usize, at, "pieces in order, no gap");
+                    assert_eq!((r[0] as usize - s.bos) % bt, 0, "a chunk boundary");
+                    assert_eq!(
+                        (r[2] as usize, r[3] as usize, r[4] as usize),
+                        (s.bos, s.eos, s.n)
+                    );
+                    at += r[1] as usize;
+                    i += 1;
+                }
+                assert_eq!(at, s.eos, "the pieces end at the sequence's end");
+            }
+        }
+    }
 }

@@ -24,8 +24,8 @@ pub mod split;
 pub mod truncation;
 
 pub use forward::{
-    fused_choice, gdn_fwd, kda_fwd, DeltaFwdDeviceOutputs, DeltaFwdPlan, DeltaFwdWorkspace,
-    ForwardPath, ForwardTensors, FusedChoice,
+    fused_choice, gdn_fwd, kda_fwd, split_pieces, DeltaFwdDeviceOutputs, DeltaFwdPlan,
+    DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, SplitRule,
 };
 pub use fwd_h::{
     check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,

@@ -168,6 +168,39 @@ pub fn run(
     let intra_ms = time_ms(gpu, iters, |i| {
         plan.run_intra(gpu, &data[i % nsets].tensors(case.kda), &mut ws)
     })?;
+    // the automatic split (GDN): its warm-ups, and the same call without it
+    let warmups = plan.chosen_warmups(gpu, &ws)?;
+    let serial_ms = if plan.splits() {
+        let p = GdnFwdParams {
+            output_final_state: true,
+            use_qk_l2norm_in_kernel: true,
+            ..GdnFwdParams::default()
+        };
+        let serial = DeltaFwdPlan::gdn(
+            gpu,
+            &data[0].tensors(false),
+            Some(&cu),
+            &p,
+            ForwardPath::Auto,
+        )?
+        .with_split(gpu, None)?;
+        let mut sws = serial.alloc_workspace(gpu)?;
+        Some(time_ms(gpu, iters, |i| {
+            serial.run(gpu, &data[i % nsets].tensors(false), &mut sws, &mut out)
+        })?)
+    } else {
+        None
+    };
+    let split_note = match (&warmups, serial_ms) {
+        (Some(w), Some(sm)) => format!(
+            ", split: {} pieces x heads, warm-ups max {} (-1: run through: {}), serial {:.4} ms",
+            w.len(),
+            w.iter().max().copied().unwrap_or(0),
+            w.iter().filter(|&&x| x < 0).count(),
+            sm
+        ),
+        _ => String::new(),
+    };
     let bytes = in_bytes + out_bytes;
     let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
     let chunks: usize = case.seqs.iter().map(|s| s.div_ceil(BT)).sum();
@@ -178,7 +211,7 @@ pub fn run(
     let tflops = (chunks * hv) as f64 * per_chunk / (ms * 1e-3) / 1e12;
     let choice = plan.fused_choice();
     println!(
-        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {:?} {:.1} TFLOP/s, intra {:.4} ms",
+        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {:?} {:.1} TFLOP/s, intra {:.4} ms{}",
         case.name,
         ms,
         gbps,
@@ -186,12 +219,13 @@ pub fn run(
         nsets,
         choice,
         tflops,
-        intra_ms
+        intra_ms,
+        split_note
     );
     Ok(json!({
         "name": case.name, "shape": [1, t, h, hv, K, V], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
         "seqs": case.seqs, "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling,
         "sets": nsets, "kernel": format!("{choice:?}"), "tflops": tflops, "path": format!("{:?}", plan.path()),
-        "intra_ms": intra_ms,
+        "intra_ms": intra_ms, "serial_ms": serial_ms, "warmups": warmups,
     }))
 }
