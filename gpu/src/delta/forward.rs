@@ -494,16 +494,19 @@ pub struct DeltaFwdWorkspace {
 enum Tiles {
     /// The lean fused GDN path: `Akk diag(β)` as hi + lo (`[B, T, HV, BT]`), `G` (`[B, T, HV]`
     /// f32), and with l2norm the normalised `q, k` (`[B, T, HV, K]`).
-    Lean {
-        tbh: DeviceTensor,
-        tbl: DeviceTensor,
-        g: DeviceTensor,
-        qk: Option<(DeviceTensor, DeviceTensor)>,
-        /// The split's warm-up chunks per (piece, value head) (`[P · HV]` i64).
-        warm: Option<DeviceTensor>,
-    },
+    Lean(Box<LeanTiles>),
     /// `w, u, kg, qg` for the fused KDA kernel and the staged path.
     Full(Box<FullTiles>),
+}
+
+#[derive(Debug)]
+struct LeanTiles {
+    tbh: DeviceTensor,
+    tbl: DeviceTensor,
+    g: DeviceTensor,
+    qk: Option<(DeviceTensor, DeviceTensor)>,
+    /// The split's warm-up chunks per (piece, value head) (`[P · HV]` i64).
+    warm: Option<DeviceTensor>,
 }
 
 #[derive(Debug)]
@@ -662,9 +665,11 @@ impl DeltaFwdPlan {
     /// plan splits; the debug query of the automatic split.
     pub fn chosen_warmups(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<i64>>> {
         match &ws.tiles {
-            Tiles::Lean { warm: Some(w), .. } => {
-                Ok(Some(w.to_array::<i64>(gpu)?.iter().copied().collect()))
-            }
+            Tiles::Lean(l) => l
+                .warm
+                .as_ref()
+                .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().copied().collect()))
+                .transpose(),
             _ => Ok(None),
         }
     }
@@ -696,7 +701,7 @@ impl DeltaFwdPlan {
         if self.fused.is_some_and(|f| f.lean) {
             return Ok(DeltaFwdWorkspace {
                 aqk: tok(g.bt)?,
-                tiles: Tiles::Lean {
+                tiles: Tiles::Lean(Box::new(LeanTiles {
                     tbh: tok(g.bt)?,
                     tbl: tok(g.bt)?,
                     g: DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], Dtype::F32)?,
@@ -711,7 +716,7 @@ impl DeltaFwdPlan {
                         }
                         _ => None,
                     },
-                },
+                })),
             });
         }
         let gate = if self.fused.is_some() {
@@ -836,13 +841,11 @@ impl DeltaFwdPlan {
         let mut args = self.intra_args(gpu, t)?;
         args.aqk = ws.aqk.ptr_mut(gpu);
         match &mut ws.tiles {
-            Tiles::Lean {
-                tbh, tbl, g, qk, ..
-            } => {
-                args.tbh = tbh.ptr_mut(gpu);
-                args.tbl = tbl.ptr_mut(gpu);
-                args.gout = g.ptr_mut(gpu);
-                if let Some((qn, kn)) = qk {
+            Tiles::Lean(l) => {
+                args.tbh = l.tbh.ptr_mut(gpu);
+                args.tbl = l.tbl.ptr_mut(gpu);
+                args.gout = l.g.ptr_mut(gpu);
+                if let Some((qn, kn)) = l.qk.as_mut() {
                     args.qg = qn.ptr_mut(gpu);
                     args.kg = kn.ptr_mut(gpu);
                 }
@@ -879,17 +882,8 @@ impl DeltaFwdPlan {
         self.intra(gpu, t, ws)?;
         let DeltaFwdWorkspace { aqk, tiles } = ws;
         let full = match (self.fused, tiles) {
-            (
-                Some(choice),
-                Tiles::Lean {
-                    tbh,
-                    tbl,
-                    g,
-                    qk,
-                    warm,
-                },
-            ) if choice.lean => {
-                if self.splits() != warm.is_some() {
+            (Some(choice), Tiles::Lean(l)) if choice.lean => {
+                if self.splits() != l.warm.is_some() {
                     return Err(Error::missing(
                         "ws",
                         "a workspace of this plan (allocated after with_split)",
@@ -897,14 +891,13 @@ impl DeltaFwdPlan {
                     )
                     .into());
                 }
-                if let Some(w) = warm.as_mut() {
+                if let Some(w) = l.warm.as_mut() {
                     self.run_warm_policy(gpu, t, w)?;
                 }
-                let warm = warm.as_ref();
-                return self.run_lean(gpu, t, choice, [tbh, tbl, aqk, g], qk.as_ref(), warm, out);
+                return self.run_lean(gpu, t, choice, l, aqk, out);
             }
             (_, Tiles::Full(f)) => f,
-            (_, Tiles::Lean { .. }) => {
+            (_, Tiles::Lean(_)) => {
                 return Err(Error::missing("ws", "a workspace of this plan", "a lean one").into())
             }
         };
@@ -1029,16 +1022,15 @@ impl DeltaFwdPlan {
         )
     }
 
-    /// The lean fused GDN kernel on `t`'s `q, k` (or the normalised `qk`), `v`, and the intra
-    /// stage's `[Tb hi, Tb lo, Aqk, G]`.
+    /// The lean fused GDN kernel on `t`'s `q, k` (or the normalised ones), `v`, the intra stage's
+    /// `Tb` hi + lo, `G` and `Aqk`, and the split's warm-ups.
     fn run_lean(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
         choice: FusedChoice,
-        [tbh, tbl, aqk, gate]: [&DeviceTensor; 4],
-        qk: Option<&(DeviceTensor, DeviceTensor)>,
-        warm: Option<&DeviceTensor>,
+        l: &LeanTiles,
+        aqk: &DeviceTensor,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         let g = &self.geo;
@@ -1050,7 +1042,7 @@ impl DeltaFwdPlan {
         if tasks == 0 || blocks == 0 {
             return Ok(());
         }
-        let (q, k, qk_heads) = match qk {
+        let (q, k, qk_heads) = match &l.qk {
             Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.hv),
             None => (t.q.ptr(gpu), t.k.ptr(gpu), g.h),
         };
@@ -1058,13 +1050,13 @@ impl DeltaFwdPlan {
             q,
             k,
             v: t.v.ptr(gpu),
-            tbh: tbh.ptr(gpu),
-            tbl: tbl.ptr(gpu),
+            tbh: l.tbh.ptr(gpu),
+            tbl: l.tbl.ptr(gpu),
             aqk: aqk.ptr(gpu),
-            g: gate.ptr(gpu),
+            g: l.g.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
             pieces: pieces.ptr(gpu),
-            warm: warm.map_or(0, |w| w.ptr(gpu)),
+            warm: l.warm.as_ref().map_or(0, |w| w.ptr(gpu)),
             o: out.o.ptr_mut(gpu),
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             qk_heads: qk_heads as i64,
