@@ -1,41 +1,152 @@
 // `decode_attention` (`conformance/spec/ops-decode.md` §2), split-KV ("flash-decoding"), and the
-// fused step (`kv_cache_update` then `decode_attention` in one launch); the math and the layout of
-// a block are in decode_attend.cuh.
+// fused step (`kv_cache_update` then `decode_attention` in one launch).
+//
+// For batch row b (cache row r, n valid keys), query i of L_q and head h (KV head hk = h / G,
+// G = H / H_kv): the visible keys are j < n, and with `causal` j <= n - L_q + i; with
+// s_j = scale * q[b,i,h,:] . k[r,j,hk,:]: o = sum_j softmax(s)_j v[r,j,hk,:],
+// lse = log sum_j exp(s_j); no visible key gives o = 0, lse = -inf.
 //
 // Grid (nsplit, H_kv, B), sized from S, B, H_kv and the device only. Block (split, hk, b)
 // handles keys [split * chunk, min((split + 1) * chunk, n)) for all R = G * L_q query rows of
-// KV head hk, RB at a time. A split at or past n exits at once, so the work follows the valid
-// lengths; keys at or past n are never read. Keys are loaded straight into registers.
+// KV head hk (the G heads of one KV head share every K/V load). A split at or past n exits at
+// once, so the work follows the valid lengths; keys at or past n are never read. Scores are
+// kept in log2 units (q is scaled by scale * log2(e) once); fp32 accumulation (fp64 for fp64).
+//
+// Inside a block: DECODE_WARPS warps; a warp covers KPW keys per load instruction, LK lanes per
+// key, each lane NV vectors of W elements (16 bytes) of a key row, so a key row is read as whole
+// 16-byte pieces. Each warp walks its keys U at a time with its own online softmax per lane
+// group (running max m, sum l, accumulator acc); the groups are merged by shuffles, the warps
+// through shared memory. Rows are taken RB at a time (several passes when R > RB).
 //
 // Combine: a row with one valid split (n <= chunk) is written directly by split 0. Otherwise
-// every split writes its normalised partial (o_s, lse_s) to the scratch `part_o`
-// [B * H_kv, nsplit, R, D], `part_lse` [B * H_kv, nsplit, R]; the last split of (b, hk) to
-// finish (a counter per (b, hk), reset by that block for the next launch) merges them in split
-// order.
+// every split writes its normalised partial (o_s, lse_s) to the scratch `part_o`, `part_lse`;
+// the last split of (b, hk) to finish (a counter per (b, hk), reset by that block for the next
+// launch) merges them in split order: lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s
+// (deterministic: the order never depends on timing).
+//
+// Fused step (k_new != 0): n = cache_seqlens[b] + L_new; keys j >= cache_seqlens[b] are read from
+// k_new/v_new [B, L_new, H_kv, D] and written into the caches by the block that owns them.
 //
 // Bad rows (see decode.cuh) get o = NaN, lse = NaN, a flag bit, and no cache write.
+
+// Keys per lane group per step for up to 4 query rows (8 rows: 2).
+#ifndef DECODE_U
+#define DECODE_U 4
+#endif
+#define DECODE_WARPS 4
+#define DECODE_THREADS (DECODE_WARPS * 32)
+// The most splits per row (the host keeps nsplit at or below it; the combine keeps one weight
+// per split in shared memory).
+#define DECODE_MAX_SPLITS 1024
+
+struct DecodeArgs {
+    u64 q;         // [B, L_q, H, D]
+    u64 k_cache;   // cache layout, strides below
+    u64 v_cache;
+    u64 k_new;     // [B, L_new, H_kv, D] or 0 (plain attention)
+    u64 v_new;
+    u64 seqlens;   // const int* [B]
+    u64 batch_idx; // const int* [B] or 0
+    u64 o;         // [B, L_q, H, D], dtype of q
+    u64 lse;       // float [B, H, L_q]
+    u64 part_o;    // float [B * H_kv, nsplit, R, D]
+    u64 part_lse;  // float [B * H_kv, nsplit, R] (log2 units)
+    u64 counters;  // unsigned [B * H_kv], zero between launches
+    u64 flag;      // unsigned
+    i64 lq, h, h_kv, d, s, b_cache, l_new;
+    i64 stride_b, stride_h, stride_s;
+    i64 chunk, nsplit, causal;
+    double scale_log2; // softmax_scale * log2(e)
+};
+
+// Writes o = val, lse = lse_val for every row of (b, hk).
+template <typename T>
+__device__ void decode_fill(const DecodeArgs& a, i64 b, i64 hk, float val, float lse_val) {
+    const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
+    for (i64 e = threadIdx.x; e < rows * a.d; e += blockDim.x) {
+        const i64 r = e / a.d, dd = e - r * a.d, g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+        reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(val);
+        if (dd == 0) reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] = lse_val;
+    }
+}
+
+template <typename Acc> __device__ __forceinline__ Acc block_max(Acc v, Acc* red) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = acc_max(v, __shfl_xor_sync(0xffffffffu, v, off));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < DECODE_WARPS; ++w) v = acc_max(v, red[w]);
+    return v;
+}
+
+template <typename Acc> __device__ __forceinline__ Acc block_sum(Acc v, Acc* red) {
+    v = warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < DECODE_WARPS; ++w) v += red[w];
+    return v;
+}
+
+// Merges the partials of the nsv valid splits of (b, hk) into o and lse (the last block).
+template <typename T>
+__device__ void decode_combine(const DecodeArgs& a, i64 b, i64 hk, i64 nsv, typename AccOf<T>::type* w,
+                               typename AccOf<T>::type* red) {
+    typedef typename AccOf<T>::type Acc;
+    const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq, bh = b * a.h_kv + hk;
+    const Acc* pl = reinterpret_cast<const Acc*>(a.part_lse) + bh * a.nsplit * rows;
+    const Acc* po = reinterpret_cast<const Acc*>(a.part_o) + bh * a.nsplit * rows * a.d;
+    for (i64 r = 0; r < rows; ++r) {
+        Acc mx = DECODE_NEG_INF;
+        for (i64 s = threadIdx.x; s < nsv; s += blockDim.x) mx = acc_max(mx, load_cg(pl + s * rows + r));
+        mx = block_max(mx, red);
+        Acc sum = 0.f;
+        for (i64 s = threadIdx.x; s < nsv; s += blockDim.x) {
+            const Acc x = mx == DECODE_NEG_INF ? 0.f : acc_exp2(load_cg(pl + s * rows + r) - mx);
+            w[s] = x;
+            sum += x;
+        }
+        sum = block_sum(sum, red); // its barriers publish w
+        const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+        const Acc inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (i64 dd = threadIdx.x; dd < a.d; dd += blockDim.x) {
+            Acc acc = 0.f;
+#pragma unroll 8
+            for (i64 s = 0; s < nsv; ++s) acc += w[s] * load_cg(po + (s * rows + r) * a.d + dd);
+            reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(acc * inv);
+        }
+        if (threadIdx.x == 0) {
+            reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] =
+                sum > 0.f ? (mx + acc_log2(sum)) * (Acc)DECODE_LN2 : DECODE_NEG_INF;
+        }
+        __syncthreads(); // w is rewritten for the next row
+    }
+}
 
 // Loads the K and V pieces of keys j0 + u * KPW + grp (u < U) of this lane into kr, vr (zeros
 // past `end`). Keys of this step (j >= n_old, fused step only) come from k_new / v_new and are
 // written into the caches here, by the one lane group that owns them.
-template <typename T, int DP, int W, int RB>
+template <typename T, int W, int U, int NV, int LK, int KPW>
 __device__ __forceinline__ void decode_load(const DecodeArgs& a, i64 j0, i64 end, i64 n_old, i64 cache_off,
-                                            i64 new_off, int grp, int sub,
-                                            Vec<T, W> (&kr)[DecodeGeo<T, DP, W, RB>::U][DecodeGeo<T, DP, W, RB>::NV],
-                                            Vec<T, W> (&vr)[DecodeGeo<T, DP, W, RB>::U][DecodeGeo<T, DP, W, RB>::NV]) {
-    typedef DecodeGeo<T, DP, W, RB> G;
+                                            i64 new_off, int grp, int sub, Vec<T, W> (&kr)[U][NV],
+                                            Vec<T, W> (&vr)[U][NV]) {
     const i64 new_stride = a.h_kv * a.d;
 #pragma unroll
-    for (int u = 0; u < G::U; ++u) {
-        const i64 j = j0 + u * G::KPW + grp;
+    for (int u = 0; u < U; ++u) {
+        const i64 j = j0 + u * KPW + grp;
         const bool fresh = j >= n_old;
         const T* ks = fresh ? reinterpret_cast<const T*>(a.k_new) + new_off + (j - n_old) * new_stride
                             : reinterpret_cast<const T*>(a.k_cache) + cache_off + j * a.stride_s;
         const T* vs = fresh ? reinterpret_cast<const T*>(a.v_new) + new_off + (j - n_old) * new_stride
                             : reinterpret_cast<const T*>(a.v_cache) + cache_off + j * a.stride_s;
 #pragma unroll
-        for (int v = 0; v < G::NV; ++v) {
-            const int p = v * G::LK + sub;
+        for (int v = 0; v < NV; ++v) {
+            const int p = v * LK + sub;
 #pragma unroll
             for (int e = 0; e < W; ++e) kr[u][v].v[e] = vr[u][v].v[e] = Narrow<T>::from(0.f);
             if (j < end && p * W < a.d) {
@@ -52,19 +163,58 @@ __device__ __forceinline__ void decode_load(const DecodeArgs& a, i64 j0, i64 end
     }
 }
 
+// Loads this lane's features of query rows r0 .. r0 + RB (scaled to log2 units; zeros past the
+// last row). Needs no length: issued before the lengths arrive.
+template <typename T, int W, int RB, int NV, int LK, int NE>
+__device__ __forceinline__ void decode_load_q(const DecodeArgs& a, i64 b, i64 hk, i64 r0, int sub,
+                                              typename AccOf<T>::type qscale,
+                                              typename AccOf<T>::type (&qf)[RB][NE]) {
+    typedef typename AccOf<T>::type Acc;
+    const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
+#pragma unroll
+    for (int rr = 0; rr < RB; ++rr) {
+        const i64 r = r0 + rr;
+#pragma unroll
+        for (int e = 0; e < NE; ++e) qf[rr][e] = 0.f;
+        if (r < rows) {
+            const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+            const T* qr = reinterpret_cast<const T*>(a.q) + ((b * a.lq + i) * a.h + h) * a.d;
+#pragma unroll
+            for (int v = 0; v < NV; ++v) {
+                const int p = v * LK + sub;
+                if (p * W < a.d) {
+                    Acc x[W];
+                    widen_vec(*reinterpret_cast<const Vec<T, W>*>(qr + p * W), x);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) qf[rr][v * W + e] = x[e] * qscale;
+                }
+            }
+        }
+    }
+}
+
 template <typename T, int DP, int W, int RB>
 __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
-    typedef DecodeGeo<T, DP, W, RB> G;
-    typedef typename G::Acc Acc;
-    __shared__ DecodeSmem<Acc, DP, RB> sm;
+    typedef typename AccOf<T>::type Acc;
+    constexpr int CH = DP / W;                 // W-element pieces of a padded key row
+    constexpr int LK = CH < 32 ? CH : 32;      // lanes per key
+    constexpr int NV = CH / LK;                // pieces per lane
+    constexpr int KPW = 32 / LK;               // keys per warp instruction
+    constexpr int NE = NV * W;                 // features per lane
+    constexpr int U = RB >= 8 ? 2 : DECODE_U; // keys per lane group per step
+    __shared__ Acc sm_acc[DECODE_WARPS][RB][DP];
+    __shared__ Acc sm_m[DECODE_WARPS][RB], sm_l[DECODE_WARPS][RB];
+    __shared__ Acc sm_w[DECODE_MAX_SPLITS];
+    __shared__ Acc sm_red[DECODE_WARPS];
+    __shared__ int sm_last;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int grp = lane / G::LK, sub = lane % G::LK;
+    const int grp = lane / LK, sub = lane % LK;
     const i64 split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const i64 g_count = a.h / a.h_kv, rows = g_count * a.lq;
     const Acc qscale = (Acc)a.scale_log2;
-    Acc qf[RB][G::NE];
-    decode_load_q<T, DP, W, RB>(a, b, hk, 0, sub, qscale, qf);
+    Acc qf[RB][NE];
+    decode_load_q<T, W, RB, NV, LK, NE>(a, b, hk, 0, sub, qscale, qf);
     i64 n_old, crow;
     const unsigned bad = decode_row(reinterpret_cast<const int*>(a.seqlens), reinterpret_cast<const int*>(a.batch_idx),
                                     b, a.l_new, a.s, a.b_cache, n_old, crow);
@@ -87,32 +237,173 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     const i64 bh = b * a.h_kv + hk;
     const i64 cache_off = crow * a.stride_b + hk * a.stride_h;
     const i64 new_off = b * a.l_new * a.h_kv * a.d + hk * a.d;
-    Acc* part_o = reinterpret_cast<Acc*>(a.part_o);
-    Acc* part_lse = reinterpret_cast<Acc*>(a.part_lse);
 
     for (i64 r0 = 0; r0 < rows; r0 += RB) {
-        if (r0 > 0) decode_load_q<T, DP, W, RB>(a, b, hk, r0, sub, qscale, qf);
-        DecodeState<Acc, RB, G::NE> st;
-        st.init();
+        if (r0 > 0) decode_load_q<T, W, RB, NV, LK, NE>(a, b, hk, r0, sub, qscale, qf);
+        Acc acc[RB][NE], m[RB], l[RB];
         i64 lim[RB];
-        decode_visible<RB>(a, r0, rows, n, lim);
 #pragma unroll
-        for (int rr = 0; rr < RB; ++rr) lim[rr] = min(end, lim[rr]);
-        for (i64 j0 = begin + warp * (G::KPW * G::U); j0 < end; j0 += G::TK) {
-            Vec<T, W> kr[G::U][G::NV], vr[G::U][G::NV];
-            decode_load<T, DP, W, RB>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
-            decode_keys<T, DP, W, RB>(qf, kr, vr, j0, grp, lim, st);
+        for (int rr = 0; rr < RB; ++rr) {
+            const i64 r = r0 + rr;
+            m[rr] = DECODE_NEG_INF;
+            l[rr] = 0.f;
+            lim[rr] = begin;
+#pragma unroll
+            for (int e = 0; e < NE; ++e) acc[rr][e] = 0.f;
+            if (r < rows) {
+                const i64 i = r % a.lq;
+                const i64 vis = a.causal ? max((i64)0, min(n, n - a.lq + i + 1)) : n;
+                lim[rr] = min(end, vis);
+            }
         }
-        const i64 nrows = min((i64)RB, rows - r0), pr = (bh * a.nsplit + split) * rows + r0;
-        decode_finish<T, DP, W, RB>(a, st, sm, b, hk, r0, nrows, single ? nullptr : part_o + pr * a.d,
-                                    single ? nullptr : part_lse + pr);
+        for (i64 j0 = begin + warp * (KPW * U); j0 < end; j0 += DECODE_WARPS * KPW * U) {
+            Vec<T, W> kr[U][NV], vr[U][NV];
+            decode_load<T, W, U, NV, LK, KPW>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
+            Acc sc[U][RB];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                Acc kf[NE];
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    Acc x[W];
+                    widen_vec(kr[u][v], x);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) kf[v * W + e] = x[e];
+                }
+#pragma unroll
+                for (int rr = 0; rr < RB; ++rr) {
+                    Acc s = 0.f;
+#pragma unroll
+                    for (int e = 0; e < NE; ++e) s = fmaf(qf[rr][e], kf[e], s);
+                    sc[u][rr] = s;
+                }
+            }
+#pragma unroll
+            for (int off = LK / 2; off > 0; off >>= 1) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+#pragma unroll
+                    for (int rr = 0; rr < RB; ++rr) sc[u][rr] += __shfl_xor_sync(0xffffffffu, sc[u][rr], off);
+                }
+            }
+            Acc vf[U][NE];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    Acc x[W];
+                    widen_vec(vr[u][v], x);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) vf[u][v * W + e] = x[e];
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+                Acc mx = m[rr];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64 j = j0 + u * KPW + grp;
+                    if (j >= lim[rr]) sc[u][rr] = DECODE_NEG_INF;
+                    mx = acc_max(mx, sc[u][rr]);
+                }
+                if (mx == DECODE_NEG_INF) continue; // nothing visible yet
+                const Acc alpha = acc_exp2(m[rr] - mx);
+                Acc p[U];
+                Acc ps = 0.f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    p[u] = acc_exp2(sc[u][rr] - mx);
+                    ps += p[u];
+                }
+                l[rr] = l[rr] * alpha + ps;
+                m[rr] = mx;
+#pragma unroll
+                for (int e = 0; e < NE; ++e) {
+                    Acc x = acc[rr][e] * alpha;
+#pragma unroll
+                    for (int u = 0; u < U; ++u) x = fmaf(p[u], vf[u][e], x);
+                    acc[rr][e] = x;
+                }
+            }
+        }
+        // merge the lane groups of the warp (keys interleaved by group)
+#pragma unroll
+        for (int off = LK; off < 32; off <<= 1) {
+#pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+                const Acc m2 = __shfl_xor_sync(0xffffffffu, m[rr], off);
+                const Acc l2 = __shfl_xor_sync(0xffffffffu, l[rr], off);
+                const Acc mx = acc_max(m[rr], m2);
+                const Acc a1 = mx == DECODE_NEG_INF ? 0.f : acc_exp2(m[rr] - mx);
+                const Acc a2 = mx == DECODE_NEG_INF ? 0.f : acc_exp2(m2 - mx);
+#pragma unroll
+                for (int e = 0; e < NE; ++e) {
+                    const Acc o2 = __shfl_xor_sync(0xffffffffu, acc[rr][e], off);
+                    acc[rr][e] = acc[rr][e] * a1 + o2 * a2;
+                }
+                l[rr] = l[rr] * a1 + l2 * a2;
+                m[rr] = mx;
+            }
+        }
+        if (grp == 0) {
+#pragma unroll
+            for (int rr = 0; rr < RB; ++rr) {
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+#pragma unroll
+                    for (int e = 0; e < W; ++e) sm_acc[warp][rr][(v * LK + sub) * W + e] = acc[rr][v * W + e];
+                }
+                if (sub == 0) {
+                    sm_m[warp][rr] = m[rr];
+                    sm_l[warp][rr] = l[rr];
+                }
+            }
+        }
+        __syncthreads();
+        // merge the warps; write the row (one split) or the split's partial
+        const i64 nrows = min((i64)RB, rows - r0);
+        for (i64 e = threadIdx.x; e < nrows * a.d; e += blockDim.x) {
+            const int rr = (int)(e / a.d);
+            const i64 dd = e - (i64)rr * a.d, r = r0 + rr;
+            Acc mx = sm_m[0][rr];
+#pragma unroll
+            for (int w = 1; w < DECODE_WARPS; ++w) mx = acc_max(mx, sm_m[w][rr]);
+            Acc sum = 0.f, out = 0.f;
+            if (mx != DECODE_NEG_INF) {
+#pragma unroll
+                for (int w = 0; w < DECODE_WARPS; ++w) {
+                    const Acc f = acc_exp2(sm_m[w][rr] - mx);
+                    sum += sm_l[w][rr] * f;
+                    out += sm_acc[w][rr][dd] * f;
+                }
+                out /= sum;
+            }
+            const Acc lse2 = mx == DECODE_NEG_INF ? DECODE_NEG_INF : mx + acc_log2(sum);
+            if (single) {
+                const i64 g = r / a.lq, i = r - g * a.lq, h = hk * g_count + g;
+                reinterpret_cast<T*>(a.o)[((b * a.lq + i) * a.h + h) * a.d + dd] = Narrow<T>::from(out);
+                if (dd == 0) {
+                    reinterpret_cast<float*>(a.lse)[(b * a.h + h) * a.lq + i] =
+                        lse2 == DECODE_NEG_INF ? DECODE_NEG_INF : lse2 * (Acc)DECODE_LN2;
+                }
+            } else {
+                const i64 pr = (bh * a.nsplit + split) * rows + r;
+                reinterpret_cast<Acc*>(a.part_o)[pr * a.d + dd] = out;
+                if (dd == 0) reinterpret_cast<Acc*>(a.part_lse)[pr] = lse2;
+            }
+        }
+        __syncthreads(); // shared memory is reused by the next rows
     }
     if (single) return;
     // the last split of (b, hk) to finish merges the partials
+    __threadfence();
+    __syncthreads();
     unsigned* counter = reinterpret_cast<unsigned*>(a.counters) + bh;
-    if (!decode_arrive(counter, nsv, sm.last)) return;
-    const i64 base = bh * a.nsplit * rows;
-    decode_combine<T>(a, b, hk, part_lse + base, part_o + base * a.d, nsv, rows, 0, rows, sm.w, sm.red);
+    if (threadIdx.x == 0) sm_last = atomicAdd(counter, 1u) == (unsigned)(nsv - 1);
+    __syncthreads();
+    if (!sm_last) return;
+    __threadfence();
+    decode_combine<T>(a, b, hk, nsv, sm_w, sm_red);
     if (threadIdx.x == 0) *counter = 0u;
 }
 

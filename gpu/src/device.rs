@@ -232,44 +232,6 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Blocks of `kernel` (`block` threads, `smem` bytes of dynamic shared memory) resident on
-    /// one multiprocessor at once, and the most dynamic shared memory one block of it may have
-    /// (the device's opt-in limit less the kernel's static shared memory).
-    pub(crate) fn residency(
-        &self,
-        module: Module,
-        kernel: &str,
-        block: u32,
-        smem: usize,
-    ) -> GpuResult<(u32, usize)> {
-        let f = self.function(module, kernel)?;
-        let ctx = |what: &str| GpuError::driver(format!("{what} of `{kernel}`"));
-        let optin = self
-            .ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .map_err(ctx("the shared memory limit"))? as usize;
-        let fixed = f
-            .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-            .map_err(ctx("the static shared memory"))? as usize;
-        let most = optin.saturating_sub(fixed);
-        if smem > 48 * 1024 && smem <= most {
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(ctx("the shared memory opt-in"))?;
-        }
-        let blocks = if smem <= most {
-            f.occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
-                .map_err(ctx("the occupancy"))?
-        } else {
-            0
-        };
-        Ok((blocks, most))
-    }
-
     /// Launches `kernel` of `module` on a `grid` of `block`-thread blocks with one by-value
     /// parameter struct, checks the launch,
     /// and (when checked) its completion.

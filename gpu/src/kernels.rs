@@ -9,7 +9,6 @@ const TILE: &str = include_str!("../kernels/tile.cuh");
 const NSA: &str = include_str!("../kernels/nsa.cuh");
 const NSA_ATTEND: &str = include_str!("../kernels/nsa_attend.cuh");
 const DECODE: &str = include_str!("../kernels/decode.cuh");
-const DECODE_ATTEND: &str = include_str!("../kernels/decode_attend.cuh");
 const FWD_H: &str = include_str!("../kernels/fwd_h.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
@@ -28,7 +27,6 @@ pub enum Module {
     NsaFwd,
     KvCacheUpdate,
     DecodeAttention,
-    DecodeWalk,
     ReadStream,
     ChunkGatedDeltaRuleFwdH,
     FwdHPreScan,
@@ -55,7 +53,6 @@ impl Module {
             Module::NsaFwd => "nsa_fwd",
             Module::KvCacheUpdate => "kv_cache_update",
             Module::DecodeAttention => "decode_attention",
-            Module::DecodeWalk => "decode_walk",
             Module::ReadStream => "read_stream",
             Module::ChunkGatedDeltaRuleFwdH => "chunk_gated_delta_rule_fwd_h",
             Module::FwdHPreScan => "fwd_h_pre_scan",
@@ -84,7 +81,6 @@ impl Module {
             Module::NsaFwd => include_str!("../kernels/nsa_fwd.cu"),
             Module::KvCacheUpdate => include_str!("../kernels/kv_cache_update.cu"),
             Module::DecodeAttention => include_str!("../kernels/decode_attention.cu"),
-            Module::DecodeWalk => include_str!("../kernels/decode_walk.cu"),
             Module::ReadStream => include_str!("../kernels/read_stream.cu"),
             Module::ChunkGatedDeltaRuleFwdH => {
                 include_str!("../kernels/chunk_gated_delta_rule_fwd_h.cu")
@@ -117,12 +113,8 @@ impl Module {
                 s.push_str(self.op_source());
                 return s;
             }
-            Module::KvCacheUpdate => s.push_str(DECODE),
+            Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
             Module::ReadStream => {}
-            Module::DecodeAttention | Module::DecodeWalk => {
-                s.push_str(DECODE);
-                s.push_str(DECODE_ATTEND);
-            }
             Module::KdaIntra => {
                 // the gate of gate.cuh and the dtype-coded loads of fwd_h.cuh
                 s.push_str(GATE);
@@ -145,7 +137,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 22] = [
+    pub const ALL: [Module; 21] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -159,7 +151,6 @@ impl Module {
         Module::NsaFwd,
         Module::KvCacheUpdate,
         Module::DecodeAttention,
-        Module::DecodeWalk,
         Module::ReadStream,
         Module::ChunkGatedDeltaRuleFwdH,
         Module::FwdHPreScan,

@@ -71,9 +71,3 @@ pub(crate) fn decode_chunk() -> Option<usize> {
 pub(crate) fn decode_blocks_per_sm() -> Option<usize> {
     knob("ATTN_DECODE_BLOCKS_PER_SM", |c| c > 0)
 }
-
-/// `$ATTN_DECODE_KERNEL`: the decode attention kernel of new workspaces (`split`, `walk`,
-/// `walk:BLOCKS_PER_SM:STAGES:MIN_PORTION`; parsed by `DecodeKernel::parse`).
-pub(crate) fn decode_kernel() -> Option<String> {
-    std::env::var("ATTN_DECODE_KERNEL").ok()
-}

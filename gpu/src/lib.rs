@@ -28,7 +28,7 @@ pub mod tile;
 pub use cumsum::{cumsum, cumsum_into};
 pub use decode::{
     decode_attention, decode_attention_into, decode_step, kv_cache_update, CacheLayout, CacheRows,
-    DecodeFlag, DecodeKernel, DecodeOutputs, DecodeParams, DecodeWorkspace, KvCache, NewTokens,
+    DecodeFlag, DecodeOutputs, DecodeParams, DecodeWorkspace, KvCache, NewTokens,
 };
 pub use delta::{
     chunk_gated_delta_rule_fwd_h, chunk_gated_delta_rule_fwd_h_split, fwd_h_merge, fwd_h_pre_scan,

@@ -1,9 +1,9 @@
 //! GPU `kv_cache_update`, `decode_attention` and the fused step against the float64 reference
 //! (`conformance/spec/ops-decode.md`): the spec's case list (`L_q` 1, 2, 7; `n` 0, 1, 63, 64, 65,
 //! 4000 and `n == S` mixed in one batch; GQA 1, 4, 8; `D` 64, 80, 96, 128, 256; both layouts;
-//! `cache_batch_idx`; bf16, fp16, fp32), random shapes (fp64 too), NaN in every cache position past the
-//! valid prefix (and in unused cache rows), outputs poisoned with NaN, determinism over 100
-//! launches, the device flag for out-of-range rows, and a captured CUDA graph replayed after the
+//! `cache_batch_idx`; bf16, fp16, fp32), a serving batch of mostly empty and one-token rows, a full
+//! cache of 32768, random shapes (fp64 too), NaN in every cache position past the valid prefix
+//! (and in unused cache rows), outputs poisoned with NaN, determinism over 100 launches, the device flag for out-of-range rows, and a captured CUDA graph replayed after the
 //! lengths and tokens changed in device memory. Without a GPU each test says why and passes.
 
 mod common;
@@ -11,8 +11,8 @@ mod common;
 use attn_gpu::decode::check::check_attention_shapes;
 use attn_gpu::{
     capture, decode_attention, decode_attention_into, decode_step, kv_cache_update, CacheLayout,
-    CacheRows, DecodeFlag, DecodeKernel, DecodeOutputs, DecodeParams, DecodeWorkspace,
-    DeviceTensor, Gpu, KvCache, NewTokens,
+    CacheRows, DecodeFlag, DecodeOutputs, DecodeParams, DecodeWorkspace, DeviceTensor, Gpu,
+    KvCache, NewTokens,
 };
 use attn_reference::decode as refd;
 use attn_reference::{Dtype, ErrorKind};
@@ -24,16 +24,6 @@ use proptest::test_runner::TestRunner;
 const HALF_O: f64 = 5e-3;
 const HALF_LSE: f64 = 1e-3;
 const F32: f64 = 1e-5;
-
-/// Every attention kernel variant the tests run: the split grid, the walk's defaults, a walk of
-/// one block per multiprocessor with two stages and 32-key portions (many segments per unit:
-/// the combine at its busiest), and one of four blocks with seven stages.
-fn kernels() -> Vec<DecodeKernel> {
-    ["split", "walk", "walk:1:2:32", "walk:4:7:128"]
-        .into_iter()
-        .map(|k| DecodeKernel::parse(k).unwrap())
-        .collect()
-}
 
 /// One decode case on the host (float64 values, before rounding to the device dtype).
 #[derive(Clone)]
@@ -164,7 +154,7 @@ impl OnDevice {
         }
     }
 
-    fn workspace(&self, gpu: &Gpu, kernel: DecodeKernel) -> (DecodeWorkspace, DecodeOutputs) {
+    fn workspace(&self, gpu: &Gpu) -> (DecodeWorkspace, DecodeOutputs) {
         let shape = check_attention_shapes(
             (self.q.shape(), self.q.dtype()),
             (self.cache.k.shape(), self.cache.k.dtype()),
@@ -172,7 +162,7 @@ impl OnDevice {
             self.cache.layout,
         )
         .unwrap();
-        let ws = DecodeWorkspace::with_kernel(gpu, shape, kernel).unwrap();
+        let ws = DecodeWorkspace::new(gpu, shape).unwrap();
         let out = DecodeOutputs {
             o: poisoned(gpu, &[shape.b, shape.l, shape.h, shape.d], shape.dtype),
             lse: poisoned(gpu, &[shape.b, shape.h, shape.l], Dtype::F32),
@@ -210,29 +200,41 @@ fn thresholds(dtype: Dtype) -> (f64, f64) {
     }
 }
 
-/// Runs `decode_attention_into` with every kernel variant on poisoned outputs and checks both
-/// against the reference and the flag against 0.
-fn check_attention(gpu: &Gpu, c: &Case, dtype: Dtype, what: &str) {
+/// Runs `decode_attention_into` on poisoned outputs and checks both against the reference and
+/// the flag against 0; with `per_row`, each batch row on its own as well (so that one wrong row
+/// among many short ones cannot hide in the batch's RMS).
+fn check_attention_with(gpu: &Gpu, c: &Case, dtype: Dtype, what: &str, per_row: bool) {
     let dev = OnDevice::new(gpu, c, dtype);
+    let (mut ws, mut out) = dev.workspace(gpu);
+    decode_attention_into(
+        gpu,
+        &dev.q,
+        &dev.cache,
+        dev.rows(),
+        &c.params,
+        &mut ws,
+        &mut out,
+    )
+    .unwrap();
     let (o, lse) = reference(&dev.host);
     let (to, tl) = thresholds(dtype);
-    for kernel in kernels() {
-        let (mut ws, mut out) = dev.workspace(gpu, kernel);
-        decode_attention_into(
-            gpu,
-            &dev.q,
-            &dev.cache,
-            dev.rows(),
-            &c.params,
-            &mut ws,
-            &mut out,
-        )
-        .unwrap();
-        let what = format!("{what} {dtype} {kernel:?} splits {:?}", ws.splits());
-        assert_close(&format!("{what} o"), &download(gpu, &out.o), &o, to);
-        assert_close(&format!("{what} lse"), &download(gpu, &out.lse), &lse, tl);
-        assert_eq!(ws.flag().take(gpu).unwrap(), 0, "{what}: device flag");
+    let what = format!("{what} {dtype} splits {:?}", ws.splits());
+    let (got_o, got_lse) = (download(gpu, &out.o), download(gpu, &out.lse));
+    assert_close(&format!("{what} o"), &got_o, &o, to);
+    assert_close(&format!("{what} lse"), &got_lse, &lse, tl);
+    if per_row {
+        for (b, n) in c.lens.iter().enumerate() {
+            let row = |a: &ArrayD<f64>| a.index_axis(Axis(0), b).to_owned();
+            let what = format!("{what} row {b} (n {n})");
+            assert_close(&format!("{what} o"), &row(&got_o), &row(&o), to);
+            assert_close(&format!("{what} lse"), &row(&got_lse), &row(&lse), tl);
+        }
     }
+    assert_eq!(ws.flag().take(gpu).unwrap(), 0, "{what}: device flag");
+}
+
+fn check_attention(gpu: &Gpu, c: &Case, dtype: Dtype, what: &str) {
+    check_attention_with(gpu, c, dtype, what, false);
 }
 
 const DTYPES: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
@@ -305,12 +307,13 @@ fn long_rows_match_reference(gpu: &Gpu) {
     }
 }
 
-/// A serving-like batch (GQA 32/8, D 128) where most rows are empty or hold one token, beside a
-/// few long and full rows: the walk skips the empty rows and packs the short ones into blocks.
+/// A serving-like batch (GQA 32/8, D 128: the 4-row kernel) where most rows are empty or hold
+/// one token, beside random, full and split-boundary rows (S 512: 4 splits of 128 keys on 132
+/// SMs, so rows of 128 and 129 keys take one split and two), each row checked on its own.
 fn mixed_lengths_with_many_empty_and_one_token_rows(gpu: &Gpu) {
     let mut rng = Rng::new(26);
     for (k, dtype) in DTYPES.into_iter().enumerate() {
-        let s = 2048;
+        let s = 512;
         let g = Geo {
             b: 40,
             b_cache: 44,
@@ -327,8 +330,9 @@ fn mixed_lengths_with_many_empty_and_one_token_rows(gpu: &Gpu) {
                 _ => rng.below(s + 1) as i64,
             })
             .collect();
-        lens[7] = s as i64;
-        lens[11] = 129;
+        lens[4] = s as i64;
+        lens[9] = 129;
+        lens[14] = 128;
         for i in (1..lens.len()).rev() {
             lens.swap(i, rng.below(i + 1));
         }
@@ -341,16 +345,18 @@ fn mixed_lengths_with_many_empty_and_one_token_rows(gpu: &Gpu) {
             layout,
             DecodeParams::default(),
         );
-        check_attention(
+        check_attention_with(
             gpu,
             &case,
             dtype,
             &format!("mixed {layout:?} lens {lens:?}"),
+            true,
         );
     }
 }
 
-/// Two rows of a full cache of 32768 keys (and one of 32767), GQA 4, D 128.
+/// A full cache of 32768 keys (two rows full, one of 32767: 128 splits combined), GQA 4, D 128,
+/// each row checked on its own.
 fn full_cache_of_32768(gpu: &Gpu) {
     let mut rng = Rng::new(32768);
     for (dtype, layout) in [
@@ -366,16 +372,15 @@ fn full_cache_of_32768(gpu: &Gpu) {
             d: 128,
             lq: 1,
         };
-        let lens = vec![32768, 32767, 32768];
         let case = make_case(
             &mut rng,
             g,
-            lens,
+            vec![32768, 32767, 32768],
             dtype == Dtype::F32,
             layout,
             DecodeParams::default(),
         );
-        check_attention(gpu, &case, dtype, &format!("full 32768 {layout:?}"));
+        check_attention_with(gpu, &case, dtype, &format!("full 32768 {layout:?}"), true);
     }
 }
 
@@ -440,20 +445,8 @@ fn attention_is_bit_identical_over_100_launches(gpu: &Gpu) {
         DecodeParams::default(),
     );
     let dev = OnDevice::new(gpu, &case, Dtype::BF16);
-    for kernel in kernels() {
-        let (ws, out) = dev.workspace(gpu, kernel);
-        assert!(ws.splits().0 > 1, "the case must combine several splits");
-        identical_over_100_launches(gpu, &dev, &case, ws, out);
-    }
-}
-
-fn identical_over_100_launches(
-    gpu: &Gpu,
-    dev: &OnDevice,
-    case: &Case,
-    mut ws: DecodeWorkspace,
-    mut out: DecodeOutputs,
-) {
+    let (mut ws, mut out) = dev.workspace(gpu);
+    assert!(ws.splits().0 > 1, "the case must combine several splits");
     let mut first = None;
     for _ in 0..100 {
         out.o.poison(gpu).unwrap();
@@ -575,12 +568,6 @@ fn kv_cache_update_is_bit_exact(gpu: &Gpu) {
 }
 
 fn fused_step_equals_update_then_attention(gpu: &Gpu) {
-    for kernel in kernels() {
-        fused_step_with(gpu, kernel);
-    }
-}
-
-fn fused_step_with(gpu: &Gpu, kernel: DecodeKernel) {
     let mut rng = Rng::new(77);
     for (k, (dtype, layout)) in DTYPES
         .into_iter()
@@ -610,7 +597,7 @@ fn fused_step_with(gpu: &Gpu, kernel: DecodeKernel) {
         let new = NewTokens { k: &nk, v: &nv };
         // fused
         let mut fused = OnDevice::new(gpu, &case, dtype);
-        let (mut ws, mut out) = fused.workspace(gpu, kernel);
+        let (mut ws, mut out) = fused.workspace(gpu);
         let rows = CacheRows {
             cache_seqlens: &fused.seqlens,
             cache_batch_idx: fused.idx.as_ref(),
@@ -637,7 +624,7 @@ fn fused_step_with(gpu: &Gpu, kernel: DecodeKernel) {
         kv_cache_update(gpu, &mut comp.cache, new, rows, &mut flag).unwrap();
         let after: Vec<i64> = lens.iter().map(|&n| n + l_new as i64).collect();
         let after_dev = DeviceTensor::from_slice(gpu, &i32s(&after)).unwrap();
-        let (mut ws2, mut out2) = comp.workspace(gpu, kernel);
+        let (mut ws2, mut out2) = comp.workspace(gpu);
         let rows2 = CacheRows {
             cache_seqlens: &after_dev,
             cache_batch_idx: comp.idx.as_ref(),
@@ -652,7 +639,7 @@ fn fused_step_with(gpu: &Gpu, kernel: DecodeKernel) {
             &mut out2,
         )
         .unwrap();
-        let what = format!("fused {g:?} {layout:?} {dtype} {kernel:?}");
+        let what = format!("fused {g:?} {layout:?} {dtype}");
         for (name, a, b) in [
             ("k_cache", &fused.cache.k, &comp.cache.k),
             ("v_cache", &fused.cache.v, &comp.cache.v),
@@ -680,12 +667,6 @@ fn fused_step_with(gpu: &Gpu, kernel: DecodeKernel) {
 
 fn graph_replay_follows_lengths_in_device_memory(shared: &Gpu) {
     let gpu = &shared.fork().unwrap();
-    for kernel in kernels() {
-        graph_replay_with(gpu, kernel);
-    }
-}
-
-fn graph_replay_with(gpu: &Gpu, kernel: DecodeKernel) {
     let mut rng = Rng::new(2024);
     for (dtype, layout, idx) in [
         (Dtype::BF16, CacheLayout::Bshd, false),
@@ -713,7 +694,7 @@ fn graph_replay_with(gpu: &Gpu, kernel: DecodeKernel) {
         case.k_cache = dev.host.k_cache.clone();
         case.v_cache = dev.host.v_cache.clone();
         let ((mut nk, mut nv), (kh, vh)) = new_tokens(gpu, &mut rng, g.b, 1, g.h_kv, g.d, dtype);
-        let (mut ws, mut out) = dev.workspace(gpu, kernel);
+        let (mut ws, mut out) = dev.workspace(gpu);
         let params = case.params;
         let step = |gpu: &Gpu,
                     dev: &mut OnDevice,
@@ -759,10 +740,7 @@ fn graph_replay_with(gpu: &Gpu, kernel: DecodeKernel) {
             seen.lens = lens.iter().map(|&n| n + 1).collect();
             let (o, lse) = reference(&seen);
             let (to, tl) = thresholds(dtype);
-            let what = format!(
-                "replay {t} {dtype} {layout:?} {kernel:?} lens {:?}",
-                seen.lens
-            );
+            let what = format!("replay {t} {dtype} {layout:?} lens {:?}", seen.lens);
             assert_close(&format!("{what} o"), &download(gpu, &out.o), &o, to);
             assert_close(&format!("{what} lse"), &download(gpu, &out.lse), &lse, tl);
             assert_bit_identical(
@@ -812,10 +790,7 @@ fn out_of_range_rows_raise_the_device_flag(gpu: &Gpu) {
     ];
     let mut good = case.clone();
     good.lens = vec![10, 0, 250];
-    for ((lens, idx, bit, arg), kernel) in bad
-        .into_iter()
-        .flat_map(|b| kernels().into_iter().map(move |k| (b.clone(), k)))
-    {
+    for (lens, idx, bit, arg) in bad {
         let dev = OnDevice::new(gpu, &case, Dtype::BF16);
         let seqlens = DeviceTensor::from_slice(gpu, &i32s(&lens)).unwrap();
         let idx_dev = DeviceTensor::from_slice(gpu, &i32s(&idx)).unwrap();
@@ -823,7 +798,7 @@ fn out_of_range_rows_raise_the_device_flag(gpu: &Gpu) {
             cache_seqlens: &seqlens,
             cache_batch_idx: Some(&idx_dev),
         };
-        let (mut ws, mut out) = dev.workspace(gpu, kernel);
+        let (mut ws, mut out) = dev.workspace(gpu);
         decode_attention_into(
             gpu,
             &dev.q,

@@ -43,7 +43,6 @@ pub(crate) struct DecodeArgs {
     pub part_lse: u64,
     pub counters: u64,
     pub flag: u64,
-    pub batch: i64,
     pub lq: i64,
     pub h: i64,
     pub h_kv: i64,
@@ -57,8 +56,6 @@ pub(crate) struct DecodeArgs {
     pub chunk: i64,
     pub nsplit: i64,
     pub causal: i64,
-    pub npass: i64,
-    pub min_portion: i64,
     pub scale_log2: f64,
 }
 // SAFETY: as above.

@@ -24,18 +24,16 @@ mod workspace;
 
 pub use attn_reference::decode::CacheLayout;
 pub use check::DecodeShape;
-pub use workspace::{
-    flag_error, split_plan, DecodeFlag, DecodeKernel, DecodeWorkspace, MAX_SPLITS,
-};
+pub use workspace::{flag_error, split_plan, DecodeFlag, DecodeWorkspace, MAX_SPLITS};
 
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
+use crate::params::tag;
 use crate::tensor::DeviceTensor;
 use args::{DecodeArgs, UpdateArgs};
 use attn_reference::{Dtype, Error};
 use check::{check_attention_shapes, check_kv_cache_update, check_rows, Meta};
-use workspace::{attention_kernel, Plan, THREADS};
 
 /// A static KV cache: `k` and `v` in `layout` (`[B_cache, S, H_kv, D]` or `[B_cache, H_kv, S, D]`).
 #[derive(Debug)]
@@ -165,6 +163,25 @@ pub fn kv_cache_update(
     )
 }
 
+/// The attention kernel for `shape`: padded head dim, elements per load, rows per pass.
+fn attention_kernel(shape: &DecodeShape) -> String {
+    let width = 16 / shape.dtype.size_bytes();
+    let (dp, w) = match shape.d {
+        d if d % width != 0 => (256, 1),
+        d if d <= 64 => (64, width),
+        d if d <= 128 => (128, width),
+        _ => (256, width),
+    };
+    let rows = shape.h / shape.h_kv * shape.l;
+    // fp64 kernels hold at most 4 rows per pass (their shared memory)
+    let most = if shape.dtype == Dtype::F64 { 4 } else { 8 };
+    let rb = [1, 2, 4, 8]
+        .into_iter()
+        .find(|&r| r >= rows.min(most))
+        .unwrap_or(most);
+    format!("decode_attention_{}_d{dp}_w{w}_r{rb}", tag(shape.dtype))
+}
+
 /// Checks that `q`, the caches, the rows and the outputs match the workspace's geometry.
 fn check_attention(
     q: &DeviceTensor,
@@ -240,12 +257,8 @@ fn launch_attention(
         return Ok(());
     }
     let (sb, sh, ss) = shape.strides();
-    let plan = ws.plan;
+    let (nsplit, chunk) = (ws.nsplit, ws.chunk);
     let (part_o, part_lse, counters, flag) = ws.ptrs(gpu);
-    let (nsplit, chunk, npass, min_portion) = match plan {
-        Plan::Split { nsplit, chunk } => (nsplit, chunk, 0, 0),
-        Plan::Walk(w) => (0, 0, w.npass, w.min_portion),
-    };
     let args = DecodeArgs {
         q: q.ptr(gpu),
         k_cache: cache_ptrs.0,
@@ -260,7 +273,6 @@ fn launch_attention(
         part_lse,
         counters,
         flag,
-        batch: shape.b as i64,
         lq: shape.l as i64,
         h: shape.h as i64,
         h_kv: shape.h_kv as i64,
@@ -274,28 +286,17 @@ fn launch_attention(
         chunk: chunk as i64,
         nsplit: nsplit as i64,
         causal: params.causal as i64,
-        npass: npass as i64,
-        min_portion: min_portion as i64,
         scale_log2: scale * std::f64::consts::LOG2_E,
     };
-    match plan {
-        Plan::Split { nsplit, .. } => gpu.launch_3d(
-            Module::DecodeAttention,
-            &attention_kernel(&shape, "decode_attention").name,
-            (nsplit as u32, shape.h_kv as u32, shape.b as u32),
-            THREADS,
-            0,
-            &args,
-        ),
-        Plan::Walk(w) => gpu.launch_3d(
-            Module::DecodeWalk,
-            &attention_kernel(&shape, "decode_walk").name,
-            (w.grid as u32, 1, 1),
-            THREADS,
-            w.smem as u32,
-            &args,
-        ),
-    }
+    let grid = (nsplit as u32, shape.h_kv as u32, shape.b as u32);
+    gpu.launch_3d(
+        Module::DecodeAttention,
+        &attention_kernel(&shape),
+        grid,
+        128,
+        0,
+        &args,
+    )
 }
 
 /// `decode_attention` into `out` with the workspace `ws` (made for these shapes): one launch

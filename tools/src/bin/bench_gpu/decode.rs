@@ -11,9 +11,8 @@
 use super::{random_tensor, time_ms};
 use attn_gpu::decode::check::check_attention_shapes;
 use attn_gpu::{
-    capture, decode_attention_into, decode_step, CacheLayout, CacheRows, DecodeKernel,
-    DecodeOutputs, DecodeParams, DecodeWorkspace, DeviceTensor, Gpu, GpuError, GpuResult, KvCache,
-    NewTokens,
+    capture, decode_attention_into, decode_step, CacheLayout, CacheRows, DecodeOutputs,
+    DecodeParams, DecodeWorkspace, DeviceTensor, Gpu, GpuError, GpuResult, KvCache, NewTokens,
 };
 use attn_reference::Dtype;
 use rand::rngs::StdRng;
@@ -21,16 +20,6 @@ use rand::{Rng, SeedableRng};
 
 /// Steps captured in one graph for the per-step replay time.
 pub const GRAPH_STEPS: usize = 32;
-
-/// The kernel variants every decode case is timed with, on the same inputs: `$ATTN_DECODE_VARIANTS`
-/// (`;`- or `,`-separated [`DecodeKernel::parse`] strings), else the split grid and the walk.
-pub fn variants() -> Result<Vec<(String, DecodeKernel)>, attn_reference::Error> {
-    let list = std::env::var("ATTN_DECODE_VARIANTS").unwrap_or_else(|_| "split,walk".into());
-    list.split([';', ','])
-        .filter(|v| !v.trim().is_empty())
-        .map(|v| Ok((v.trim().to_string(), DecodeKernel::parse(v)?)))
-        .collect()
-}
 
 /// How a case is launched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,14 +123,8 @@ pub fn cases() -> Vec<DecodeCase> {
     v
 }
 
-/// Median time of one step (ms) with each of `kernels`, on the same inputs, and the number of
-/// cache copies rotated over.
-pub fn run(
-    gpu: &Gpu,
-    case: &DecodeCase,
-    iters: usize,
-    kernels: &[DecodeKernel],
-) -> GpuResult<(Vec<f64>, usize)> {
+/// Median time of one step (ms) and the number of cache copies rotated over.
+pub fn run(gpu: &Gpu, case: &DecodeCase, iters: usize) -> GpuResult<(f64, usize)> {
     let cache_shape = case.cache_shape();
     let q_shape = [case.b, 1, case.h, case.d];
     let shape = check_attention_shapes(
@@ -186,67 +169,44 @@ pub fn run(
         cache_batch_idx: None,
     };
     let params = DecodeParams::default();
+    let mut ws = DecodeWorkspace::new(gpu, shape)?;
     let mut out = DecodeOutputs::alloc(gpu, &shape)?;
-    let mut times = Vec::new();
-    let mut caches = caches;
-    for &kernel in kernels {
-        let mut ws = DecodeWorkspace::with_kernel(gpu, shape, kernel)?;
-        let ms = match case.mode {
-            Mode::Launch => time_ms(gpu, iters, |i| {
+    match case.mode {
+        Mode::Launch => {
+            let ms = time_ms(gpu, iters, |i| {
                 let k = i % sets;
                 decode_attention_into(gpu, &qs[k], &caches[k], rows, &params, &mut ws, &mut out)
-            })?,
-            Mode::Graph | Mode::StepGraph => graph_step_ms(
-                gpu,
-                case,
-                iters,
-                (&qs[0], &mut caches[0]),
-                &lens,
-                rows,
-                &mut ws,
-                &mut out,
-            )?,
-        };
-        times.push(ms);
-    }
-    Ok((times, sets))
-}
-
-/// Per-step time (ms) of a captured graph of [`GRAPH_STEPS`] steps (attention alone, or fused).
-#[allow(clippy::too_many_arguments)]
-fn graph_step_ms(
-    gpu: &Gpu,
-    case: &DecodeCase,
-    iters: usize,
-    (q, cache): (&DeviceTensor, &mut KvCache),
-    lens: &[i32],
-    rows: CacheRows<'_>,
-    ws: &mut DecodeWorkspace,
-    out: &mut DecodeOutputs,
-) -> GpuResult<f64> {
-    let params = DecodeParams::default();
-    // the fused step appends one token at n - 1 (the lengths stay, so every replay
-    // rewrites the same position and attends over n keys)
-    let before: Vec<i32> = lens.iter().map(|&n| (n - 1).max(0)).collect();
-    let before = DeviceTensor::from_slice(gpu, &before)?;
-    let tok = [case.b, 1, case.h_kv, case.d];
-    let nk = random_tensor(gpu, &tok, Dtype::BF16, -1.0, 1.0, 7)?;
-    let nv = random_tensor(gpu, &tok, Dtype::BF16, -1.0, 1.0, 8)?;
-    let mut step = |gpu: &Gpu| -> GpuResult<()> {
-        if case.mode == Mode::Graph {
-            decode_attention_into(gpu, q, cache, rows, &params, ws, out)
-        } else {
-            let new = NewTokens { k: &nk, v: &nv };
-            let rows = CacheRows {
-                cache_seqlens: &before,
-                cache_batch_idx: None,
-            };
-            decode_step(gpu, q, new, cache, rows, &params, ws, out)
+            })?;
+            Ok((ms, sets))
         }
-    };
-    step(gpu)?; // compiled and checked outside the capture
-    gpu.synchronize()?;
-    let graph = capture(gpu, |gpu| (0..GRAPH_STEPS).try_for_each(|_| step(gpu)))?;
-    let ms = time_ms(gpu, iters, |_| graph.replay())?;
-    Ok(ms / GRAPH_STEPS as f64)
+        Mode::Graph | Mode::StepGraph => {
+            // the fused step appends one token at n - 1 (the lengths stay, so every replay
+            // rewrites the same position and attends over n keys)
+            let before: Vec<i32> = lens.iter().map(|&n| (n - 1).max(0)).collect();
+            let before = DeviceTensor::from_slice(gpu, &before)?;
+            let tok = [case.b, 1, case.h_kv, case.d];
+            let nk = random_tensor(gpu, &tok, Dtype::BF16, -1.0, 1.0, 7)?;
+            let nv = random_tensor(gpu, &tok, Dtype::BF16, -1.0, 1.0, 8)?;
+            let mut cache = caches.into_iter().next().expect("one set");
+            let mut step = |gpu: &Gpu| -> GpuResult<()> {
+                if case.mode == Mode::Graph {
+                    decode_attention_into(gpu, &qs[0], &cache, rows, &params, &mut ws, &mut out)
+                } else {
+                    let new = NewTokens { k: &nk, v: &nv };
+                    let rows = CacheRows {
+                        cache_seqlens: &before,
+                        cache_batch_idx: None,
+                    };
+                    decode_step(
+                        gpu, &qs[0], new, &mut cache, rows, &params, &mut ws, &mut out,
+                    )
+                }
+            };
+            step(gpu)?; // compiled and checked outside the capture
+            gpu.synchronize()?;
+            let graph = capture(gpu, |gpu| (0..GRAPH_STEPS).try_for_each(|_| step(gpu)))?;
+            let ms = time_ms(gpu, iters, |_| graph.replay())?;
+            Ok((ms / GRAPH_STEPS as f64, 1))
+        }
+    }
 }

@@ -368,30 +368,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // decode: on a forked handle (graph capture needs a stream of its own)
     let dgpu = gpu.fork()?;
     dgpu.set_checked(false);
-    let variants = decode::variants()?;
-    let kernels: Vec<_> = variants.iter().map(|v| v.1).collect();
     for case in decode::cases().into_iter().filter(|c| wanted(&c.name)) {
-        let (times, sets) = decode::run(&dgpu, &case, iters, &kernels)?;
+        let (ms, sets) = decode::run(&dgpu, &case, iters)?;
         let bytes = case.bytes();
-        for ((variant, _), ms) in variants.iter().zip(times) {
-            let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
-            println!(
-                "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8} {:>6.1}% of read  [{variant}]",
-                case.name,
-                ms,
-                gbps,
-                100.0 * gbps / ceiling,
-                sets,
-                100.0 * gbps / read_ceiling,
-            );
-            rows.push(json!({
-                "name": case.name, "variant": variant, "shape": [case.b, case.h, case.h_kv, case.d, case.s],
-                "in_dtype": "bfloat16", "out_dtype": "bfloat16", "mode": format!("{:?}", case.mode),
-                "lens": case.lens, "layout": format!("{:?}", case.layout).to_lowercase(),
-                "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling,
-                "read_share": gbps / read_ceiling, "sets": sets,
-            }));
-        }
+        let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+        println!(
+            "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8} {:>6.1}% of read",
+            case.name,
+            ms,
+            gbps,
+            100.0 * gbps / ceiling,
+            sets,
+            100.0 * gbps / read_ceiling,
+        );
+        rows.push(json!({
+            "name": case.name, "shape": [case.b, case.h, case.h_kv, case.d, case.s],
+            "in_dtype": "bfloat16", "out_dtype": "bfloat16", "mode": format!("{:?}", case.mode),
+            "lens": case.lens, "layout": format!("{:?}", case.layout).to_lowercase(),
+            "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling,
+            "read_share": gbps / read_ceiling, "sets": sets,
+        }));
     }
     dgpu.synchronize()?;
     for case in delta::cases().into_iter().filter(|c| wanted(c.name)) {
