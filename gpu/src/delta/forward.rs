@@ -491,7 +491,6 @@ pub struct DeltaFwdWorkspace {
 
 /// The intra stage's other outputs, by path.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant)]
 enum Tiles {
     /// The lean fused GDN path: `Akk diag(β)` as hi + lo (`[B, T, HV, BT]`), `G` (`[B, T, HV]`
     /// f32), and with l2norm the normalised `q, k` (`[B, T, HV, K]`).
