@@ -1005,9 +1005,22 @@ impl DeltaFwdPlan {
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
         };
+        self.launch_fused(gpu, "mma", choice, tasks, &args)
+    }
+
+    /// One launch of the fused kernel `delta_fwd_{kind}_{dtype}_k{kp}_v{bv}` over `tasks`
+    /// (sequence or piece, value head) pairs and the column blocks of `choice`.
+    fn launch_fused<A: DeviceRepr>(
+        &self,
+        gpu: &Gpu,
+        kind: &str,
+        choice: FusedChoice,
+        tasks: usize,
+        args: &A,
+    ) -> GpuResult<()> {
         let grid_x = grid_x(tasks, "v", "N * HV < 2^31")?;
         let name = format!(
-            "delta_fwd_mma_{}_k{}_v{}",
+            "delta_fwd_{kind}_{}_k{}_v{}",
             tag(self.dtype),
             choice.kp,
             choice.bv
@@ -1015,10 +1028,10 @@ impl DeltaFwdPlan {
         gpu.launch_with_smem(
             Module::DeltaFwd,
             &name,
-            (grid_x, blocks as u32),
+            (grid_x, self.geo.v.div_ceil(choice.bv) as u32),
             THREADS,
             choice.smem_bytes() as u32,
-            &args,
+            args,
         )
     }
 
@@ -1069,21 +1082,7 @@ impl DeltaFwdPlan {
             npieces: *npieces as i64,
             scale: self.prep.scale,
         };
-        let grid_x = grid_x(tasks, "v", "N * HV < 2^31")?;
-        let name = format!(
-            "delta_fwd_gdn_{}_k{}_v{}",
-            tag(self.dtype),
-            choice.kp,
-            choice.bv
-        );
-        gpu.launch_with_smem(
-            Module::DeltaFwd,
-            &name,
-            (grid_x, blocks as u32),
-            THREADS,
-            choice.smem_bytes() as u32,
-            &args,
-        )
+        self.launch_fused(gpu, "gdn", choice, tasks, &args)
     }
 
     /// The split's warm-up chunks per (piece, value head) into `warm` (`gdn_warm_policy`).
