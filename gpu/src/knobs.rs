@@ -43,12 +43,6 @@ pub(crate) fn fwd_bv() -> Option<usize> {
     knob("ATTN_FWD_BV", |b| [16, 32, 64].contains(&b))
 }
 
-/// `$ATTN_GDN_LEAN=0`: the fused GDN forward through the `w, u` intra outputs (the KDA
-/// kernel) instead of the lean kernel; anything else keeps the lean one.
-pub(crate) fn gdn_lean() -> bool {
-    std::env::var("ATTN_GDN_LEAN").as_deref() != Ok("0")
-}
-
 /// `$ATTN_PRESCAN_SPLIT=0`: the pre-scan's `M` columns without hi + lo operands (plain half
 /// operands, as cuLA rounds them); anything else keeps the pairs.
 pub(crate) fn prescan_split() -> bool {

@@ -570,7 +570,7 @@ impl DeltaFwdPlan {
             }
             _ => {
                 let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
-                let lean = matches!(call, Call::Gdn(_)) && crate::knobs::gdn_lean();
+                let lean = matches!(call, Call::Gdn(_));
                 Some(fused_choice(
                     geo.k,
                     geo.v,
