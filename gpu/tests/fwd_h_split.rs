@@ -49,6 +49,34 @@ fn fetch(gpu: &Gpu, o: &FwdHDeviceOutputs) -> Got {
     }
 }
 
+/// Every output of `got` bit-identical to `want`'s (`tag` names the launch).
+fn assert_outputs_bit_identical(tag: &str, got: &Got, want: &Got) {
+    assert_bit_identical(&format!("h {tag}"), &got.h, &want.h);
+    let (a, b) = (got.v_new.as_ref().unwrap(), want.v_new.as_ref().unwrap());
+    assert_bit_identical(&format!("v_new {tag}"), a, b);
+    let (a, b) = (
+        got.final_state.as_ref().unwrap(),
+        want.final_state.as_ref().unwrap(),
+    );
+    assert_bit_identical(&format!("final {tag}"), a, b);
+}
+
+/// The layout of the bad-input tests: two sequences (300 and 200 tokens), one head, K 64, V 32.
+fn bad_input_layout() -> (Vec<i64>, Layout) {
+    let cu = vec![0i64, 300, 500];
+    let lay = Layout {
+        b: 1,
+        t: 500,
+        h: 1,
+        hv: 1,
+        k: 64,
+        v: 32,
+        bt: 64,
+        cu: Some(cu.clone()),
+    };
+    (cu, lay)
+}
+
 /// Runs `plan` on `up` into poisoned outputs with a fresh workspace.
 fn launch(gpu: &Gpu, plan: &FwdHSplitPlan, up: &Uploaded) -> Got {
     let mut ws = plan.alloc_workspace(gpu).unwrap();
@@ -118,6 +146,18 @@ fn split_by_chunks(lens: &[usize], cuts: &[&[usize]], bt: usize) -> Vec<i64> {
         out.push(bos as i64);
     }
     out
+}
+
+/// A case at chunks of `bt`: its lengths (in tokens at 64-token chunks) scaled down, one-token
+/// sequences kept, and its pieces for `cuts` (which count chunks).
+fn scaled(lens: &[usize], cuts: &[&[usize]], bt: usize) -> (Vec<usize>, Vec<i64>) {
+    let scale = 64 / bt;
+    let lens: Vec<usize> = lens
+        .iter()
+        .map(|&l| if l <= 1 { l } else { l / scale })
+        .collect();
+    let pieces = split_by_chunks(&lens, cuts, bt);
+    (lens, pieces)
 }
 
 fn cu_of(lens: &[usize]) -> Vec<i64> {
@@ -196,17 +236,7 @@ fn explicit_splits_match_reference(gpu: &Gpu) {
                 continue;
             }
             let bt = [16, 32, 64][round];
-            // the cases are in tokens at 64-token chunks: scale for smaller chunks (the cuts
-            // count chunks; one-token sequences stay)
-            let scale = 64 / bt;
-            let lens: Vec<usize> = case
-                .lens
-                .iter()
-                .map(|&l| if l <= 1 { l } else { l / scale })
-                .collect();
-            let cuts: Vec<Vec<usize>> = case.cuts.iter().map(|c| c.to_vec()).collect();
-            let cut_refs: Vec<&[usize]> = cuts.iter().map(Vec::as_slice).collect();
-            let pieces = split_by_chunks(&lens, &cut_refs, bt);
+            let (lens, pieces) = scaled(&case.lens, &case.cuts, bt);
             let dtype = dtypes[(i + round) % 4];
             let hv = heads[(i + round) % 4];
             let gates = GATES[(i + 2 * round) % 4];
@@ -397,14 +427,7 @@ fn split_hundred_launches_are_bit_identical(gpu: &Gpu) {
             let got = fetch(gpu, &o);
             match &first {
                 None => first = Some(got),
-                Some(f) => {
-                    let tag = format!("{dtype} launch {i}");
-                    assert_bit_identical(&format!("h {tag}"), &got.h, &f.h);
-                    let (a, b) = (got.v_new.as_ref().unwrap(), f.v_new.as_ref().unwrap());
-                    assert_bit_identical(&format!("v_new {tag}"), a, b);
-                    let (a, b) = (got.final_state.unwrap(), f.final_state.as_ref().unwrap());
-                    assert_bit_identical(&format!("final {tag}"), &a, b);
-                }
+                Some(f) => assert_outputs_bit_identical(&format!("{dtype} launch {i}"), &got, f),
             }
         }
     }
@@ -412,17 +435,7 @@ fn split_hundred_launches_are_bit_identical(gpu: &Gpu) {
 
 fn bad_splits_are_typed_errors_naming_the_argument(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_1405);
-    let cu = vec![0i64, 300, 500];
-    let lay = Layout {
-        b: 1,
-        t: 500,
-        h: 1,
-        hv: 1,
-        k: 64,
-        v: 32,
-        bt: 64,
-        cu: Some(cu.clone()),
-    };
+    let (cu, lay) = bad_input_layout();
     let inp = small_random(&mut rng, &lay, Gates::Gk);
     let up = Uploaded::new(gpu, &inp, None, Dtype::BF16, Dtype::F32, Dtype::F32);
     let p = FwdHParams::default();
@@ -597,15 +610,7 @@ fn warmup_pieces_match_reference(gpu: &Gpu) {
                 continue;
             }
             let bt = [64, 32, 16][round];
-            let scale = 64 / bt;
-            let lens: Vec<usize> = case
-                .lens
-                .iter()
-                .map(|&l| if l <= 1 { l } else { l / scale })
-                .collect();
-            let cuts: Vec<Vec<usize>> = case.cuts.iter().map(|c| c.to_vec()).collect();
-            let cut_refs: Vec<&[usize]> = cuts.iter().map(Vec::as_slice).collect();
-            let pieces = split_by_chunks(&lens, &cut_refs, bt);
+            let (lens, pieces) = scaled(&case.lens, &case.cuts, bt);
             let cu = cu_of(&lens);
             let bounds: Vec<(usize, usize)> = cu
                 .windows(2)
@@ -1076,11 +1081,7 @@ fn warmup_hundred_launches_are_bit_identical(gpu: &Gpu) {
                     Some((f, c)) => {
                         let tag = format!("{dtype} truncated {truncated} launch {i}");
                         assert_eq!(&chosen, c, "{tag}: warm-ups");
-                        assert_bit_identical(&format!("h {tag}"), &got.h, &f.h);
-                        let (a, b) = (got.v_new.as_ref().unwrap(), f.v_new.as_ref().unwrap());
-                        assert_bit_identical(&format!("v_new {tag}"), a, b);
-                        let (a, b) = (got.final_state.unwrap(), f.final_state.as_ref().unwrap());
-                        assert_bit_identical(&format!("final {tag}"), &a, b);
+                        assert_outputs_bit_identical(&tag, &got, f);
                     }
                 }
             }
@@ -1090,17 +1091,7 @@ fn warmup_hundred_launches_are_bit_identical(gpu: &Gpu) {
 
 fn bad_warmups_are_typed_errors_before_any_launch(gpu: &Gpu) {
     let mut rng = Rng::new(0x5eed_2405);
-    let cu = vec![0i64, 300, 500];
-    let lay = Layout {
-        b: 1,
-        t: 500,
-        h: 1,
-        hv: 1,
-        k: 64,
-        v: 32,
-        bt: 64,
-        cu: Some(cu.clone()),
-    };
+    let (cu, lay) = bad_input_layout();
     let inp = small_random(&mut rng, &lay, Gates::G);
     let up = Uploaded::new(gpu, &inp, None, Dtype::BF16, Dtype::F32, Dtype::F32);
     let p = FwdHParams {
