@@ -24,7 +24,7 @@ use common::forward::*;
 use common::*;
 use half::bf16;
 use libtest_mimic::{Completion, Failed};
-use ndarray::{ArrayD, Ix3, Ix4};
+use ndarray::ArrayD;
 
 type TestResult = Result<Completion, Failed>;
 
@@ -141,37 +141,13 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
         ..GdnFwdParams::default()
     };
     // the float64 reference
-    let want = if per_key {
-        let g = host.g.clone().into_dimensionality::<Ix4>().unwrap();
-        let inp = d::KdaFwdInputs {
-            initial_state: host.h0.as_ref().map(|a| a.view()),
-            cu_seqlens: Some(&cu),
-            ..d::KdaFwdInputs::new(
-                host.q.view(),
-                host.k.view(),
-                host.v.view(),
-                g.view(),
-                host.beta.view(),
-            )
-        };
-        d::kda_fwd(&inp, &kp).unwrap()
+    let op = if per_key {
+        RefOp::Kda(&kp)
     } else {
-        let g = host.g.clone().into_dimensionality::<Ix3>().unwrap();
-        let inp = d::GdnFwdInputs {
-            initial_state: host.h0.as_ref().map(|a| a.view()),
-            cu_seqlens: Some(&cu),
-            ..d::GdnFwdInputs::new(
-                host.q.view(),
-                host.k.view(),
-                host.v.view(),
-                g.view(),
-                host.beta.view(),
-            )
-        };
-        d::gdn_fwd(&inp, &gp).unwrap()
+        RefOp::Gdn(&gp)
     };
-    let want_o = want.o.into_dyn();
-    let want_f = want.final_state.unwrap().into_dyn();
+    let (want_o, want_f) = forward_reference(&host, Some(&cu), op);
+    let want_f = want_f.unwrap();
     // GPU 0 alone
     let plan = if per_key {
         DeltaFwdPlan::kda(gpu0, &dev.tensors(), Some(&cu), &kp, ForwardPath::Auto)

@@ -68,29 +68,14 @@ fn gdn_params(c: &Case) -> GdnFwdParams {
 
 /// The float64 reference (the recurrent definition) on the case's rounded inputs.
 fn reference(c: &Case, h: &ForwardHost) -> Got {
-    let o = if c.draw.per_key {
-        let g = h.g.clone().into_dimensionality::<Ix4>().unwrap();
-        let inp = d::KdaFwdInputs {
-            initial_state: h.h0.as_ref().map(|a| a.view()),
-            a_log: h.a_log.as_ref().map(|a| a.view()),
-            dt_bias: h.dt_bias.as_ref().map(|a| a.view()),
-            cu_seqlens: c.cu.as_deref(),
-            ..d::KdaFwdInputs::new(h.q.view(), h.k.view(), h.v.view(), g.view(), h.beta.view())
-        };
-        d::kda_fwd(&inp, &kda_params(c)).unwrap()
+    let (kp, gp) = (kda_params(c), gdn_params(c));
+    let op = if c.draw.per_key {
+        RefOp::Kda(&kp)
     } else {
-        let g = h.g.clone().into_dimensionality::<Ix3>().unwrap();
-        let inp = d::GdnFwdInputs {
-            initial_state: h.h0.as_ref().map(|a| a.view()),
-            cu_seqlens: c.cu.as_deref(),
-            ..d::GdnFwdInputs::new(h.q.view(), h.k.view(), h.v.view(), g.view(), h.beta.view())
-        };
-        d::gdn_fwd(&inp, &gdn_params(c)).unwrap()
+        RefOp::Gdn(&gp)
     };
-    Got {
-        o: o.o.into_dyn(),
-        fin: o.final_state.map(|a| a.into_dyn()),
-    }
+    let (o, fin) = forward_reference(h, c.cu.as_deref(), op);
+    Got { o, fin }
 }
 
 fn plan(gpu: &Gpu, c: &Case, dev: &ForwardDev, path: ForwardPath) -> DeltaFwdPlan {

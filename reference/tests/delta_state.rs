@@ -10,8 +10,8 @@ use attn_reference::delta::{
     FwdHMergeParams, FwdHPreScanParams, FwdHSplitInputs,
 };
 use delta_util::{
-    assert_close, assert_same_outputs, bt, fwd_h_case, mode, params, seqs, transpose_state, Case,
-    GateMode, Rng,
+    assert_close, assert_same_outputs, bt, fwd_h_case, mode, params, random_split, transpose_state,
+    Case, GateMode, Rng,
 };
 use ndarray::{s, Array2, Array4, Array5};
 use proptest::prelude::*;
@@ -19,24 +19,6 @@ use proptest::prelude::*;
 /// A random case (see [`delta_util::cases`]): sequences up to 150 tokens, `K, V <= 24`.
 fn case() -> impl Strategy<Value = Case> {
     delta_util::cases(150, 24)
-}
-
-/// Random chunk-aligned split points over the flattened tokens of a case: each inner chunk
-/// boundary is cut with probability `p`; a zero-length sequence is one empty piece.
-fn random_split(c: &Case, bt: usize, p: f64, rng: &mut Rng) -> Vec<i64> {
-    let mut out = vec![0i64];
-    for (b, bos, eos) in seqs(c.b, c.t, c.cu()) {
-        let base = b * c.t;
-        let mut at = bos + bt;
-        while at < eos {
-            if rng.uniform(0.0, 1.0) < p {
-                out.push((base + at) as i64);
-            }
-            at += bt;
-        }
-        out.push((base + eos) as i64);
-    }
-    out
 }
 
 proptest! {

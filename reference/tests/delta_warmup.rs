@@ -10,29 +10,11 @@ use attn_reference::delta::{
 };
 use attn_reference::ErrorKind;
 use delta_util::{
-    assert_same_outputs, bt, fwd_h_case, gates, l2norm, mode, params, seqs, sigmoid,
+    assert_same_outputs, bt, fwd_h_case, gates, l2norm, mode, params, random_split, seqs, sigmoid,
     transpose_state, Case, FwdHCase, GateMode, Rng,
 };
 use ndarray::{s, Array1, Array2, Array3, Array4, ArrayView2, Axis};
 use proptest::prelude::*;
-
-/// Random chunk-aligned split points over the flattened tokens: each inner chunk boundary is cut
-/// with probability `p`; a zero-length sequence is one empty piece.
-fn random_split(c: &Case, bt: usize, p: f64, rng: &mut Rng) -> Vec<i64> {
-    let mut out = vec![0i64];
-    for (b, bos, eos) in seqs(c.b, c.t, c.cu()) {
-        let base = b * c.t;
-        let mut at = bos + bt;
-        while at < eos {
-            if rng.uniform(0.0, 1.0) < p {
-                out.push((base + at) as i64);
-            }
-            at += bt;
-        }
-        out.push((base + eos) as i64);
-    }
-    out
-}
 
 /// One piece of a split: its sequence `n`, batch row, sequence start `bos` (local), and its local
 /// token range `[lo, hi)`.

@@ -474,7 +474,8 @@ pub struct DeltaFwdPlan {
     fused: Option<FusedChoice>,
     chunks: DeviceTensor,
     nchunks: usize,
-    seqs: DeviceTensor,
+    /// The sequence table of the KDA fused kernel (`seq_table`), when that kernel runs.
+    seqs: Option<DeviceTensor>,
     /// The lean GDN path's pieces (`piece_table`) and their count; split when more than one
     /// piece per sequence.
     pieces: Option<(DeviceTensor, usize, bool)>,
@@ -584,7 +585,10 @@ impl DeltaFwdPlan {
         };
         let varlen = cu_seqlens.is_some();
         let (chunks, nchunks) = chunk_table(gpu, &geo, varlen)?;
-        let seqs = seq_table(gpu, &geo, varlen)?;
+        let seqs = fused
+            .filter(|f| !f.lean)
+            .map(|_| seq_table(gpu, &geo, varlen))
+            .transpose()?;
         let (output_final_state, state_v_first) = call.state_flags();
         let split_rule = fused.filter(|f| f.lean).map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
@@ -996,7 +1000,11 @@ impl DeltaFwdPlan {
             aqk: aqk.ptr(gpu),
             lam: ws.gate.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
-            seqs: self.seqs.ptr(gpu),
+            seqs: self
+                .seqs
+                .as_ref()
+                .ok_or_else(|| Error::missing("plan", "the fused kernel's sequence table", "none"))?
+                .ptr(gpu),
             o: out.o.ptr_mut(gpu),
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             value_heads: g.hv as i64,

@@ -5,6 +5,7 @@
 
 use super::{upload, Rng};
 use attn_gpu::{DeviceTensor, ForwardTensors, Gpu};
+use attn_reference::delta::{self as d, GdnFwdParams, KdaFwdParams};
 use attn_reference::Dtype;
 use ndarray::{Array1, Array3, Array4, ArrayD, Axis, Ix1, Ix3, Ix4};
 
@@ -264,4 +265,43 @@ pub fn set_state_rows(
     let (t, a) = upload(gpu, &a.into_dyn(), side);
     host.h0 = Some(a.into_dimensionality::<Ix4>().unwrap());
     dev.h0 = Some(t);
+}
+
+/// Which forward a [`forward_reference`] computes.
+#[derive(Clone, Copy, Debug)]
+pub enum RefOp<'a> {
+    Kda(&'a KdaFwdParams),
+    Gdn(&'a GdnFwdParams),
+}
+
+/// The float64 reference (the recurrent definition) of `kda_fwd` or `gdn_fwd` on `h` (its
+/// rounded inputs): `(o, final_state)`.
+pub fn forward_reference(
+    h: &ForwardHost,
+    cu: Option<&[i64]>,
+    op: RefOp<'_>,
+) -> (ArrayD<f64>, Option<ArrayD<f64>>) {
+    let out = match op {
+        RefOp::Kda(p) => {
+            let g = h.g.clone().into_dimensionality::<Ix4>().unwrap();
+            let inp = d::KdaFwdInputs {
+                initial_state: h.h0.as_ref().map(|a| a.view()),
+                a_log: h.a_log.as_ref().map(|a| a.view()),
+                dt_bias: h.dt_bias.as_ref().map(|a| a.view()),
+                cu_seqlens: cu,
+                ..d::KdaFwdInputs::new(h.q.view(), h.k.view(), h.v.view(), g.view(), h.beta.view())
+            };
+            d::kda_fwd(&inp, p).unwrap()
+        }
+        RefOp::Gdn(p) => {
+            let g = h.g.clone().into_dimensionality::<Ix3>().unwrap();
+            let inp = d::GdnFwdInputs {
+                initial_state: h.h0.as_ref().map(|a| a.view()),
+                cu_seqlens: cu,
+                ..d::GdnFwdInputs::new(h.q.view(), h.k.view(), h.v.view(), g.view(), h.beta.view())
+            };
+            d::gdn_fwd(&inp, p).unwrap()
+        }
+    };
+    (out.o.into_dyn(), out.final_state.map(|a| a.into_dyn()))
 }

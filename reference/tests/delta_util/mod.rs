@@ -450,3 +450,21 @@ pub fn assert_same_outputs(
         "final_state",
     );
 }
+
+/// Random chunk-aligned split points over the flattened tokens of a case: each inner chunk
+/// boundary is cut with probability `p`; a zero-length sequence is one empty piece.
+pub fn random_split(c: &Case, bt: usize, p: f64, rng: &mut Rng) -> Vec<i64> {
+    let mut out = vec![0i64];
+    for (b, bos, eos) in seqs(c.b, c.t, c.cu()) {
+        let base = b * c.t;
+        let mut at = bos + bt;
+        while at < eos {
+            if rng.uniform(0.0, 1.0) < p {
+                out.push((base + at) as i64);
+            }
+            at += bt;
+        }
+        out.push((base + eos) as i64);
+    }
+    out
+}
