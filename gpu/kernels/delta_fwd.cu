@@ -327,9 +327,10 @@ struct GdnFusedArgs {
     u64 q, k, v, tbh, tbl, aqk, g, h0;  // q, k [rows][QH][K]; v [rows][HV][V]; tb*, aqk [rows][HV][bt]; g = G [rows][HV] f32
     u64 pieces;                         // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
     u64 warm;                           // i64 [P][HV] warm-up chunks (gdn_warm_policy), or 0: none
+    u64 gate;                           // i64 [N][HV] 1: split, 0: serial (gdn_split_decide), or 0: none
     u64 o, ht;
     i64 QH, HV, K, V, bt;
-    i64 h0_dtype, v_first, npieces;
+    i64 h0_dtype, v_first, npieces, gate_mode;
     double scale;
 };
 
@@ -429,9 +430,10 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
     const int nb = (int)min((i64)BV, a.V - c0);
     const i64* pieces = reinterpret_cast<const i64*>(a.pieces);
     const i64* warm = reinterpret_cast<const i64*>(a.warm);
+    const i64 seq0 = pieces[p * 5 + 2], seqend = pieces[p * 5 + 3], n = pieces[p * 5 + 4];
+    if (a.gate_mode != 0 && (reinterpret_cast<const i64*>(a.gate)[n * a.HV + hv] != 0) != (a.gate_mode == 1)) return;
     const i64 w = warm != nullptr ? warm[p * a.HV + hv] : 0;
     if (w < 0) return;  // an earlier piece runs through this one
-    const i64 seq0 = pieces[p * 5 + 2], seqend = pieces[p * 5 + 3], n = pieces[p * 5 + 4];
     i64 end = pieces[p * 5] + pieces[p * 5 + 1];
     for (i64 q = p + 1; warm != nullptr && q < a.npieces && pieces[q * 5 + 2] == seq0 && warm[q * a.HV + hv] < 0; ++q)
         end = pieces[q * 5] + pieces[q * 5 + 1];
@@ -710,6 +712,32 @@ __device__ void gdn_warm_policy(const WarmArgs& a) {
         }
         reinterpret_cast<i64*>(a.warm)[p * a.HV + hv] = w;
     }
+}
+
+// The verdict of a split launched at a wider column block than the serial run: per (sequence,
+// value head), from the first piece's thread, the longest chain of chunks one CTA of the split
+// runs (its warm-up, its piece, and the pieces after it marked -1); gate = 1 (split) when that
+// chain is at most max_chain (the chunks the wide kernel runs in the serial run's time), else 0.
+struct DecideArgs {
+    u64 pieces, warm, gate;
+    i64 HV, bt, npieces, max_chain;
+};
+
+extern "C" __global__ void __launch_bounds__(128) gdn_split_decide(const DecideArgs a) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.npieces * a.HV) return;
+    const i64 p = i / a.HV, hv = i % a.HV;
+    const i64* pc = reinterpret_cast<const i64*>(a.pieces);
+    const i64* warm = reinterpret_cast<const i64*>(a.warm);
+    const i64 seq0 = pc[p * 5 + 2];
+    if (pc[p * 5] != seq0) return;  // not the sequence's first piece
+    i64 chain = 0, longest = 0;
+    for (i64 q = p; q < a.npieces && pc[q * 5 + 4] == pc[p * 5 + 4]; ++q) {
+        const i64 w = warm[q * a.HV + hv], c = (pc[q * 5 + 1] + a.bt - 1) / a.bt;
+        chain = w < 0 ? chain + c : w + c;
+        longest = max(longest, chain);
+    }
+    reinterpret_cast<i64*>(a.gate)[pc[p * 5 + 4] * a.HV + hv] = longest <= a.max_chain ? 1 : 0;
 }
 
 extern "C" __global__ void __launch_bounds__(64) gdn_warm_policy_bf16(const WarmArgs a) { gdn_warm_policy<bf16>(a); }

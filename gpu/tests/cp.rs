@@ -211,8 +211,12 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
         (o.mapv(f64::from), f.mapv(f64::from))
     };
     let (o, f) = run();
-    let long = cu.windows(2).any(|w| w[1] - w[0] > 4096);
-    let thr = if long { 1e-2 } else { 5e-3 };
+    let longest = cu
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as usize)
+        .max()
+        .unwrap_or(0);
+    let thr = half_threshold(regime, longest);
     assert_close(&format!("{what}: o vs reference"), &o, &want_o, thr);
     assert_close(
         &format!("{what}: final_state vs reference"),

@@ -24,7 +24,7 @@ use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
 use super::intra::{
     acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
 };
-use super::launch::{cheapest_width, grid_x, seq_table};
+use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -181,6 +181,7 @@ struct GdnFusedArgs {
     h0: u64,
     pieces: u64,
     warm: u64,
+    gate: u64,
     o: u64,
     ht: u64,
     qk_heads: i64,
@@ -191,6 +192,7 @@ struct GdnFusedArgs {
     h0_dtype: i64,
     v_first: i64,
     npieces: i64,
+    gate_mode: i64,
     scale: f64,
 }
 // SAFETY: as above.
@@ -219,6 +221,21 @@ struct WarmArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for WarmArgs {}
 
+/// Mirror of `DecideArgs` (delta_fwd.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct DecideArgs {
+    pieces: u64,
+    warm: u64,
+    gate: u64,
+    value_heads: i64,
+    bt: i64,
+    npieces: i64,
+    max_chain: i64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for DecideArgs {}
+
 /// The automatic split of `gdn_fwd`'s fused path (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
 /// when a call's (sequence, head, column block) CTAs leave multiprocessors idle, its long
 /// sequences are cut into pieces at chunk boundaries, each piece (after the first) starting from a
@@ -237,7 +254,7 @@ pub struct SplitRule {
 impl Default for SplitRule {
     fn default() -> Self {
         SplitRule {
-            min_piece_chunks: 128,
+            min_piece_chunks: 32,
             max_warmup_chunks: 32,
         }
     }
@@ -268,6 +285,66 @@ pub fn split_pieces(
             want.min(c / rule.min_piece_chunks.max(1)).max(1)
         })
         .collect()
+}
+
+/// Relative cost of one chunk step of the lean fused kernel by its column width (H100, K = 128,
+/// S6 runs of NOTES.md: about 2.9, 3.4 and 4.6 µs per step for 16, 32 and 64 columns).
+fn lean_step_cost(bv: usize) -> f64 {
+    match bv {
+        16 => 1.0,
+        32 => 1.15,
+        _ => 1.6,
+    }
+}
+
+/// The estimated time (in 16-column steps) of the lean kernel at width `bv` over `per_seq`
+/// pieces of the sequences' chunks: `lean_step_cost(bv) · max(longest piece, with one warm-up
+/// chunk when split; all block-chunks / resident blocks)`.
+fn lean_estimate(
+    choice: FusedChoice,
+    v: usize,
+    seq_chunks: &[usize],
+    per_seq: &[usize],
+    hv: usize,
+    sm_count: usize,
+) -> f64 {
+    let per_sm = (SMEM_PER_SM / choice.smem_bytes().max(1)).max(1);
+    let (mut longest, mut work) = (0usize, 0usize);
+    for (&c, &m) in seq_chunks.iter().zip(per_seq) {
+        let warm = usize::from(m > 1);
+        longest = longest.max(c.div_ceil(m.max(1)) + warm);
+        work += c + (m - 1) * warm;
+    }
+    let spread = (work * hv * v.div_ceil(choice.bv)) as f64 / (sm_count.max(1) * per_sm) as f64;
+    lean_step_cost(choice.bv) * (longest as f64).max(spread)
+}
+
+/// The split of the lean GDN path under `rule`: per allowed column width, the pieces of
+/// [`split_pieces`] and their [`lean_estimate`]; the width with the least estimate (the serial
+/// width on a tie) and its pieces per sequence. A wider width than `serial`'s runs fewer CTAs per
+/// piece, so more pieces fill the GPU when the gates let them warm up.
+pub fn split_choice(
+    v: usize,
+    seq_chunks: &[usize],
+    hv: usize,
+    sm_count: usize,
+    serial: FusedChoice,
+    rule: &SplitRule,
+) -> (FusedChoice, Vec<usize>) {
+    let pieces = |c: FusedChoice| {
+        let per = split_pieces(seq_chunks, hv * v.div_ceil(c.bv), sm_count, rule);
+        let est = lean_estimate(c, v, seq_chunks, &per, hv, sm_count);
+        (c, per, est)
+    };
+    let forced = crate::knobs::fwd_bv().is_some();
+    let mut best = pieces(serial);
+    for bv in fused_widths(v).into_iter().filter(|_| !forced) {
+        let cand = pieces(FusedChoice { bv, ..serial });
+        if cand.2 < best.2 {
+            best = cand;
+        }
+    }
+    (best.0, best.1)
 }
 
 /// The pieces table of the fused GDN kernel (`[P, 5]`: first row, length, the sequence's first
@@ -442,10 +519,7 @@ pub fn fused_choice(
     lean: bool,
 ) -> FusedChoice {
     let kp = if k <= 64 { 64 } else { 128 };
-    let allowed: Vec<usize> = [64, 32, 16]
-        .into_iter()
-        .filter(|&bv| bv == 16 || bv / 2 < v)
-        .collect();
+    let allowed = fused_widths(v);
     let forced = crate::knobs::fwd_bv().filter(|bv| allowed.contains(bv));
     let bv = forced.unwrap_or_else(|| {
         cheapest_width(&allowed, seq_chunks, hv, sm_count, |bv| {
@@ -453,6 +527,15 @@ pub fn fused_choice(
         })
     });
     FusedChoice { kp, bv, lean }
+}
+
+/// The fused kernels' column widths for `V` columns (16 always; 32 and 64 when `V` needs more
+/// than half of them).
+fn fused_widths(v: usize) -> Vec<usize> {
+    [64, 32, 16]
+        .into_iter()
+        .filter(|&bv| bv == 16 || bv / 2 < v)
+        .collect()
 }
 
 /// Smem bytes of the output kernel (`OutSmem<Acc>`).
@@ -476,12 +559,28 @@ pub struct DeltaFwdPlan {
     nchunks: usize,
     /// The sequence table of the KDA fused kernel (`seq_table`), when that kernel runs.
     seqs: Option<DeviceTensor>,
-    /// The lean GDN path's pieces (`piece_table`) and their count; split when more than one
-    /// piece per sequence.
-    pieces: Option<(DeviceTensor, usize, bool)>,
+    /// The lean GDN path's pieces.
+    pieces: Option<Pieces>,
     split_rule: Option<SplitRule>,
     /// The staged path's `fwd_h` call (its plan is made on the workspace's tensors).
     cu_seqlens: Option<Vec<i64>>,
+}
+
+/// The lean GDN path's launches: the pieces of the (split) launch and, when the split runs at a
+/// wider column block than the serial run, the serial launch it falls back to per (sequence,
+/// value head) where the warm-ups do not shorten the chains (`gdn_split_decide`).
+#[derive(Debug)]
+struct Pieces {
+    /// `[P, 5]` rows (`piece_table`) and their count `P`.
+    table: DeviceTensor,
+    n: usize,
+    /// More than one piece for some sequence.
+    split: bool,
+    /// The launch's tiles (the plan's `fused` unless a wider width splits better).
+    choice: FusedChoice,
+    /// With a wider split: the serial table (one piece per sequence) and the longest chain of
+    /// chunks a CTA of the split may run and still finish before the serial run would.
+    serial: Option<(DeviceTensor, i64)>,
 }
 
 /// Intermediate tensors of a forward (allocated once per plan).
@@ -509,6 +608,8 @@ struct LeanTiles {
     qk: Option<(DeviceTensor, DeviceTensor)>,
     /// The split's warm-up chunks per (piece, value head) (`[P · HV]` i64).
     warm: Option<DeviceTensor>,
+    /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
+    gate: Option<DeviceTensor>,
 }
 
 #[derive(Debug)]
@@ -610,33 +711,47 @@ impl DeltaFwdPlan {
         })
     }
 
-    /// The lean path's pieces under `rule` (one per sequence without a rule).
+    /// The lean path's pieces under `rule` (one per sequence at the serial width without a
+    /// rule), at the width [`split_choice`] picks.
     fn pieces(
         gpu: &Gpu,
         geo: &Geometry,
         fused: Option<FusedChoice>,
         rule: Option<SplitRule>,
-    ) -> GpuResult<Option<(DeviceTensor, usize, bool)>> {
-        let Some(choice) = fused.filter(|f| f.lean) else {
+    ) -> GpuResult<Option<Pieces>> {
+        let Some(serial) = fused.filter(|f| f.lean) else {
             return Ok(None);
         };
         let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
-        let per_seq = match rule {
-            Some(r) => split_pieces(
-                &chunks,
-                geo.hv * geo.v.div_ceil(choice.bv),
-                gpu.sm_count(),
-                &r,
-            ),
-            None => vec![1; chunks.len()],
+        let table = |per_seq: &[usize]| {
+            let mut rows = piece_table(geo, per_seq);
+            let n = rows.len() / 5;
+            if rows.is_empty() {
+                rows.push(0);
+            }
+            Ok::<_, crate::error::GpuError>((DeviceTensor::from_slice(gpu, &rows)?, n))
         };
-        let mut rows = piece_table(geo, &per_seq);
-        let n = rows.len() / 5;
-        if rows.is_empty() {
-            rows.push(0);
-        }
+        let ones = vec![1; chunks.len()];
+        let (choice, per_seq) = match rule {
+            Some(r) => split_choice(geo.v, &chunks, geo.hv, gpu.sm_count(), serial, &r),
+            None => (serial, ones.clone()),
+        };
+        let (tab, n) = table(&per_seq)?;
         let split = per_seq.iter().any(|&m| m > 1);
-        Ok(Some((DeviceTensor::from_slice(gpu, &rows)?, n, split)))
+        let serial_run = if choice != serial {
+            let est = lean_estimate(serial, geo.v, &chunks, &ones, geo.hv, gpu.sm_count());
+            let max_chain = (est / lean_step_cost(choice.bv)).floor() as i64;
+            Some((table(&ones)?.0, max_chain))
+        } else {
+            None
+        };
+        Ok(Some(Pieces {
+            table: tab,
+            n,
+            split,
+            choice,
+            serial: serial_run,
+        }))
     }
 
     /// The plan with the fused GDN path's automatic split under `rule`, or without a split
@@ -662,7 +777,7 @@ impl DeltaFwdPlan {
 
     /// Whether the plan splits a sequence into pieces (the fused GDN path's automatic split).
     pub fn splits(&self) -> bool {
-        self.pieces.as_ref().is_some_and(|p| p.2)
+        self.pieces.as_ref().is_some_and(|p| p.split)
     }
 
     /// The warm-up chunks the last run chose per (piece, value head), `[P · HV]` (§5.10: `0` for
@@ -677,6 +792,26 @@ impl DeltaFwdPlan {
                 .transpose(),
             _ => Ok(None),
         }
+    }
+
+    /// Where the split runs at a wider column block than the serial run: the verdict of the
+    /// last run per (sequence, value head), `[N · HV]` (`true`: the split ran it, `false`: the
+    /// serial kernel did, its pieces' warm-ups not shortening the chain); else `None`.
+    pub fn chosen_split(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<bool>>> {
+        match &ws.tiles {
+            Tiles::Lean(l) => l
+                .gate
+                .as_ref()
+                .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().map(|&x| x != 0).collect()))
+                .transpose(),
+            _ => Ok(None),
+        }
+    }
+
+    /// The tiles of the split launch, when the plan splits (wider than [`Self::fused_choice`]
+    /// where more pieces pay).
+    pub fn split_choice(&self) -> Option<FusedChoice> {
+        self.pieces.as_ref().filter(|p| p.split).map(|p| p.choice)
     }
 
     /// The path this plan runs.
@@ -716,8 +851,14 @@ impl DeltaFwdPlan {
                         .then(|| Ok::<_, crate::error::GpuError>((tok(g.k)?, tok(g.k)?)))
                         .transpose()?,
                     warm: match &self.pieces {
-                        Some((_, n, true)) => {
-                            Some(DeviceTensor::alloc(gpu, &[n * g.hv], Dtype::I64)?)
+                        Some(p) if p.split => {
+                            Some(DeviceTensor::alloc(gpu, &[p.n * g.hv], Dtype::I64)?)
+                        }
+                        _ => None,
+                    },
+                    gate: match &self.pieces {
+                        Some(p) if p.serial.is_some() => {
+                            Some(DeviceTensor::alloc(gpu, &[g.n() * g.hv], Dtype::I64)?)
                         }
                         _ => None,
                     },
@@ -896,9 +1037,6 @@ impl DeltaFwdPlan {
                     )
                     .into());
                 }
-                if let Some(w) = l.warm.as_mut() {
-                    self.run_warm_policy(gpu, t, w)?;
-                }
                 return self.run_lean(gpu, t, choice, l, aqk, out);
             }
             (_, Tiles::Full(f)) => f,
@@ -1044,31 +1182,35 @@ impl DeltaFwdPlan {
         )
     }
 
-    /// The lean fused GDN kernel on `t`'s `q, k` (or the normalised ones), `v`, the intra stage's
-    /// `Tb` hi + lo, `G` and `Aqk`, and the split's warm-ups.
+    /// The lean fused GDN path after the intra stage: the split's warm-up policy, its verdict
+    /// where the split is wider than the serial run, then the kernel (`delta_fused_gdn`) on
+    /// `t`'s `q, k` (or the normalised ones), `v`, the intra stage's `Tb` hi + lo, `G` and `Aqk`:
+    /// the split launch, and the serial launch for the (sequence, head) pairs the verdict leaves
+    /// to it.
     fn run_lean(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        choice: FusedChoice,
-        l: &LeanTiles,
+        serial: FusedChoice,
+        l: &mut LeanTiles,
         aqk: &DeviceTensor,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         let g = &self.geo;
-        let Some((pieces, npieces, _)) = &self.pieces else {
+        let Some(pc) = &self.pieces else {
             return Err(Error::missing("plan", "the lean path's pieces", "none").into());
         };
-        let tasks = npieces * g.hv;
-        let blocks = g.v.div_ceil(choice.bv);
-        if tasks == 0 || blocks == 0 {
+        if pc.n == 0 || g.hv == 0 || g.v == 0 {
             return Ok(());
+        }
+        if let Some(w) = l.warm.as_mut() {
+            self.run_warm_policy(gpu, t, &pc.table, pc.n, w)?;
         }
         let (q, k, qk_heads) = match &l.qk {
             Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.hv),
             None => (t.q.ptr(gpu), t.k.ptr(gpu), g.h),
         };
-        let args = GdnFusedArgs {
+        let mut args = GdnFusedArgs {
             q,
             k,
             v: t.v.ptr(gpu),
@@ -1077,8 +1219,9 @@ impl DeltaFwdPlan {
             aqk: aqk.ptr(gpu),
             g: l.g.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
-            pieces: pieces.ptr(gpu),
+            pieces: pc.table.ptr(gpu),
             warm: l.warm.as_ref().map_or(0, |w| w.ptr(gpu)),
+            gate: 0,
             o: out.o.ptr_mut(gpu),
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             qk_heads: qk_heads as i64,
@@ -1088,26 +1231,66 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
-            npieces: *npieces as i64,
+            npieces: pc.n as i64,
+            gate_mode: 0,
             scale: self.prep.scale,
         };
-        self.launch_fused(gpu, "gdn", choice, tasks, &args)
+        let Some((serial_table, max_chain)) = &pc.serial else {
+            return self.launch_fused(gpu, "gdn", pc.choice, pc.n * g.hv, &args);
+        };
+        let (Some(warm), Some(gate)) = (l.warm.as_ref(), l.gate.as_mut()) else {
+            return Err(
+                Error::missing("ws", "the split's warm-up and verdict tensors", "none").into(),
+            );
+        };
+        let decide = DecideArgs {
+            pieces: pc.table.ptr(gpu),
+            warm: warm.ptr(gpu),
+            gate: gate.ptr_mut(gpu),
+            value_heads: g.hv as i64,
+            bt: g.bt as i64,
+            npieces: pc.n as i64,
+            max_chain: *max_chain,
+        };
+        let threads = pc.n * g.hv;
+        let grid = grid_x(
+            threads.div_ceil(128),
+            "v",
+            "fewer than 2^38 (piece, head) pairs",
+        )?;
+        gpu.launch_3d(
+            Module::DeltaFwd,
+            "gdn_split_decide",
+            (grid, 1, 1),
+            128,
+            0,
+            &decide,
+        )?;
+        args.gate = gate.ptr(gpu);
+        args.gate_mode = 1;
+        self.launch_fused(gpu, "gdn", pc.choice, pc.n * g.hv, &args)?;
+        let seqs = g.seqs.len();
+        args.pieces = serial_table.ptr(gpu);
+        args.npieces = seqs as i64;
+        args.warm = 0;
+        args.gate_mode = 2;
+        self.launch_fused(gpu, "gdn", serial, seqs * g.hv, &args)
     }
 
-    /// The split's warm-up chunks per (piece, value head) into `warm` (`gdn_warm_policy`).
+    /// The split's warm-up chunks per (piece, value head) of `pieces` (`npieces` rows) into
+    /// `warm` (`gdn_warm_policy`).
     fn run_warm_policy(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
+        pieces: &DeviceTensor,
+        npieces: usize,
         warm: &mut DeviceTensor,
     ) -> GpuResult<()> {
-        let (Some((pieces, npieces, _)), Some(rule)) = (&self.pieces, self.split_rule) else {
-            return Err(Error::missing("plan", "a split plan", "none").into());
+        let Some(rule) = self.split_rule else {
+            return Err(Error::missing("plan", "a split rule", "none").into());
         };
         let g = &self.geo;
-        if *npieces == 0 || g.hv == 0 {
-            return Ok(());
-        }
         let args = WarmArgs {
             pieces: pieces.ptr(gpu),
             g: t.g.ptr(gpu),
@@ -1118,14 +1301,14 @@ impl DeltaFwdPlan {
             value_heads: g.hv as i64,
             k_dim: g.k as i64,
             bt: g.bt as i64,
-            npieces: *npieces as i64,
+            npieces: npieces as i64,
             wmax: rule.max_warmup_chunks as i64,
             g_dtype: dtype_code(t.g.dtype()),
             beta_dtype: dtype_code(t.beta.dtype()),
             l2norm: self.prep.l2norm as i64,
             log_eps: LOG_EPS,
         };
-        let grid = grid_x(*npieces, "v", "fewer than 2^31 pieces")?;
+        let grid = grid_x(npieces, "v", "fewer than 2^31 pieces")?;
         gpu.launch_3d(
             Module::DeltaFwd,
             &format!("gdn_warm_policy_{}", tag(self.dtype)),
@@ -1292,5 +1475,37 @@ mod tests {
                 assert_eq!(at, s.eos, "the pieces end at the sequence's end");
             }
         }
+    }
+
+    /// The split's width on an H100 (132 SMs), K = V = 128: few long sequences split at the
+    /// widest block into many pieces (H4 × 131072: 16 pieces of 128 chunks at 64 columns, the
+    /// serial run at 16; H32 × 32768: 2 pieces at 64 columns, serial at 32), a grid the serial
+    /// run already fills (HV 64) does not split.
+    #[test]
+    fn split_choice_widens_few_long_sequences() {
+        let rule = SplitRule::default();
+        let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, true);
+        let c4 = [2048];
+        let s4 = serial(&c4, 4);
+        assert_eq!(s4.bv, 16);
+        let (wide, per) = split_choice(128, &c4, 4, 132, s4, &rule);
+        assert_eq!((wide.bv, per.as_slice()), (64, &[16][..]));
+        assert!(
+            lean_estimate(wide, 128, &c4, &per, 4, 132)
+                < lean_estimate(s4, 128, &c4, &[1], 4, 132) / 3.0
+        );
+        let c32 = [512];
+        let (w32, per) = split_choice(128, &c32, 32, 132, serial(&c32, 32), &rule);
+        assert_eq!((w32.bv, per.as_slice()), (64, &[2][..]));
+        let c4x4 = [128; 4];
+        let (w4x4, per) = split_choice(128, &c4x4, 4, 132, serial(&c4x4, 4), &rule);
+        assert_eq!((w4x4.bv, per.as_slice()), (64, &[4, 4, 4, 4][..]));
+        let c64 = [1024];
+        let s64 = serial(&c64, 64);
+        let (same, per) = split_choice(128, &c64, 64, 132, s64, &rule);
+        assert_eq!((same, per.as_slice()), (s64, &[1][..]));
+        let hv8 = [1024];
+        let (w8, per) = split_choice(128, &hv8, 8, 132, serial(&hv8, 8), &rule);
+        assert_eq!((w8.bv, per.as_slice()), (64, &[8][..]));
     }
 }

@@ -170,7 +170,7 @@ fn step_cost(bv: usize) -> f64 {
 }
 
 /// Shared memory per multiprocessor available to blocks (227 KiB on sm_90).
-const SMEM_PER_SM: usize = 227 * 1024;
+pub(crate) const SMEM_PER_SM: usize = 227 * 1024;
 
 /// The kernel of a call on `sm_count` multiprocessors. Float32/float64: the FMA kernel. Half
 /// precision: keys padded to the next of 64/128/256, and the column-block width (64, 32, 16; 64

@@ -36,7 +36,7 @@
 //! only the ratio of the two paths matters for the decision), other devices (the model takes
 //! the device's SM count; the per-step times are the H100's).
 
-use super::launch::{kernel_choice, KernelChoice, Workload};
+use super::launch::{kernel_choice, KernelChoice, Workload, SMEM_PER_SM};
 use attn_reference::delta::subseq_from_counts;
 use attn_reference::varlen::validate_cu_seqlens;
 use attn_reference::{Dtype, Error, Result};
@@ -51,8 +51,6 @@ pub const GUARD: f64 = 0.85;
 pub const MAX_PIECES: usize = 32;
 /// Candidate piece lengths, in chunks.
 const PIECE_CHUNKS: [usize; 13] = [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024];
-/// Shared memory per multiprocessor available to blocks (sm_90: 227 KiB).
-const SMEM_PER_SM: usize = 227 * 1024;
 /// Time of one chunk step of a tensor-core block of 16 / 32 / 64 columns at `KP = 128` (µs).
 const STEP_US: [(usize, f64); 3] = [(16, 1.19), (32, 1.72), (64, 3.05)];
 /// A pre-scan block of `M` columns (hi + lo operands) against a `b` block.

@@ -170,6 +170,8 @@ pub fn run(
     })?;
     // the automatic split (GDN): its warm-ups, and the same call without it
     let warmups = plan.chosen_warmups(gpu, &ws)?;
+    let verdict = plan.chosen_split(gpu, &ws)?;
+    let split_bv = plan.split_choice().map(|c| c.bv);
     let serial_ms = if plan.splits() {
         let p = GdnFwdParams {
             output_final_state: true,
@@ -193,10 +195,16 @@ pub fn run(
     };
     let split_note = match (&warmups, serial_ms) {
         (Some(w), Some(sm)) => format!(
-            ", split: {} pieces x heads, warm-ups max {} (-1: run through: {}), serial {:.4} ms",
+            ", split at {:?} columns: {} pieces x heads, warm-ups max {} (-1: run through: {}){}, serial {:.4} ms",
+            split_bv,
             w.len(),
             w.iter().max().copied().unwrap_or(0),
             w.iter().filter(|&&x| x < 0).count(),
+            verdict.as_ref().map_or(String::new(), |v| format!(
+                ", verdict: split for {} of {} (sequence, head)",
+                v.iter().filter(|&&x| x).count(),
+                v.len()
+            )),
             sm
         ),
         _ => String::new(),
@@ -226,6 +234,6 @@ pub fn run(
         "name": case.name, "shape": [1, t, h, hv, K, V], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
         "seqs": case.seqs, "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling,
         "sets": nsets, "kernel": format!("{choice:?}"), "tflops": tflops, "path": format!("{:?}", plan.path()),
-        "intra_ms": intra_ms, "serial_ms": serial_ms, "warmups": warmups,
+        "intra_ms": intra_ms, "serial_ms": serial_ms, "warmups": warmups, "split_bv": split_bv, "split_verdict": verdict,
     }))
 }
