@@ -113,9 +113,7 @@ pub struct MambaGate {
 impl MambaGate {
     /// Draws the parameters of `hv` heads with `gk` columns each from `rng` (`A_log` first).
     pub fn init(hv: usize, gk: usize, rng: &mut StdRng) -> MambaGate {
-        let a_log = (0..hv)
-            .map(|_| rng.random_range(1f64..16.0).ln())
-            .collect();
+        let a_log = (0..hv).map(|_| rng.random_range(1f64..16.0).ln()).collect();
         let (lo, hi) = (1e-3f64.ln(), 1e-1f64.ln());
         let dt_bias = (0..hv * gk)
             .map(|_| {
@@ -169,7 +167,10 @@ mod tests {
         }
         for &b in &m.dt_bias {
             let dt = softplus(b);
-            assert!((1e-3 * (1.0 - 1e-9)..=1e-1 * (1.0 + 1e-9)).contains(&dt), "dt {dt}");
+            assert!(
+                (1e-3 * (1.0 - 1e-9)..=1e-1 * (1.0 + 1e-9)).contains(&dt),
+                "dt {dt}"
+            );
         }
     }
 

@@ -298,3 +298,34 @@ pub fn run(
         "split": split.as_ref().map(|(s, _)| s.json()), "warmups": split.map(|(_, w)| w),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 23's other rows once each, issue 24's rows once per regime, every name distinct and
+    /// picked by `fwd_gdn` / `fwd_kda`, a regime's suffix picking its rows alone.
+    #[test]
+    fn row_names() {
+        let c = cases();
+        assert_eq!(c.len(), 2 * (3 + 7 * 3));
+        let names: std::collections::HashSet<&str> = c.iter().map(|x| x.name.as_str()).collect();
+        assert_eq!(names.len(), c.len());
+        for op in ["fwd_gdn", "fwd_kda"] {
+            assert_eq!(c.iter().filter(|x| x.name.contains(op)).count(), 24);
+        }
+        assert_eq!(c.iter().filter(|x| x.regime.is_none()).count(), 6);
+        for r in GateRegime::ALL {
+            let suffix = format!("_{}", r.name());
+            let picked: Vec<_> = c.iter().filter(|x| x.name.contains(&suffix)).collect();
+            assert_eq!(picked.len(), 14);
+            assert!(picked.iter().all(|x| x.regime == Some(r)));
+        }
+        let one: Vec<_> = c
+            .iter()
+            .filter(|x| x.name.contains("fwd_gdn_h4_131072_strong"))
+            .collect();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].seqs, vec![131072]);
+    }
+}
