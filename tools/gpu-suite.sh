@@ -20,7 +20,7 @@ case "$DEST" in "$REPO"/*) ;; *) echo "error: $DEST is not inside $REPO" >&2; ex
 REL=${DEST#"$REPO"/}
 cd "$ROOT"
 
-rm -rf "$DEST/bin" "$DEST/fixtures"
+rm -rf "$DEST/bin" "$DEST/fixtures" "$DEST/fixturegen"
 mkdir -p "$DEST/bin" "$DEST/whl"
 
 echo "building release test binaries of attn-gpu ..." >&2
@@ -45,6 +45,9 @@ rm -rf "$DEST/pywhl"
 python3 -m pip wheel -q --no-deps ./conformance/python -w "$DEST/pywhl" >&2
 python3 -m pip download -q --only-binary=:all: pytest -d "$DEST/pywhl" >&2  # and its needs
 cp tools/bench_anchors.py tools/decode_anchors.py tools/nsa_anchors.py tools/forward_anchors.py "$DEST/"
+# forward_anchors.py --export-qla-case writes its case with the fixture generator
+cp -r tools/fixturegen "$DEST/fixturegen"
+rm -rf "$DEST/fixturegen/__pycache__"
 cp tools/gpu-run.sh "$DEST/run.sh"
 if ! ls "$DEST"/whl/fla_core-0.6.0-*.whl >/dev/null 2>&1; then
   python3 -m pip download -q --no-deps fla-core==0.6.0 -d "$DEST/whl"

@@ -1,1 +1,4 @@
-//! `attn-tools`: benchmark helpers for the `attn-gpu` kernels.
+//! `attn-tools`: benchmark helpers for the `attn-gpu` kernels: the delta-rule gate regimes
+//! ([`gates`]).
+
+pub mod gates;

@@ -1,10 +1,20 @@
 //! The whole delta-rule forward cases of `bench_gpu` (`fwd_gdn_*`, `fwd_kda_*`): `gdn_fwd` and
-//! `kda_fwd` as models call them, on the rows of the issue "The whole delta-rule forward on the
-//! GPU" (`conformance/spec/anchors.md`, the frontier table): bf16, K = V = 128, chunk 64, q/k
-//! L2-normalised in the kernel, `initial_state`, final state, varlen `cu_seqlens`; GDN with `g`
-//! given (`logsigmoid`-like decays), KDA with the gate in the kernel (`A_log`, `dt_bias`, lower
-//! bound −5) and `safe_gate`. `tools/forward_anchors.py` times FLA 0.6.0 (and FlashQLA when
-//! installed) on the same rows.
+//! `kda_fwd` as models call them: bf16, K = V = 128, chunk 64, q/k L2-normalised in the kernel,
+//! `initial_state`, final state, varlen `cu_seqlens`. `tools/forward_anchors.py` times FLA 0.6.0
+//! (and FlashQLA when installed) on the same rows.
+//!
+//! Two kinds of rows:
+//! - the rows of the issue "The whole delta-rule forward on the GPU" that the split's table
+//!   lacks (`fwd_gdn_h32_8x8192`, ...; `conformance/spec/anchors.md`, the frontier table): GDN
+//!   with `g ~ U[−1.5, −0.05]` given, KDA with the gate in the kernel (`A_log`, `dt_bias`, lower
+//!   bound −5) and `safe_gate`;
+//! - the automatic split's rows (issue 24), each in the three gate regimes of
+//!   [`attn_tools::gates`], named `fwd_{gdn,kda}_<shape>_{strong,trained,long}`: `g` the
+//!   regime's natural-log decays (KDA per key, `use_gate_in_kernel` off, `safe_gate` where the
+//!   regime stays in `[−5, 0]`). Each such row also times the same call without the split
+//!   (`with_split(gpu, None)`, "serial") and reports the pieces the split chose
+//!   ([`DeltaFwdPlan::chosen_warmups`]); a plan that does not split (KDA today) reports
+//!   "no split" and serial ≈ auto.
 //!
 //! Bytes = q, k, v (bf16), g (fp32), β (fp32), o (bf16) and the states (fp32), each once. TFLOP/s
 //! counts the dense products of the chunked algorithm per chunk and head: `Q Kᵀ`, `K Kᵀ` (2 BT²
@@ -16,39 +26,62 @@ use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{DeviceTensor, Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
 use attn_reference::Dtype;
+use attn_tools::gates::GateRegime;
 use serde_json::{json, Value};
 
 /// One row: its name (shared with `forward_anchors.py`), key heads, value heads, sequence
-/// lengths and op.
+/// lengths, op and gate regime (`None`: the original gates of the issue-23 rows).
 pub struct FwdCase {
     pub name: String,
     pub h: usize,
     pub hv: usize,
     pub seqs: Vec<usize>,
     pub kda: bool,
+    pub regime: Option<GateRegime>,
 }
 
 pub fn cases() -> Vec<FwdCase> {
-    let rows: [(&str, usize, usize, Vec<usize>); 7] = [
-        ("h4_131072", 4, 4, vec![131072]),
-        ("h32_32768", 32, 32, vec![32768]),
+    let plain: [(&str, usize, usize, Vec<usize>); 3] = [
         ("h32_8x8192", 32, 32, vec![8192; 8]),
         ("h16hv64_65536", 16, 64, vec![65536]),
         ("h16hv64_8192", 16, 64, vec![8192]),
+    ];
+    let long_and_short: Vec<usize> = std::iter::once(131072)
+        .chain(std::iter::repeat_n(1024, 10))
+        .collect();
+    let split: [(&str, usize, usize, Vec<usize>); 7] = [
+        ("h4_131072", 4, 4, vec![131072]),
+        ("h4_65536", 4, 4, vec![65536]),
         ("h2hv8_65536", 2, 8, vec![65536]),
+        ("h4_131072+10x1024", 4, 4, long_and_short),
         ("h4_4x8192", 4, 4, vec![8192; 4]),
+        ("h8_131072", 8, 8, vec![131072]),
+        ("h32_32768", 32, 32, vec![32768]),
     ];
     let mut v = Vec::new();
     for kda in [false, true] {
-        for (n, h, hv, seqs) in rows.iter().cloned() {
-            let op = if kda { "kda" } else { "gdn" };
+        let op = if kda { "kda" } else { "gdn" };
+        for (n, h, hv, seqs) in plain.iter().cloned() {
             v.push(FwdCase {
                 name: format!("fwd_{op}_{n}"),
                 h,
                 hv,
                 seqs,
                 kda,
+                regime: None,
             });
+        }
+        for (n, h, hv, seqs) in split.iter() {
+            for r in GateRegime::ALL {
+                v.push(FwdCase {
+                    name: format!("fwd_{op}_{n}_{}", r.name()),
+                    h: *h,
+                    hv: *hv,
+                    seqs: seqs.clone(),
+                    kda,
+                    regime: Some(r),
+                });
+            }
         }
     }
     v
@@ -66,18 +99,111 @@ struct Set {
     g: DeviceTensor,
     beta: DeviceTensor,
     h0: DeviceTensor,
-    a_log: DeviceTensor,
-    dt_bias: DeviceTensor,
+    /// KDA's in-kernel gate (`A_log`, `dt_bias`), on the rows without a regime.
+    gate: Option<(DeviceTensor, DeviceTensor)>,
 }
 
 impl Set {
-    fn tensors(&self, kda: bool) -> ForwardTensors<'_> {
+    fn tensors(&self) -> ForwardTensors<'_> {
         ForwardTensors {
             initial_state: Some(&self.h0),
-            a_log: kda.then_some(&self.a_log),
-            dt_bias: kda.then_some(&self.dt_bias),
+            a_log: self.gate.as_ref().map(|g| &g.0),
+            dt_bias: self.gate.as_ref().map(|g| &g.1),
             ..ForwardTensors::new(&self.q, &self.k, &self.v, &self.g, &self.beta)
         }
+    }
+}
+
+/// The pieces of a split run, from [`DeltaFwdPlan::chosen_warmups`] (`[P · HV]`).
+struct SplitSummary {
+    /// Pieces × value heads.
+    pieces_heads: usize,
+    /// The most warm-up chunks of a piece.
+    warmup_max: i64,
+    /// Pieces that warmed up (`w > 0`).
+    warmed: usize,
+    /// Pieces run through by the piece before them (`w = −1`).
+    run_through: usize,
+}
+
+impl SplitSummary {
+    fn new(w: &[i64]) -> SplitSummary {
+        SplitSummary {
+            pieces_heads: w.len(),
+            warmup_max: w.iter().copied().max().unwrap_or(0),
+            warmed: w.iter().filter(|&&x| x > 0).count(),
+            run_through: w.iter().filter(|&&x| x < 0).count(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({"pieces_heads": self.pieces_heads, "warmup_max": self.warmup_max,
+               "warmed": self.warmed, "run_through": self.run_through})
+    }
+}
+
+/// The input sets of `case` (`nsets` rotated copies, seeds `20 i + …`).
+fn input_sets(gpu: &Gpu, case: &FwdCase, t: usize, nsets: usize) -> GpuResult<Vec<Set>> {
+    let (h, hv, n) = (case.h, case.hv, case.seqs.len());
+    let gk = if case.kda { K } else { 1 };
+    let gshape: Vec<usize> = if case.kda {
+        vec![1, t, hv, K]
+    } else {
+        vec![1, t, hv]
+    };
+    (0..nsets as u64)
+        .map(|i| {
+            let g = match case.regime {
+                Some(r) => {
+                    let mut g = DeviceTensor::alloc(gpu, &gshape, Dtype::F32)?;
+                    g.copy_from_host(gpu, &r.decays(t, hv, gk, 20 * i + 4))?;
+                    g
+                }
+                // KDA: the gate's input
+                None if case.kda => random_tensor(gpu, &gshape, Dtype::F32, -2.0, 2.0, 20 * i + 4)?,
+                None => random_tensor(gpu, &gshape, Dtype::F32, -1.5, -0.05, 20 * i + 4)?,
+            };
+            let gate = if case.kda && case.regime.is_none() {
+                Some((
+                    random_tensor(gpu, &[hv], Dtype::F32, 0.0, 2.7, 20 * i + 7)?,
+                    random_tensor(gpu, &[hv * K], Dtype::F32, -7.0, -2.3, 20 * i + 8)?,
+                ))
+            } else {
+                None
+            };
+            Ok(Set {
+                q: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, 20 * i + 1)?,
+                k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, 20 * i + 2)?,
+                v: random_tensor(gpu, &[1, t, hv, V], Dtype::BF16, -1.0, 1.0, 20 * i + 3)?,
+                g,
+                beta: random_tensor(gpu, &[1, t, hv], Dtype::F32, 0.0, 1.0, 20 * i + 5)?,
+                h0: random_tensor(gpu, &[n, hv, K, V], Dtype::F32, -0.1, 0.1, 20 * i + 6)?,
+                gate,
+            })
+        })
+        .collect()
+}
+
+/// The `Auto` plan of `case` on `set`'s shapes.
+fn plan(gpu: &Gpu, case: &FwdCase, set: &Set, cu: &[i64]) -> GpuResult<DeltaFwdPlan> {
+    if case.kda {
+        let in_kernel = set.gate.is_some();
+        let p = KdaFwdParams {
+            output_final_state: true,
+            use_qk_l2norm_in_kernel: true,
+            use_gate_in_kernel: in_kernel,
+            lower_bound: in_kernel.then_some(-5.0),
+            safe_gate: case.regime.is_none_or(GateRegime::within_safe_gate),
+            ..KdaFwdParams::default()
+        };
+        DeltaFwdPlan::kda(gpu, &set.tensors(), Some(cu), &p, ForwardPath::Auto)
+    } else {
+        let p = GdnFwdParams {
+            output_final_state: true,
+            use_qk_l2norm_in_kernel: true,
+            ..GdnFwdParams::default()
+        };
+        DeltaFwdPlan::gdn(gpu, &set.tensors(), Some(cu), &p, ForwardPath::Auto)
     }
 }
 
@@ -101,114 +227,58 @@ pub fn run(
     let in_bytes = t * (2 * h * K * 2 + hv * V * 2 + hv * gk * 4 + hv * 4) + n * hv * K * V * 4;
     let out_bytes = t * hv * V * 2 + n * hv * K * V * 4;
     // intermediates of the fused path: w, u, kg, qg (bf16), Aqk (bf16), exp2(G_l) per chunk
+    // (the serial plan's workspace replaces the automatic one's)
     let work = t * hv * (3 * K + V + BT) * 2;
     let mut nsets = (3 * l2).div_ceil(in_bytes).max(2);
     while nsets > 1 && nsets * in_bytes + out_bytes + work > free * 3 / 4 {
         nsets -= 1;
     }
-    let gshape: Vec<usize> = if case.kda {
-        vec![1, t, hv, K]
-    } else {
-        vec![1, t, hv]
-    };
-    let data = (0..nsets as u64)
-        .map(|i| {
-            Ok(Set {
-                q: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, 20 * i + 1)?,
-                k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, 20 * i + 2)?,
-                v: random_tensor(gpu, &[1, t, hv, V], Dtype::BF16, -1.0, 1.0, 20 * i + 3)?,
-                // GDN: per-step decays; KDA: the gate's input
-                g: if case.kda {
-                    random_tensor(gpu, &gshape, Dtype::F32, -2.0, 2.0, 20 * i + 4)?
-                } else {
-                    random_tensor(gpu, &gshape, Dtype::F32, -1.5, -0.05, 20 * i + 4)?
-                },
-                beta: random_tensor(gpu, &[1, t, hv], Dtype::F32, 0.0, 1.0, 20 * i + 5)?,
-                h0: random_tensor(gpu, &[n, hv, K, V], Dtype::F32, -0.1, 0.1, 20 * i + 6)?,
-                a_log: random_tensor(gpu, &[hv], Dtype::F32, 0.0, 2.7, 20 * i + 7)?,
-                dt_bias: random_tensor(gpu, &[hv * K], Dtype::F32, -7.0, -2.3, 20 * i + 8)?,
-            })
-        })
-        .collect::<GpuResult<Vec<Set>>>()?;
-    let plan = if case.kda {
-        let p = KdaFwdParams {
-            output_final_state: true,
-            use_qk_l2norm_in_kernel: true,
-            use_gate_in_kernel: true,
-            lower_bound: Some(-5.0),
-            safe_gate: true,
-            ..KdaFwdParams::default()
-        };
-        DeltaFwdPlan::kda(
-            gpu,
-            &data[0].tensors(true),
-            Some(&cu),
-            &p,
-            ForwardPath::Auto,
-        )?
-    } else {
-        let p = GdnFwdParams {
-            output_final_state: true,
-            use_qk_l2norm_in_kernel: true,
-            ..GdnFwdParams::default()
-        };
-        DeltaFwdPlan::gdn(
-            gpu,
-            &data[0].tensors(false),
-            Some(&cu),
-            &p,
-            ForwardPath::Auto,
-        )?
-    };
-    let mut ws = plan.alloc_workspace(gpu)?;
-    let mut out = plan.alloc_outputs(gpu)?;
+    let data = input_sets(gpu, case, t, nsets)?;
+    let plan_auto = plan(gpu, case, &data[0], &cu)?;
+    let mut ws = plan_auto.alloc_workspace(gpu)?;
+    let mut out = plan_auto.alloc_outputs(gpu)?;
     let ms = time_ms(gpu, iters, |i| {
-        plan.run(gpu, &data[i % nsets].tensors(case.kda), &mut ws, &mut out)
+        plan_auto.run(gpu, &data[i % nsets].tensors(), &mut ws, &mut out)
     })?;
     let intra_ms = time_ms(gpu, iters, |i| {
-        plan.run_intra(gpu, &data[i % nsets].tensors(case.kda), &mut ws)
+        plan_auto.run_intra(gpu, &data[i % nsets].tensors(), &mut ws)
     })?;
-    // the automatic split (GDN): its warm-ups, and the same call without it
-    let warmups = plan.chosen_warmups(gpu, &ws)?;
-    let verdict = plan.chosen_split(gpu, &ws)?;
-    let split_bv = plan.split_choice().map(|c| c.bv);
-    let serial_ms = if plan.splits() {
-        let p = GdnFwdParams {
-            output_final_state: true,
-            use_qk_l2norm_in_kernel: true,
-            ..GdnFwdParams::default()
-        };
-        let serial = DeltaFwdPlan::gdn(
-            gpu,
-            &data[0].tensors(false),
-            Some(&cu),
-            &p,
-            ForwardPath::Auto,
-        )?
-        .with_split(gpu, None)?;
+    // the automatic split: the pieces it chose, and the same call without it
+    let split = plan_auto
+        .chosen_warmups(gpu, &ws)?
+        .map(|w| (SplitSummary::new(&w), w));
+    let verdict = plan_auto.chosen_split(gpu, &ws)?;
+    let split_bv = plan_auto.split_choice().map(|c| c.bv);
+    drop(ws);
+    let serial_ms = if case.regime.is_some() || plan_auto.splits() {
+        let serial = plan(gpu, case, &data[0], &cu)?.with_split(gpu, None)?;
         let mut sws = serial.alloc_workspace(gpu)?;
         Some(time_ms(gpu, iters, |i| {
-            serial.run(gpu, &data[i % nsets].tensors(false), &mut sws, &mut out)
+            serial.run(gpu, &data[i % nsets].tensors(), &mut sws, &mut out)
         })?)
     } else {
         None
     };
-    let split_note = match (&warmups, serial_ms) {
-        (Some(w), Some(sm)) => format!(
-            ", split at {:?} columns: {} pieces x heads, warm-ups max {} (-1: run through: {}){}, serial {:.4} ms",
+    let split_note = match (&split, serial_ms) {
+        (Some((s, _)), _) => format!(
+            ", split at {:?} columns: {} pieces x heads, {} warmed up (max {} chunks), {} run through{}",
             split_bv,
-            w.len(),
-            w.iter().max().copied().unwrap_or(0),
-            w.iter().filter(|&&x| x < 0).count(),
+            s.pieces_heads,
+            s.warmed,
+            s.warmup_max,
+            s.run_through,
             verdict.as_ref().map_or(String::new(), |v| format!(
                 ", verdict: split for {} of {} (sequence, head)",
                 v.iter().filter(|&&x| x).count(),
                 v.len()
-            )),
-            sm
+            ))
         ),
-        _ => String::new(),
+        (None, Some(_)) => ", no split".to_string(),
+        (None, None) => String::new(),
     };
+    let serial_note = serial_ms
+        .map(|sm| format!(", serial {sm:.4} ms (auto {:.2}x)", sm / ms))
+        .unwrap_or_default();
     let bytes = in_bytes + out_bytes;
     let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
     let chunks: usize = case.seqs.iter().map(|s| s.div_ceil(BT)).sum();
@@ -217,9 +287,9 @@ pub fn run(
         + 6.0 * (BT * K * V) as f64
         + (BT * BT * V) as f64;
     let tflops = (chunks * hv) as f64 * per_chunk / (ms * 1e-3) / 1e12;
-    let choice = plan.fused_choice();
+    let choice = plan_auto.fused_choice();
     println!(
-        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {:?} {:.1} TFLOP/s, intra {:.4} ms{}",
+        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {:?} {:.1} TFLOP/s, intra {:.4} ms{}{}",
         case.name,
         ms,
         gbps,
@@ -228,12 +298,46 @@ pub fn run(
         choice,
         tflops,
         intra_ms,
+        serial_note,
         split_note
     );
     Ok(json!({
         "name": case.name, "shape": [1, t, h, hv, K, V], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
         "seqs": case.seqs, "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling,
-        "sets": nsets, "kernel": format!("{choice:?}"), "tflops": tflops, "path": format!("{:?}", plan.path()),
-        "intra_ms": intra_ms, "serial_ms": serial_ms, "warmups": warmups, "split_bv": split_bv, "split_verdict": verdict,
+        "sets": nsets, "kernel": format!("{choice:?}"), "tflops": tflops, "path": format!("{:?}", plan_auto.path()),
+        "intra_ms": intra_ms, "serial_ms": serial_ms, "regime": case.regime.map(GateRegime::name),
+        "split": split.as_ref().map(|(s, _)| s.json()), "warmups": split.map(|(_, w)| w),
+        "split_bv": split_bv, "split_verdict": verdict,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 23's other rows once each, issue 24's rows once per regime, every name distinct and
+    /// picked by `fwd_gdn` / `fwd_kda`, a regime's suffix picking its rows alone.
+    #[test]
+    fn row_names() {
+        let c = cases();
+        assert_eq!(c.len(), 2 * (3 + 7 * 3));
+        let names: std::collections::HashSet<&str> = c.iter().map(|x| x.name.as_str()).collect();
+        assert_eq!(names.len(), c.len());
+        for op in ["fwd_gdn", "fwd_kda"] {
+            assert_eq!(c.iter().filter(|x| x.name.contains(op)).count(), 24);
+        }
+        assert_eq!(c.iter().filter(|x| x.regime.is_none()).count(), 6);
+        for r in GateRegime::ALL {
+            let suffix = format!("_{}", r.name());
+            let picked: Vec<_> = c.iter().filter(|x| x.name.contains(&suffix)).collect();
+            assert_eq!(picked.len(), 14);
+            assert!(picked.iter().all(|x| x.regime == Some(r)));
+        }
+        let one: Vec<_> = c
+            .iter()
+            .filter(|x| x.name.contains("fwd_gdn_h4_131072_strong"))
+            .collect();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].seqs, vec![131072]);
+    }
 }
