@@ -16,7 +16,11 @@
 # ATTN_SANITIZE_TIMEOUT (2 threads, 420 s, 400 s), ATTN_BENCH_FILTER (bench_gpu --filter and the
 # anchors' --filter; all), ATTN_ANCHORS_DECODE_ONLY=1 (only the decode anchors).
 # `cp` (not in `all`): the context-parallel tests (test_cp) on every GPU of the machine, with
-# ATTN_REQUIRE_GPUS set to the GPU count (tests for more ranks than GPUs are reported ignored).
+# ATTN_REQUIRE_GPUS set to the GPU count (tests for more ranks than GPUs are reported ignored),
+# then `attn-conform verify --gpus N` on the fixtures for N = 2..GPU count.
+# `cpbench` (not in `all`): bench_gpu's cp_* rows (bench_cp.json, cp.txt), then
+# cp_anchors.py under torchrun on 1, 2, 4 GPUs (as many as the machine has; cp_anchors_rN.json);
+# ATTN_CP_FILTER narrows both (a substring of the row names, default cp_).
 # NCCL: cudarc opens `libnccl.so`; the Python package nvidia-nccl-cu13 ships only libnccl.so.2, so
 # this script links it as /tmp/attn-nccl/libnccl.so and puts that folder on LD_LIBRARY_PATH.
 # `ptx` (not in `all`): ptxas -v register and spill report of the modules in $ATTN_PTX_MODULES
@@ -118,6 +122,26 @@ if [[ " $PARTS " == *" cp "* ]]; then
   rc=$?
   say "tests test_cp (ATTN_REQUIRE_GPUS=$NGPU): exit $rc, $(( $(date +%s) - start )) s, $(grep -h '^test result' "$OUT/cp.log" | tail -1)"
   grep -E "panicked|FAILED|ignored" "$OUT/cp.log" | head -30 | tee -a "$SUM"
+  for n in $(seq 2 "$NGPU"); do
+    timeout 300 "$S/bin/attn-conform" verify --gpus "$n" "$ATTN_FIXTURES" >"$OUT/verify_gpus$n.log" 2>&1
+    say "verify --gpus $n: exit $?, $(tail -1 "$OUT/verify_gpus$n.log")"
+  done
+fi
+
+if [[ " $PARTS " == *" cpbench "* ]]; then
+  NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  CF=${ATTN_CP_FILTER:-cp_}
+  timeout 540 "$S/bin/bench_gpu" --filter "$CF" --json "$OUT/bench_cp.json" 2>&1 | grep -E "^(device|cp_)" | tee "$OUT/cp.txt"
+  whl=$(ls "$S"/whl/fla_core-0.6.0-*.whl 2>/dev/null | head -1)
+  if [ -n "$whl" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site
+  fi
+  for n in 1 2 4; do
+    [ "$n" -le "$NGPU" ] || { echo "cp anchors on $n GPUs: skipped ($NGPU GPU(s) here)" | tee -a "$OUT/cp.txt"; continue; }
+    PYTHONUNBUFFERED=1 timeout 540 torchrun --standalone --nproc_per_node "$n" "$S/cp_anchors.py" --filter "$CF" \
+      --ours "$OUT/bench_cp.json" --json "$OUT/cp_anchors_r$n.json" 2>&1 | grep -vE "^(W|I)[0-9]{4}" | tee -a "$OUT/cp.txt"
+  done
+  cat "$OUT/cp.txt" >>"$SUM"
 fi
 
 if [[ " $PARTS " == *" ptx "* ]]; then

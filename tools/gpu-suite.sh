@@ -44,7 +44,7 @@ echo "building the attn_conform wheel (abi3) and fetching pytest ..." >&2
 rm -rf "$DEST/pywhl"
 python3 -m pip wheel -q --no-deps ./conformance/python -w "$DEST/pywhl" >&2
 python3 -m pip download -q --only-binary=:all: pytest -d "$DEST/pywhl" >&2  # and its needs
-cp tools/bench_anchors.py tools/decode_anchors.py tools/nsa_anchors.py tools/forward_anchors.py "$DEST/"
+cp tools/bench_anchors.py tools/decode_anchors.py tools/nsa_anchors.py tools/forward_anchors.py tools/cp_anchors.py "$DEST/"
 # forward_anchors.py --export-qla-case writes its case with the fixture generator
 cp -r tools/fixturegen "$DEST/fixturegen"
 rm -rf "$DEST/fixturegen/__pycache__"
@@ -59,4 +59,4 @@ ls "$DEST/bin" >&2
 echo
 echo "run command: bash $REL/run.sh $REL all"
 echo "carry: [\"$REL\"]"
-echo "(parts: 'tests', 'verify', 'python', 'sanitizer', 'bench' instead of 'all', and 'cp' (multi-GPU context parallelism, not in 'all'); outputs land in \$OUT)"
+echo "(parts: 'tests', 'verify', 'python', 'sanitizer', 'bench' instead of 'all', 'cp' (multi-GPU context parallelism: tests, verify --gpus) and 'cpbench' (its benchmark rows and anchors), not in 'all'; outputs land in \$OUT)"

@@ -6,10 +6,13 @@ use crate::case::Tensors;
 use crate::error::{Error, Problem};
 use crate::fixtures::{case_files, fixtures_lookup, Manifests};
 use crate::listing::{listing, OpListing};
+use crate::ops::device::cp_group;
 use crate::registry;
 use crate::report::{self, Format, Report};
 use crate::table;
-use crate::verify::{reference_case, verify_with_reference, Device, Row, Selection};
+use crate::verify::{
+    context_parallel_ops, reference_case, verify_with_reference, Device, Row, Selection,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,20 +36,23 @@ pub fn verify_file(
     manifests: &mut Manifests,
     selection: Selection,
 ) -> Result<(String, Vec<Row>), Error> {
-    let (case, rows, _) = verify_file_with_reference(path, manifests, selection)?;
+    let (case, rows, _) = verify_file_with_reference(path, manifests, selection, None)?;
     Ok((case.op, rows))
 }
 
-/// [`verify_file`], also returning the case and the reference's outputs.
+/// [`verify_file`], also checking the context-parallel runner over `gpus` GPUs where the op has
+/// one ([`verify_with_reference`]), and returning the case and the reference's outputs.
 pub fn verify_file_with_reference(
     path: &Path,
     manifests: &mut Manifests,
     selection: Selection,
+    gpus: Option<usize>,
 ) -> Result<(Case, Vec<Row>, Tensors), Error> {
     let bytes = std::fs::read(path).map_err(|e| Problem::Io(e).at(path))?;
     manifests.check(path, &bytes)?;
     let case = Case::from_bytes(path, &bytes)?;
-    let (rows, reference) = verify_with_reference(&case, selection).map_err(|p| p.at(path))?;
+    let (rows, reference) =
+        verify_with_reference(&case, selection, gpus).map_err(|p| p.at(path))?;
     Ok((case, rows, reference))
 }
 
@@ -130,14 +136,33 @@ fn status(unusable: usize, failed: usize) -> u8 {
     }
 }
 
-/// `verify [--device] [--json] [--dump-reference DIR] FILE_OR_DIR...`: one row per compared
-/// output, the diagnostics of each failure, then `N passed, M failed, K unusable` (on stderr with
-/// `--json`, whose stdout is the JSON array of rows); each unusable file's reason is on stderr.
-/// `device` is `None` when the user gave no `--device` (then `cpu`). With `dump`, the reference's
-/// outputs of every usable case are written there ([`dump_reference`]).
+/// Opens the group of `--gpus N` (false, saying why on stderr, when it cannot be opened: `N`
+/// above the host's GPUs, no GPU, no NCCL).
+fn gpus_gate(gpus: Option<usize>, io: &mut Io<'_>) -> bool {
+    let Some(n) = gpus else {
+        return true;
+    };
+    match cp_group(n) {
+        Ok(_) => true,
+        Err(e) => {
+            let _ = writeln!(io.err, "error: --gpus {n}: {e}");
+            false
+        }
+    }
+}
+
+/// `verify [--device] [--gpus N] [--json] [--dump-reference DIR] FILE_OR_DIR...`: one row per
+/// compared output, the diagnostics of each failure, then `N passed, M failed, K unusable` (on
+/// stderr with `--json`, whose stdout is the JSON array of rows); each unusable file's reason is
+/// on stderr. `device` is `None` when the user gave no `--device` (then `cpu`). With `gpus`, the
+/// context-parallel runner over that many GPUs is a candidate too (rows `gpus=N`); a case of an
+/// op without one is reported skipped on stderr and counted on the summary line
+/// (`, S skipped (no context-parallel path)`), and no case run that way at all is exit 2. With
+/// `dump`, the reference's outputs of every usable case are written there ([`dump_reference`]).
 pub fn verify(
     paths: &[PathBuf],
     device: Option<Selection>,
+    gpus: Option<usize>,
     json: bool,
     dump: Option<&Path>,
     io: &mut Io<'_>,
@@ -165,14 +190,25 @@ pub fn verify(
             unusable += 1;
         }
     }
-    if !gpu_gate(selection, device.is_some(), io) {
+    if !gpu_gate(selection, device.is_some(), io) || !gpus_gate(gpus, io) {
         return EXIT_UNUSABLE;
     }
-    let (mut rows, mut dumped) = (Vec::new(), BTreeSet::new());
+    let (mut rows, mut dumped, mut skipped) = (Vec::new(), BTreeSet::new(), 0);
     for f in &files {
-        let written = verify_file_with_reference(f, &mut manifests, selection).and_then(
+        let written = verify_file_with_reference(f, &mut manifests, selection, gpus).and_then(
             |(case, r, reference)| {
                 rows.extend(r);
+                if let Some(n) = gpus.filter(|_| !context_parallel_ops().contains(&&*case.op)) {
+                    skipped += 1;
+                    let _ = writeln!(
+                        io.err,
+                        "skipped: {}: `{}` has no context-parallel path (--gpus {n} runs {}); \
+                         only its other candidates were checked",
+                        f.display(),
+                        case.op,
+                        context_parallel_ops().join(", ")
+                    );
+                }
                 dump.map(|dir| dump_reference(dir, &case, reference, &mut dumped))
                     .transpose()
             },
@@ -190,7 +226,10 @@ pub fn verify(
     }
     let passed = rows.iter().filter(|r| r.pass).count();
     let failed = rows.len() - passed;
-    let summary = summary_line(passed, failed, unusable);
+    let mut summary = summary_line(passed, failed, unusable);
+    if gpus.is_some() {
+        summary += &format!(", {skipped} skipped (no context-parallel path)");
+    }
     if json {
         let _ = writeln!(
             io.out,
@@ -208,6 +247,15 @@ pub fn verify(
             }
         }
         let _ = writeln!(io.out, "{summary}");
+    }
+    let ran_cp = rows.iter().any(|r| matches!(r.device, Device::Gpus(_)));
+    if let Some(n) = gpus.filter(|_| !ran_cp && unusable == 0) {
+        let _ = writeln!(
+            io.err,
+            "error: --gpus {n}: no case was run on the context-parallel path (ops with one: {})",
+            context_parallel_ops().join(", ")
+        );
+        return EXIT_UNUSABLE;
     }
     status(unusable, failed)
 }

@@ -46,6 +46,15 @@ enum Command {
         /// has one and a GPU answers; gpu: as all, but a missing GPU is an error (exit 2).
         #[arg(long, value_enum)]
         device: Option<DeviceArg>,
+        /// Also run the context-parallel path over GPUs 0..N of this host (NCCL; N >= 1) for
+        /// the ops that have one (chunk_gated_delta_rule_fwd_h, kda_fwd, gdn_fwd): each case's
+        /// tokens are partitioned by chunks over the N GPUs (cut at any chunk boundary, so
+        /// short sequences cross GPUs too), scattered, run and gathered, and compared with the
+        /// float64 reference at the op's thresholds (rows with device gpus=N). Cases of other
+        /// ops are reported skipped; N above the GPU count, or no NCCL library, is an error
+        /// (exit 2), as is a run where no case had a context-parallel path.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        gpus: Option<u32>,
         /// Write the rows as a JSON array to stdout (the summary line goes to stderr).
         #[arg(long)]
         json: bool,
@@ -103,12 +112,14 @@ fn main() -> ExitCode {
     ExitCode::from(match cli.command {
         Command::Verify {
             device,
+            gpus,
             json,
             dump_reference,
             paths,
         } => app::verify(
             &paths,
             device.map(Selection::from),
+            gpus.map(|n| n as usize),
             json,
             dump_reference.as_deref(),
             &mut io,

@@ -8,6 +8,7 @@ use crate::compare::Rule;
 use crate::error::Problem;
 use crate::params::{ParamSpec, ParamType, Params};
 use crate::tensor::Tensor;
+use attn_gpu::cp::CpGroup;
 use attn_reference::DtypeClass;
 
 /// Whether an input holds floats or indices (`cu_seqlens`, `cache_seqlens`, ...).
@@ -66,6 +67,9 @@ pub type ClassFn = fn(&Tensors, &Params) -> Result<DtypeClass, Problem>;
 pub type RuleFn = fn(&Tensors, &Params, DtypeClass) -> Rule;
 /// Runs an op on a case's inputs and validated parameters; returns its outputs by name.
 pub type Runner = fn(&Tensors, &Params) -> Result<Tensors, Problem>;
+/// Runs an op's context-parallel path (`attn_gpu::cp`) on a case's whole inputs over the GPUs
+/// of a group (partition, scatter, run, gather); returns its outputs by name, as [`Runner`].
+pub type CpRunner = fn(&CpGroup, &Tensors, &Params) -> Result<Tensors, Problem>;
 
 /// One output of an op.
 #[derive(Debug, Clone, Copy)]
@@ -120,6 +124,9 @@ pub struct OpSpec {
     pub cpu: Runner,
     /// The CUDA kernel, where one exists.
     pub gpu: Option<Runner>,
+    /// The context-parallel path over several GPUs (`attn-conform verify --gpus N`), where one
+    /// exists.
+    pub cp: Option<CpRunner>,
     /// Its section of the spec: a file of `conformance/spec/` and a section
     /// (`conformance/spec/ops-delta-rule.md §2`).
     pub section: &'static str,
@@ -154,11 +161,15 @@ impl OpSpec {
     pub fn citation(&self) -> String {
         self.section.to_string()
     }
-    /// The devices that implement this op (`cpu` always).
+    /// The devices that implement this op (`cpu` always; `gpus`: the context-parallel path
+    /// over several GPUs).
     pub fn devices(&self) -> Vec<&'static str> {
         let mut d = vec!["cpu"];
         if self.gpu.is_some() {
             d.push("gpu");
+        }
+        if self.cp.is_some() {
+            d.push("gpus");
         }
         d
     }

@@ -1,34 +1,45 @@
 //! Verifying a case: run the float64 CPU reference on its inputs and compare every output of a
-//! candidate with it: the case's own stored outputs (`cpu`), and the GPU runner's (`gpu`).
+//! candidate with it: the case's own stored outputs (`cpu`), the GPU runner's (`gpu`), and the
+//! context-parallel runner's over `N` GPUs (`gpus=N`, `verify --gpus N`).
 
 use crate::case::{Case, Tensors};
 use crate::compare::{class_ok, compare, Diagnostics, Rule};
 use crate::error::Problem;
 use crate::index_rule::compare_indices;
+use crate::ops::device::cp_group;
 use crate::params::Params;
 use crate::registry;
 use crate::spec::{OpSpec, PartSpec};
 use crate::tensor::Tensor;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use std::borrow::Cow;
 use std::fmt;
 
-/// Whose outputs are checked against the CPU float64 reference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
+/// Whose outputs are checked against the CPU float64 reference. Written (text and JSON) as
+/// `cpu`, `gpu`, `gpus=N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Device {
     /// The outputs stored in the case (computed by `source.impl`), checked on the CPU.
     Cpu,
     /// The outputs of this crate's GPU runner on the case's inputs.
     Gpu,
+    /// The outputs of this crate's context-parallel runner over GPUs `0 .. N` (NCCL).
+    Gpus(usize),
 }
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Device::Cpu => "cpu",
-            Device::Gpu => "gpu",
-        })
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Gpu => f.write_str("gpu"),
+            Device::Gpus(n) => write!(f, "gpus={n}"),
+        }
+    }
+}
+
+impl Serialize for Device {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -105,17 +116,30 @@ pub fn devices_for(op: &OpSpec, selection: Selection) -> Result<Vec<Device>, Pro
 /// Runs the reference for `case` and compares the candidates of `selection` with it.
 /// `Err` means the case cannot be used (bad shapes, no GPU runner, ...).
 pub fn verify_case(case: &Case, selection: Selection) -> Result<Vec<Row>, Problem> {
-    verify_with_reference(case, selection).map(|(rows, _)| rows)
+    verify_with_reference(case, selection, None).map(|(rows, _)| rows)
 }
 
-/// [`verify_case`], also returning the reference's outputs.
+/// The ops with a context-parallel runner (`--gpus`), by id.
+pub fn context_parallel_ops() -> Vec<&'static str> {
+    registry::OPS
+        .iter()
+        .filter(|o| o.cp.is_some())
+        .map(|o| o.id)
+        .collect()
+}
+
+/// [`verify_case`], also checking the context-parallel runner over `gpus` GPUs where the op has
+/// one (an op without one gets no `gpus=N` row: the caller reports it skipped), and returning
+/// the reference's outputs.
 pub fn verify_with_reference(
     case: &Case,
     selection: Selection,
+    gpus: Option<usize>,
 ) -> Result<(Vec<Row>, Tensors), Problem> {
     let spec = registry::spec_of(case)?;
     let params = registry::check(case)?;
-    let devices = devices_for(spec, selection)?;
+    let mut devices = devices_for(spec, selection)?;
+    devices.extend(gpus.filter(|_| spec.cp.is_some()).map(Device::Gpus));
     let reference = (spec.cpu)(&case.inputs, &params)?;
     let mut rows = Vec::new();
     for device in devices {
@@ -124,6 +148,15 @@ pub fn verify_with_reference(
             Device::Gpu => match spec.gpu {
                 Some(run) => run(&case.inputs, &params)?,
                 None => return Err(Problem::NoGpu(format!("`{}` has no GPU runner", spec.id))),
+            },
+            Device::Gpus(n) => match spec.cp {
+                Some(run) => run(&*cp_group(n)?, &case.inputs, &params)?,
+                None => {
+                    return Err(Problem::NoGpu(format!(
+                        "`{}` has no context-parallel runner",
+                        spec.id
+                    )))
+                }
             },
         };
         let reference = reference_for(case, spec, &params, &reference, &candidate)?;

@@ -432,3 +432,44 @@ fn the_fixtures_folder_is_found_at_run_time() {
         stderr(&o)
     );
 }
+
+/// `verify --gpus N`: 0 is refused by the parser naming the flag; a group that cannot be opened
+/// (no GPU, no NCCL, more GPUs than the host has) is exit 2 naming `--gpus` before any case
+/// runs; where one GPU and NCCL answer, the context-parallel rows (`gpus=1`) appear for the ops
+/// that have the path and the other ops' cases are reported skipped.
+#[test]
+fn verify_gpus_names_the_flag_and_skips_ops_without_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    for c in &valid_cases(3) {
+        write_case(dir.path(), "ok", c);
+    }
+    let o = conform(&["verify", "--gpus", "0", p(dir.path())]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--gpus"), "{}", stderr(&o));
+    // more GPUs than any host has: refused whatever the machine
+    let o = conform(&["verify", "--gpus", "4096", p(dir.path())]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("error: --gpus 4096:"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty(), "no case runs: {}", stdout(&o));
+    let o = conform(&["verify", "--gpus", "1", p(dir.path())]);
+    if attn_gpu::cp::CpGroup::open(1).is_err() {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("error: --gpus 1:"), "{}", stderr(&o));
+    } else {
+        let (out, err) = (stdout(&o), stderr(&o));
+        for op in ["kda_fwd", "gdn_fwd", "chunk_gated_delta_rule_fwd_h"] {
+            assert!(
+                out.lines().any(|l| l.contains(op) && l.contains("gpus=1")),
+                "{op}: {out}"
+            );
+        }
+        assert!(
+            err.contains("skipped:") && err.contains("`cumsum`"),
+            "{err}"
+        );
+        assert!(out.contains("skipped (no context-parallel path)"), "{out}");
+    }
+    // `list` names the path among the devices of the ops that have it only
+    assert!(stdout(&conform(&["list", "kda_fwd"])).contains("devices: cpu, gpu, gpus"));
+    assert!(!stdout(&conform(&["list", "cumsum"])).contains("gpus"));
+}

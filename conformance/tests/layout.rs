@@ -169,6 +169,12 @@ fn every_family_module_holds_entries_and_runners_side_by_side() {
                     "{name}: `{id}`'s GPU runner is not here"
                 );
             }
+            if entry.contains("cp: Some(") {
+                assert!(
+                    code.contains(&format!("fn {id}_cp(")),
+                    "{name}: `{id}`'s context-parallel runner is not here"
+                );
+            }
         }
     }
 }

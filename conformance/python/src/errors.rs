@@ -1,5 +1,6 @@
 //! The Python exception of each [`Problem`], its message prefixed with the Python argument it
-//! concerns (`op`, `params`, `inputs['q']`, `outputs`, `tolerance`, `source`, `device`, `path`)
+//! concerns (`op`, `params`, `inputs['q']`, `outputs`, `tolerance`, `source`, `device`, `gpus`,
+//! `path`)
 //! and naming tensors by the dict keys the caller typed (`w`, not the case file's `in.w`):
 //! `TypeError` for a wrong dtype or parameter type, `RuntimeError` for a missing GPU or a device
 //! error, `OSError` for a file that cannot be written, `ValueError` for everything else.
@@ -20,6 +21,7 @@ pub enum Arg {
     Tolerance,
     Source,
     Device,
+    Gpus,
 }
 
 impl Arg {
@@ -39,6 +41,7 @@ impl fmt::Display for Arg {
             Arg::Tolerance => "tolerance",
             Arg::Source => "source",
             Arg::Device => "device",
+            Arg::Gpus => "gpus",
         })
     }
 }

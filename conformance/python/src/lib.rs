@@ -10,8 +10,9 @@
 mod errors;
 
 use attn_conformance::listing::{self, OpListing};
+use attn_conformance::ops::device::cp_group;
 use attn_conformance::registry;
-use attn_conformance::verify::{declared_outputs, verify_case, Selection};
+use attn_conformance::verify::{context_parallel_ops, declared_outputs, verify_case, Selection};
 use attn_conformance::{Case, Params, Problem, Tensor, Tensors};
 use attn_reference::Dtype;
 use errors::{problem, Arg};
@@ -103,40 +104,70 @@ fn case(
 }
 
 /// The op's outputs on `device` (`"cpu"`: the float64 reference; `"gpu"`: this project's CUDA
-/// kernel), as wire tuples.
+/// kernel, or with `gpus = N` its context-parallel path over GPUs `0 .. N`), as wire tuples.
+/// `gpus` below 1, `gpus` with `device="cpu"`, or an op without a context-parallel path is a
+/// `ValueError` naming `gpus`; a group that cannot be opened (more GPUs than the host has, no
+/// GPU, no NCCL) an error naming `gpus` too.
 #[pyfunction]
-#[pyo3(signature = (op, inputs, params, device))]
+#[pyo3(signature = (op, inputs, params, device, gpus=None))]
 fn reference<'py>(
     py: Python<'py>,
     op: &str,
     inputs: Vec<Wire<'py>>,
     params: &str,
     device: &str,
+    gpus: Option<i64>,
 ) -> PyResult<Vec<Wire<'py>>> {
+    let gpus = match gpus {
+        None => None,
+        Some(n) if n < 1 => {
+            return Err(PyValueError::new_err(format!(
+                "gpus: expected a number of GPUs >= 1, got {n}"
+            )))
+        }
+        Some(_) if device != "gpu" => {
+            return Err(PyValueError::new_err(format!(
+                "gpus: the context-parallel path runs on GPUs: pass device=\"gpu\" with gpus \
+                 (got device={device:?})"
+            )))
+        }
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+    };
     let (case, params) = case(op, &inputs, &[], params, IMPL, BTreeMap::new(), None)?;
     let spec = registry::spec_of(&case).map_err(|p| errors::in_case(&case, p))?;
-    let runner = match device {
-        "cpu" => spec.cpu,
-        "gpu" => {
+    let inputs = &case.inputs;
+    let outputs = match (device, gpus) {
+        ("cpu", _) => py.detach(|| (spec.cpu)(inputs, &params)),
+        ("gpu", None) => {
             registry::gpu_status()
                 .map_err(|why| problem(&Arg::Device.to_string(), Problem::NoGpu(why)))?;
-            spec.gpu.ok_or_else(|| {
+            let run = spec.gpu.ok_or_else(|| {
                 problem(
                     &Arg::Device.to_string(),
                     Problem::NoGpu(format!("`{op}` has no GPU kernel in this project")),
                 )
-            })?
+            })?;
+            py.detach(|| run(inputs, &params))
         }
-        other => {
+        ("gpu", Some(n)) => {
+            let run = spec.cp.ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "gpus: `{op}` has no context-parallel path (ops with one: {})",
+                    context_parallel_ops().join(", ")
+                ))
+            })?;
+            // the group first, so that its errors name `gpus`
+            py.detach(|| cp_group(n).map(|_| ()))
+                .map_err(|p| problem(&Arg::Gpus.to_string(), p))?;
+            py.detach(|| run(&*cp_group(n)?, inputs, &params))
+        }
+        (other, _) => {
             return Err(PyValueError::new_err(format!(
                 "device: expected \"cpu\" or \"gpu\", got {other:?}"
             )))
         }
     };
-    let inputs = &case.inputs;
-    let outputs = py
-        .detach(|| runner(inputs, &params))
-        .map_err(|p| errors::in_case(&case, p))?;
+    let outputs = outputs.map_err(|p| errors::in_case(&case, p))?;
     let outputs = declared_outputs(spec, outputs);
     Ok(outputs.iter().map(|(n, t)| wire(py, n, t)).collect())
 }

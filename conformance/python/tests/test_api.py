@@ -3,6 +3,8 @@ arguments refused with the argument named."""
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -177,6 +179,71 @@ def test_gpu_reference_without_a_gpu_says_why():
     else:
         # a GPU answered: its output conforms
         ac.assert_conforms("cumsum", {"x": x}, out, {"dim": 1})
+
+
+def gdn_inputs(t: int = 8) -> dict[str, np.ndarray]:
+    """A small float32 ``gdn_fwd`` call: one sequence of ``t`` tokens, one head, K = V = 4."""
+    r = np.random.default_rng(25)
+    f = lambda *shape: r.standard_normal(shape).astype(np.float32)  # noqa: E731
+    return {
+        "q": f(1, t, 1, 4),
+        "k": f(1, t, 1, 4),
+        "v": f(1, t, 1, 4),
+        "g": -np.abs(f(1, t, 1)),
+        "beta": r.uniform(size=(1, t, 1)).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    "gpus, exc, message",
+    [
+        (0, ValueError, "^gpus: expected a number of GPUs >= 1, got 0$"),
+        (-2, ValueError, "^gpus: expected a number of GPUs >= 1, got -2$"),
+        (True, TypeError, "^gpus: expected an int"),
+        (1.5, TypeError, "^gpus: expected an int"),
+        ("2", TypeError, "^gpus: expected an int"),
+    ],
+)
+def test_gpus_below_one_or_not_an_int_is_refused_naming_gpus(gpus, exc, message):
+    with pytest.raises(exc, match=message):
+        ac.reference("gdn_fwd", gdn_inputs(), device="gpu", gpus=gpus)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_gpus_with_the_cpu_device_is_refused(gpus):
+    with pytest.raises(ValueError, match='^gpus: .*device="gpu".*got device="cpu"'):
+        ac.reference("gdn_fwd", gdn_inputs(), device="cpu", gpus=gpus)
+
+
+def test_gpus_for_an_op_without_the_context_parallel_path_is_refused():
+    with pytest.raises(ValueError, match="^gpus: `cumsum` has no context-parallel path .*kda_fwd"):
+        ac.reference("cumsum", {"x": x32()}, {"dim": 1}, device="gpu", gpus=2)
+
+
+def test_more_gpus_than_the_host_has_is_an_error_naming_gpus():
+    # no GPU here: RuntimeError (no GPU); with GPUs: ValueError (at most the host's count)
+    with pytest.raises((ValueError, RuntimeError), match="^gpus: "):
+        ac.reference("gdn_fwd", gdn_inputs(), device="gpu", gpus=4096)
+
+
+def test_the_ops_with_the_context_parallel_path_list_it_among_their_devices():
+    devices = {o["op"]: o["devices"] for o in ac.ops()}
+    for op in ("chunk_gated_delta_rule_fwd_h", "kda_fwd", "gdn_fwd"):
+        assert devices[op] == ["cpu", "gpu", "gpus"], op
+    assert "gpus" not in devices["cumsum"]
+
+
+def test_gpus_one_conforms_where_a_gpu_and_nccl_answer():
+    inputs, params = gdn_inputs(200), {"output_final_state": True}
+    try:
+        out = ac.reference("gdn_fwd", inputs, params, device="gpu", gpus=1)
+    except RuntimeError as e:
+        assert str(e).startswith("gpus: "), str(e)
+        if os.environ.get("ATTN_REQUIRE_GPU") == "1":
+            raise
+        pytest.skip(f"no GPU or no NCCL: {e}")
+    assert set(out) == {"o", "final_state"}
+    ac.assert_conforms("gdn_fwd", inputs, out, params)
 
 
 def test_docstrings_list_every_op_with_its_shapes_and_params():

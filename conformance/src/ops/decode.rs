@@ -56,6 +56,7 @@ const KV_CACHE_UPDATE: OpSpec = OpSpec {
     ],
     cpu: kv_cache_update_cpu,
     gpu: Some(kv_cache_update_gpu),
+    cp: None,
     section: "conformance/spec/ops-decode.md §1",
 };
 
@@ -200,6 +201,7 @@ const DECODE_ATTENTION: OpSpec = OpSpec {
     ],
     cpu: decode_attention_cpu,
     gpu: Some(decode_attention_gpu),
+    cp: None,
     section: "conformance/spec/ops-decode.md §2",
 };
 

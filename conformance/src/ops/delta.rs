@@ -1,11 +1,14 @@
 //! The delta-rule ops of `conformance/spec/ops-delta-rule.md`: `chunk_gated_delta_rule_fwd_h`,
 //! `fwd_h_pre_scan`, `fwd_h_merge`, `chunk_gated_delta_rule_fwd_h_split`, `kda_intra`, `kda_fwd`
 //! (its recurrent definition) and `gdn_fwd` (its recurrent definition). Each op's registry entry,
-//! its float64 CPU runner (`<op>_cpu`) and its GPU runner (`<op>_gpu`:
-//! `attn-gpu`'s kernels on the case's inputs in their own dtypes), side by side, then the output
-//! classes and thresholds they share.
+//! its float64 CPU runner (`<op>_cpu`), its GPU runner (`<op>_gpu`:
+//! `attn-gpu`'s kernels on the case's inputs in their own dtypes) and, for
+//! `chunk_gated_delta_rule_fwd_h`, `kda_fwd` and `gdn_fwd`, its context-parallel runner
+//! (`<op>_cp`: `attn_gpu::cp` over the GPUs of a group, `verify --gpus N`), side by side, then
+//! the output classes and thresholds they share.
 
-use super::device::{download, gpu, opt_upload, upload};
+use super::device::CP_MIN_PIECE_CHUNKS;
+use super::device::{download, from_hosts, gpu, host, opt_host, opt_upload, upload};
 use super::{float_dim, indices, input, opt_float_dim, opt_indices};
 use super::{P_LOWER, P_SCALE};
 use crate::case::Tensors;
@@ -14,6 +17,7 @@ use crate::error::Problem;
 use crate::params::{ParamSpec, ParamType, Params};
 use crate::spec::{self as s, InputSpec, OpSpec, OutputSpec, PartSpec};
 use crate::tensor::Tensor;
+use attn_gpu::cp::{self as cp, CpGroup};
 use attn_reference::delta::{self as d, DeltaDtypes};
 use attn_reference::DtypeClass;
 use ndarray::{ArrayD, Ix1, Ix3, Ix4};
@@ -146,6 +150,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H: OpSpec = OpSpec {
     outputs: &FWD_H_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_cpu,
     gpu: Some(chunk_gated_delta_rule_fwd_h_gpu),
+    cp: Some(chunk_gated_delta_rule_fwd_h_cp),
     section: "conformance/spec/ops-delta-rule.md §2",
 };
 
@@ -168,6 +173,31 @@ fn chunk_gated_delta_rule_fwd_h_gpu(inputs: &Tensors, p: &Params) -> Result<Tens
         &fwd_h_params(p)?,
     )?;
     fwd_h_downloads(gpu, o)
+}
+
+/// `h`, `v_new`, `final_state` of `conformance/spec/ops-delta-rule.md` §2 by the
+/// context-parallel path over the GPUs of `group` (the case's tokens partitioned by chunks).
+fn chunk_gated_delta_rule_fwd_h_cp(
+    group: &CpGroup,
+    inputs: &Tensors,
+    p: &Params,
+) -> Result<Tensors, Problem> {
+    let cu = opt_indices(inputs, "cu_seqlens")?;
+    let x = cp::HostFwdHInputs {
+        k: host(inputs, "k")?,
+        w: host(inputs, "w")?,
+        u: host(inputs, "u")?,
+        g: opt_host(inputs, "g")?,
+        gk: opt_host(inputs, "gk")?,
+        initial_state: opt_host(inputs, "initial_state")?,
+        cu_seqlens: cu.as_deref(),
+    };
+    let o = cp::cp_fwd_h_host(group, &x, &fwd_h_params(p)?, CP_MIN_PIECE_CHUNKS)?;
+    Ok(from_hosts(vec![
+        ("h", Some(o.h)),
+        ("v_new", o.v_new),
+        ("final_state", o.final_state),
+    ]))
 }
 
 /// `h`, `v_new`, `final_state` of a GPU run, downloaded.
@@ -213,6 +243,7 @@ const FWD_H_PRE_SCAN: OpSpec = OpSpec {
     }],
     cpu: fwd_h_pre_scan_cpu,
     gpu: Some(fwd_h_pre_scan_gpu),
+    cp: None,
     section: "conformance/spec/ops-delta-rule.md §3",
 };
 
@@ -266,6 +297,7 @@ const FWD_H_MERGE: OpSpec = OpSpec {
     ],
     cpu: fwd_h_merge_cpu,
     gpu: Some(fwd_h_merge_gpu),
+    cp: None,
     section: "conformance/spec/ops-delta-rule.md §4",
 };
 
@@ -325,6 +357,7 @@ const CHUNK_GATED_DELTA_RULE_FWD_H_SPLIT: OpSpec = OpSpec {
     outputs: &SPLIT_OUTPUTS,
     cpu: chunk_gated_delta_rule_fwd_h_split_cpu,
     gpu: Some(chunk_gated_delta_rule_fwd_h_split_gpu),
+    cp: None,
     section: "conformance/spec/ops-delta-rule.md §5",
 };
 
@@ -415,6 +448,7 @@ const KDA_INTRA: OpSpec = OpSpec {
     ],
     cpu: kda_intra_cpu,
     gpu: Some(kda_intra_gpu),
+    cp: None,
     section: "conformance/spec/ops-delta-rule.md §7",
 };
 
@@ -541,6 +575,34 @@ fn forward_gpu(
     Ok(out)
 }
 
+/// `o` and the final states of a forward by the context-parallel path over the GPUs of `group`
+/// (the case's tokens partitioned by chunks).
+fn forward_cp(group: &CpGroup, inputs: &Tensors, op: cp::CpForward) -> Result<Tensors, Problem> {
+    let cu = opt_indices(inputs, "cu_seqlens")?;
+    let x = cp::HostForwardInputs {
+        q: host(inputs, "q")?,
+        k: host(inputs, "k")?,
+        v: host(inputs, "v")?,
+        g: host(inputs, "g")?,
+        beta: host(inputs, "beta")?,
+        initial_state: opt_host(inputs, "initial_state")?,
+        a_log: opt_host(inputs, "A_log")?,
+        dt_bias: opt_host(inputs, "dt_bias")?,
+        cu_seqlens: cu.as_deref(),
+    };
+    let o = cp::cp_forward_host(
+        group,
+        &x,
+        op,
+        CP_MIN_PIECE_CHUNKS,
+        attn_gpu::ForwardPath::Auto,
+    )?;
+    Ok(from_hosts(vec![
+        ("o", Some(o.o)),
+        ("final_state", o.final_state),
+    ]))
+}
+
 const KDA_FWD: OpSpec = OpSpec {
     id: "kda_fwd",
     summary: "Kimi Delta Attention forward (recurrent definition), in-kernel gate/beta/l2norm",
@@ -565,6 +627,7 @@ const KDA_FWD: OpSpec = OpSpec {
     outputs: &FORWARD_OUTPUTS,
     cpu: kda_fwd_cpu,
     gpu: Some(kda_fwd_gpu),
+    cp: Some(kda_fwd_cp),
     section: "conformance/spec/ops-delta-rule.md §6",
 };
 
@@ -610,6 +673,11 @@ fn kda_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     })
 }
 
+/// The same outputs by the context-parallel path over the GPUs of `group`.
+fn kda_fwd_cp(group: &CpGroup, inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    forward_cp(group, inputs, cp::CpForward::Kda(kda_fwd_params(p)?))
+}
+
 const GDN_FWD: OpSpec = OpSpec {
     id: "gdn_fwd",
     summary: "Gated DeltaNet forward (recurrent definition), scalar gate per head",
@@ -618,6 +686,7 @@ const GDN_FWD: OpSpec = OpSpec {
     outputs: &FORWARD_OUTPUTS,
     cpu: gdn_fwd_cpu,
     gpu: Some(gdn_fwd_gpu),
+    cp: Some(gdn_fwd_cp),
     section: "conformance/spec/ops-delta-rule.md §8",
 };
 
@@ -651,6 +720,11 @@ fn gdn_fwd_gpu(inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
     forward_gpu(inputs, |gpu, t, cu| {
         attn_gpu::gdn_fwd(gpu, t, cu, &params, attn_gpu::ForwardPath::Auto)
     })
+}
+
+/// The same outputs by the context-parallel path over the GPUs of `group`.
+fn gdn_fwd_cp(group: &CpGroup, inputs: &Tensors, p: &Params) -> Result<Tensors, Problem> {
+    forward_cp(group, inputs, cp::CpForward::Gdn(gdn_fwd_params(p)?))
 }
 
 /// Sequences longer than this make a case "long" (`conformance/spec/ops-delta-rule.md` §1.6).

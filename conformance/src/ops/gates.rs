@@ -42,6 +42,7 @@ const KDA_GATE: OpSpec = OpSpec {
     )],
     cpu: kda_gate_cpu,
     gpu: Some(kda_gate_gpu),
+    cp: None,
     section: "conformance/spec/ops-cumsum.md §4",
 };
 
@@ -92,6 +93,7 @@ const KDA_GATE_CHUNK_CUMSUM: OpSpec = OpSpec {
     )],
     cpu: kda_gate_chunk_cumsum_cpu,
     gpu: Some(kda_gate_chunk_cumsum_gpu),
+    cp: None,
     section: "conformance/spec/ops-cumsum.md §5",
 };
 

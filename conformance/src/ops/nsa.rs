@@ -213,6 +213,7 @@ const NSA_COMPRESS_KV: OpSpec = OpSpec {
     ],
     cpu: nsa_compress_kv_cpu,
     gpu: Some(nsa_compress_kv_gpu),
+    cp: None,
     section: "conformance/spec/ops-nsa.md §2",
 };
 
@@ -304,6 +305,7 @@ const NSA_COMPRESSION_ATTENTION: OpSpec = OpSpec {
     outputs: &[O, LSE],
     cpu: nsa_compression_attention_cpu,
     gpu: Some(nsa_compression_attention_gpu),
+    cp: None,
     section: "conformance/spec/ops-nsa.md §3",
 };
 
@@ -391,6 +393,7 @@ const NSA_SELECT_BLOCKS: OpSpec = OpSpec {
     )],
     cpu: nsa_select_blocks_cpu,
     gpu: Some(nsa_select_blocks_gpu),
+    cp: None,
     section: "conformance/spec/ops-nsa.md §4",
 };
 
@@ -463,6 +466,7 @@ const NSA_SELECTION_ATTENTION: OpSpec = OpSpec {
     outputs: &[O, LSE],
     cpu: nsa_selection_attention_cpu,
     gpu: Some(nsa_selection_attention_gpu),
+    cp: None,
     section: "conformance/spec/ops-nsa.md §5",
 };
 
@@ -562,6 +566,7 @@ const NSA_GATE_COMBINE: OpSpec = OpSpec {
     ],
     cpu: nsa_gate_combine_cpu,
     gpu: Some(nsa_gate_combine_gpu),
+    cp: None,
     section: "conformance/spec/ops-nsa.md §6",
 };
 
@@ -685,6 +690,7 @@ const NSA_FWD: OpSpec = OpSpec {
     ],
     cpu: nsa_fwd_cpu,
     gpu: Some(nsa_fwd_gpu),
+    cp: None,
     section: "conformance/spec/ops-nsa.md §7",
 };
 

@@ -36,6 +36,7 @@ const CUMSUM: OpSpec = OpSpec {
     )],
     cpu: cumsum_cpu,
     gpu: Some(cumsum_gpu),
+    cp: None,
     section: "conformance/spec/ops-cumsum.md §1",
 };
 
@@ -74,6 +75,7 @@ const CHUNK_LOCAL_CUMSUM: OpSpec = OpSpec {
     )],
     cpu: chunk_local_cumsum_cpu,
     gpu: Some(chunk_local_cumsum_gpu),
+    cp: None,
     section: "conformance/spec/ops-cumsum.md §2",
 };
 
@@ -125,6 +127,7 @@ const CHUNK_GLOBAL_CUMSUM: OpSpec = OpSpec {
     )],
     cpu: chunk_global_cumsum_cpu,
     gpu: Some(chunk_global_cumsum_gpu),
+    cp: None,
     section: "conformance/spec/ops-cumsum.md §3",
 };
 

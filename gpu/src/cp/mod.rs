@@ -6,7 +6,9 @@
 //! - [`comm`]: the group of ranks and its NCCL communicators (one process driving every GPU of
 //!   the host, or one rank per process);
 //! - [`run`]: the ops (exact summaries, one all-gather, the merge, the local single-GPU op);
-//! - [`shard`]: host arrays to shards and back.
+//! - [`shard`]: host arrays to shards and back;
+//! - [`host`]: the whole host input through an op in one call (partition, scatter, run,
+//!   gather), for callers that hold it on the host (`attn-conform verify --gpus N`).
 //!
 //! ```ignore
 //! let group = CpGroup::open(4)?;                                  // GPUs 0..4, NCCL
@@ -19,11 +21,16 @@
 //! ```
 
 pub mod comm;
+pub mod host;
 pub mod partition;
 pub mod run;
 pub mod shard;
 
 pub use comm::{CpGroup, CpId};
+pub use host::{
+    cp_forward_host, cp_fwd_h_host, CpForward, HostForwardInputs, HostForwardOutputs,
+    HostFwdHInputs, HostFwdHOutputs, HostTensor,
+};
 pub use partition::{Partition, Piece, Shard, DEFAULT_MIN_PIECE_CHUNKS};
 pub use run::{cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd};
 pub use shard::{gather_final_states, gather_tokens, scatter_states, scatter_tokens};

@@ -79,17 +79,33 @@ def contract(op: str) -> str:
 
 
 def reference(
-    op: str, inputs: dict[str, Any], params: dict[str, Any] | None = None, device: str = "cpu"
+    op: str,
+    inputs: dict[str, Any],
+    params: dict[str, Any] | None = None,
+    device: str = "cpu",
+    gpus: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The outputs of ``op`` on ``inputs``: the float64 CPU reference (``device="cpu"``), or
     this project's CUDA kernel where the op has one (``device="gpu"``).
+
+    With ``device="gpu", gpus=N`` (``N >= 1``) the op runs on its context-parallel path over
+    GPUs ``0 .. N`` of this host (NCCL), where it has one (``chunk_gated_delta_rule_fwd_h``,
+    ``kda_fwd``, ``gdn_fwd``; ``ops()`` lists ``gpus`` among their ``devices``): the tokens are
+    partitioned by chunks over the GPUs, scattered, run and gathered, as ``attn-conform verify
+    --gpus N`` does. ``gpus`` below 1, ``gpus`` with ``device="cpu"``, or an op without the path
+    raise ``ValueError`` naming ``gpus``; more GPUs than the host has, or no NCCL library, an
+    error naming ``gpus`` too.
 
     Returns a dict of output name to NumPy array (float64 for the reference; a GPU kernel's
     bfloat16 outputs as ``ml_dtypes.bfloat16``).
     """
     if not isinstance(device, str):
         raise TypeError(f"device: expected \"cpu\" or \"gpu\", got {type(device).__name__}")
-    wires = _native.reference(_op(op), to_wire("inputs", inputs), to_json("params", params), device)
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int)):
+        raise TypeError(f"gpus: expected an int (a number of GPUs), got {type(gpus).__name__}")
+    wires = _native.reference(
+        _op(op), to_wire("inputs", inputs), to_json("params", params), device, gpus
+    )
     return {w[0]: from_wire(w) for w in wires}
 
 

@@ -97,9 +97,14 @@ def contract(op: str) -> str:
     """The whole contract of ``op``, as ``attn-conform list OP`` prints it."""
 
 def reference(
-    op: str, inputs: Tensors, params: Params | None = None, device: str = "cpu"
+    op: str,
+    inputs: Tensors,
+    params: Params | None = None,
+    device: str = "cpu",
+    gpus: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """The op's outputs: the float64 CPU reference, or this project's CUDA kernel."""
+    """The op's outputs: the float64 CPU reference, or this project's CUDA kernel (with
+    ``gpus=N``, its context-parallel path over ``N`` GPUs)."""
 
 def check(
     op: str,

@@ -4,9 +4,12 @@ of ``attn_conform``; these are its plumbing."""
 
 Wire = tuple[str, str, list[int] | tuple[int, ...], bytes]
 
-def reference(op: str, inputs: list[Wire], params: str, device: str) -> list[Wire]:
+def reference(
+    op: str, inputs: list[Wire], params: str, device: str, gpus: int | None = None
+) -> list[Wire]:
     """The op's outputs on the float64 CPU reference (``"cpu"``) or this project's CUDA kernel
-    (``"gpu"``); ``params`` is a JSON object."""
+    (``"gpu"``; with ``gpus``, its context-parallel path over that many GPUs); ``params`` is a
+    JSON object."""
 
 def check(
     op: str, inputs: list[Wire], outputs: list[Wire], params: str, tolerance: dict[str, float]

@@ -15,12 +15,15 @@
 //! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
 //! the delta-rule cases (`chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`) in [`delta`], the
 //! intra-card split (`chunk_gated_delta_rule_fwd_h_split`: serial, auto, forced split) in
-//! [`split`], the whole forwards (`gdn_fwd`, `kda_fwd`) in [`forward`].
+//! [`split`], the whole forwards (`gdn_fwd`, `kda_fwd`) in [`forward`], the context-parallel
+//! forwards over 1, 2, 4 GPUs (`cp_gdn_*`, `cp_kda_*`) in [`cp`].
 //!
 //! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
-//! contains any of the substrings). Prints a table; `--json`
+//! contains any of the substrings; the `cp_*` rows, minutes of work on million-token inputs,
+//! run only when `--filter` names them, e.g. `--filter cp_`). Prints a table; `--json`
 //! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
 
+mod cp;
 mod decode;
 mod delta;
 mod forward;
@@ -399,6 +402,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for case in forward::cases().into_iter().filter(|c| wanted(&c.name)) {
         rows.push(forward::run(gpu, &case, iters, l2, free, ceiling)?);
     }
+    rows.extend(cp::run_all(iters, ceiling, |name| {
+        !filter.is_empty() && wanted(name)
+    })?);
     gpu.set_checked(true);
     gpu.synchronize()?;
     if let Some(p) = json_path {

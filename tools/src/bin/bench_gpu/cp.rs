@@ -1,0 +1,345 @@
+//! The context-parallel rows of `bench_gpu` (`cp_gdn_*`, `cp_kda_*`): the whole forward
+//! (`attn_gpu::cp::cp_gdn_fwd` / `cp_kda_fwd`) over `R` = 1, 2, 4 GPUs of the host (one
+//! process, NCCL), on the rows of issue 25: bf16, K = V = 128, H = HV = 4 and 16, one sequence
+//! of 1,048,576 tokens or 524,288 + 64 × 4096, chunk 64, q/k L2-normalised in the kernel,
+//! `initial_state`, final state; the decay `g` given per token (GDN `[T, HV]`, KDA `[T, HV, K]`,
+//! natural log): `strong` in [−1.5, −0.2], `trained` (trained-like) in [−0.2, −0.001].
+//! `tools/cp_anchors.py` times FLA's and FlashQLA's context parallelism on the same rows.
+//!
+//! Method: the inputs are already sharded on the devices ([`Partition::balanced`], the ops'
+//! default minimum piece): the scatter is not timed. One sample is the host wall time of one
+//! call, from its first launch until every rank has synchronised (the call ends with
+//! `CpGroup::synchronize`; all ranks are idle before it); median of `min(--iters, 10)` samples
+//! after 2 warm-up calls. `single_ms` is our best single-GPU time of the same row: the plain
+//! `DeltaFwdPlan` forward on GPU 0 on the whole input (its automatic split included), timed the
+//! same way (run + synchronise). Each row reports `speedup_r1` (the `R = 1` row's time over
+//! this one's), `vs_single` (`single_ms` over this one's) and `mem_gib` (per GPU: device
+//! memory in use after the row's calls: inputs, last outputs, the allocator's pool). A row
+//! for more GPUs than the host has, or without NCCL, is skipped with a printed reason.
+
+use super::random_tensor;
+use attn_gpu::cp::{cp_gdn_fwd, cp_kda_fwd, CpGroup, Partition, DEFAULT_MIN_PIECE_CHUNKS};
+use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
+use attn_gpu::{DeviceTensor, Gpu, GpuResult};
+use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
+use attn_reference::Dtype;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// The GPU counts of the rows.
+pub const RANKS: [usize; 3] = [1, 2, 4];
+
+const K: usize = 128;
+const V: usize = 128;
+const BT: usize = 64;
+/// Timed calls per sample set (at most), after [`WARMUP`] calls.
+const MAX_ITERS: usize = 10;
+const WARMUP: usize = 2;
+
+/// The decay of a row (natural log per token, uniform in the range).
+#[derive(Debug, Clone, Copy)]
+pub enum Decay {
+    Strong,
+    Trained,
+}
+
+impl Decay {
+    fn range(self) -> (f32, f32) {
+        match self {
+            Decay::Strong => (-1.5, -0.2),
+            Decay::Trained => (-0.2, -1e-3),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Decay::Strong => "strong",
+            Decay::Trained => "trained",
+        }
+    }
+}
+
+/// One row family: its name without the `_r{R}` suffix, heads (H = HV), sequences, op, decay.
+pub struct CpCase {
+    pub name: String,
+    pub h: usize,
+    pub seqs: Vec<usize>,
+    pub kda: bool,
+    pub decay: Decay,
+}
+
+impl CpCase {
+    /// The name of the row on `ranks` GPUs.
+    pub fn row(&self, ranks: usize) -> String {
+        format!("{}_r{ranks}", self.name)
+    }
+}
+
+/// Every row family: GDN and KDA × H 4, 16 × the two layouts × the two decays.
+pub fn cases() -> Vec<CpCase> {
+    let layouts: [(&str, Vec<usize>); 2] = [
+        ("1048576", vec![1 << 20]),
+        ("524288p64x4096", {
+            let mut s = vec![1 << 19];
+            s.extend([4096; 64]);
+            s
+        }),
+    ];
+    let mut v = Vec::new();
+    for kda in [false, true] {
+        for h in [4, 16] {
+            for (lname, seqs) in &layouts {
+                for decay in [Decay::Strong, Decay::Trained] {
+                    let op = if kda { "kda" } else { "gdn" };
+                    v.push(CpCase {
+                        name: format!("cp_{op}_h{h}_{lname}_{}", decay.name()),
+                        h,
+                        seqs: seqs.clone(),
+                        kda,
+                        decay,
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The inputs of one rank (or of the whole call on one GPU).
+struct Inputs {
+    q: DeviceTensor,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    g: DeviceTensor,
+    beta: DeviceTensor,
+    h0: DeviceTensor,
+}
+
+impl Inputs {
+    /// Random inputs of `t` tokens and `n` state rows on `gpu`.
+    fn random(gpu: &Gpu, case: &CpCase, t: usize, n: usize, seed: u64) -> GpuResult<Inputs> {
+        let h = case.h;
+        let gshape: Vec<usize> = if case.kda {
+            vec![1, t, h, K]
+        } else {
+            vec![1, t, h]
+        };
+        let (lo, hi) = case.decay.range();
+        Ok(Inputs {
+            q: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 1)?,
+            k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 2)?,
+            v: random_tensor(gpu, &[1, t, h, V], Dtype::BF16, -1.0, 1.0, seed + 3)?,
+            g: random_tensor(gpu, &gshape, Dtype::F32, lo, hi, seed + 4)?,
+            beta: random_tensor(gpu, &[1, t, h], Dtype::F32, 0.0, 1.0, seed + 5)?,
+            h0: random_tensor(gpu, &[n, h, K, V], Dtype::F32, -0.1, 0.1, seed + 6)?,
+        })
+    }
+
+    fn tensors(&self) -> ForwardTensors<'_> {
+        ForwardTensors {
+            initial_state: Some(&self.h0),
+            ..ForwardTensors::new(&self.q, &self.k, &self.v, &self.g, &self.beta)
+        }
+    }
+}
+
+fn gdn_params() -> GdnFwdParams {
+    GdnFwdParams {
+        output_final_state: true,
+        use_qk_l2norm_in_kernel: true,
+        ..GdnFwdParams::default()
+    }
+}
+
+fn kda_params() -> KdaFwdParams {
+    KdaFwdParams {
+        output_final_state: true,
+        use_qk_l2norm_in_kernel: true,
+        ..KdaFwdParams::default()
+    }
+}
+
+/// Median host wall time (ms) of `call` (which ends synchronised), after the warm-up calls.
+fn wall_ms(iters: usize, mut call: impl FnMut() -> GpuResult<()>) -> GpuResult<f64> {
+    for _ in 0..WARMUP {
+        call()?;
+    }
+    let mut t = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = Instant::now();
+        call()?;
+        t.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+/// Device memory in use on `gpu`, GiB.
+fn used_gib(gpu: &Gpu) -> GpuResult<f64> {
+    let (free, total) = gpu
+        .context()
+        .mem_get_info()
+        .map_err(attn_gpu::GpuError::driver_ctx("memory info"))?;
+    Ok((total - free) as f64 / (1u64 << 30) as f64)
+}
+
+/// The sequences' `cu_seqlens`.
+fn cu_seqlens(seqs: &[usize]) -> Vec<i64> {
+    let mut cu = vec![0i64];
+    for s in seqs {
+        cu.push(cu.last().copied().unwrap_or(0) + *s as i64);
+    }
+    cu
+}
+
+/// Bytes of a row: q, k, v (bf16), g, β (fp32), o (bf16), initial and final states (fp32).
+fn bytes(case: &CpCase) -> usize {
+    let (t, h, n) = (case.seqs.iter().sum::<usize>(), case.h, case.seqs.len());
+    let gk = if case.kda { K } else { 1 };
+    t * (3 * h * K * 2 + h * gk * 4 + h * 4 + h * V * 2) + 2 * n * h * K * V * 4
+}
+
+/// The CP forward of `case` over `group` on its shards; returns the median ms.
+fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> GpuResult<f64> {
+    let shards = group
+        .ranks()
+        .map(|(r, gpu)| {
+            let s = part.shard(r);
+            Inputs::random(
+                gpu,
+                case,
+                s.tokens(),
+                part.piece_sequences(r).len(),
+                100 * r as u64,
+            )
+        })
+        .collect::<GpuResult<Vec<_>>>()?;
+    group.synchronize()?;
+    let tensors: Vec<ForwardTensors<'_>> = shards.iter().map(Inputs::tensors).collect();
+    wall_ms(iters, || {
+        let outs = if case.kda {
+            cp_kda_fwd(group, part, &tensors, &kda_params(), ForwardPath::Auto)?
+        } else {
+            cp_gdn_fwd(group, part, &tensors, &gdn_params(), ForwardPath::Auto)?
+        };
+        drop(outs);
+        Ok(())
+    })
+}
+
+/// The plain single-GPU forward of `case` on `gpu` (the whole input, its automatic split):
+/// the median ms.
+fn time_single(gpu: &Gpu, case: &CpCase, iters: usize) -> GpuResult<f64> {
+    let cu = cu_seqlens(&case.seqs);
+    let t = case.seqs.iter().sum();
+    let x = Inputs::random(gpu, case, t, case.seqs.len(), 7)?;
+    let plan = if case.kda {
+        DeltaFwdPlan::kda(
+            gpu,
+            &x.tensors(),
+            Some(&cu),
+            &kda_params(),
+            ForwardPath::Auto,
+        )?
+    } else {
+        DeltaFwdPlan::gdn(
+            gpu,
+            &x.tensors(),
+            Some(&cu),
+            &gdn_params(),
+            ForwardPath::Auto,
+        )?
+    };
+    let mut ws = plan.alloc_workspace(gpu)?;
+    let mut out = plan.alloc_outputs(gpu)?;
+    gpu.synchronize()?;
+    wall_ms(iters, || {
+        plan.run(gpu, &x.tensors(), &mut ws, &mut out)?;
+        gpu.synchronize()
+    })
+}
+
+/// Every wanted row family (one of its rows wanted): the single-GPU baseline (`<name>_single`,
+/// on GPU 0 of the `R = 1` group), then `R` = 1, 2, 4 (all of them: the speedups need
+/// `R = 1`); each printed, returned as JSON rows. A group that cannot be opened skips its rows
+/// with the reason.
+pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> GpuResult<Vec<Value>> {
+    let cases: Vec<CpCase> = cases()
+        .into_iter()
+        .filter(|c| RANKS.iter().any(|&r| wanted(&c.row(r))))
+        .collect();
+    if cases.is_empty() {
+        return Ok(Vec::new());
+    }
+    let iters = iters.min(MAX_ITERS);
+    let groups: Vec<(usize, Result<CpGroup, String>)> = RANKS
+        .iter()
+        .map(|&r| (r, CpGroup::open(r).map_err(|e| e.to_string())))
+        .collect();
+    let mut rows = Vec::new();
+    for case in &cases {
+        let t: usize = case.seqs.iter().sum();
+        let b = bytes(case);
+        let shape = json!([1, t, case.h, case.h, K, V]);
+        let mut single_ms = None;
+        let mut r1_ms = None;
+        for (ranks, group) in &groups {
+            let name = case.row(*ranks);
+            let group = match group {
+                Ok(g) => g,
+                Err(why) => {
+                    println!("{name:<40} skipped: {ranks} GPU(s) and NCCL needed: {why}");
+                    continue;
+                }
+            };
+            if *ranks == 1 {
+                let ms = time_single(group.gpu(0), case, iters)?;
+                let mem = used_gib(group.gpu(0))?;
+                println!(
+                    "{:<40} {ms:>10.3} ms  single GPU (DeltaFwdPlan, automatic split), {mem:.1} GiB",
+                    format!("{}_single", case.name)
+                );
+                rows.push(json!({
+                    "name": format!("{}_single", case.name), "shape": shape, "in_dtype": "bfloat16",
+                    "out_dtype": "bfloat16", "seqs": case.seqs, "bytes": b, "median_ms": ms,
+                    "gbps": b as f64 / (ms * 1e-3) / 1e9, "share": b as f64 / (ms * 1e-3) / 1e9 / ceiling,
+                    "ranks": 1, "path": "single", "decay": case.decay.name(), "mem_gib": [mem],
+                }));
+                single_ms = Some(ms);
+            }
+            let part = Partition::balanced(
+                &cu_seqlens(&case.seqs),
+                BT,
+                *ranks,
+                DEFAULT_MIN_PIECE_CHUNKS,
+            )?;
+            let ms = time_cp(group, &part, case, iters)?;
+            let mem = group
+                .ranks()
+                .map(|(_, gpu)| used_gib(gpu))
+                .collect::<GpuResult<Vec<_>>>()?;
+            if *ranks == 1 {
+                r1_ms = Some(ms);
+            }
+            let speedup = r1_ms.map(|r1| r1 / ms);
+            let vs_single = single_ms.map(|s| s / ms);
+            let gbps = b as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "{name:<40} {ms:>10.3} ms  x{:.2} vs R=1, x{:.2} vs single GPU, GiB per GPU {:?}",
+                speedup.unwrap_or(f64::NAN),
+                vs_single.unwrap_or(f64::NAN),
+                mem.iter()
+                    .map(|m| (m * 10.0).round() / 10.0)
+                    .collect::<Vec<_>>()
+            );
+            rows.push(json!({
+                "name": name, "shape": shape, "in_dtype": "bfloat16", "out_dtype": "bfloat16",
+                "seqs": case.seqs, "bytes": b, "median_ms": ms, "gbps": gbps,
+                "share": gbps / (ceiling * *ranks as f64), "ranks": ranks, "path": "cp",
+                "decay": case.decay.name(), "cuts": part.cuts(), "speedup_r1": speedup,
+                "single_ms": single_ms, "vs_single": vs_single, "mem_gib": mem,
+            }));
+        }
+    }
+    Ok(rows)
+}
