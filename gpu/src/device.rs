@@ -25,6 +25,9 @@ pub struct Gpu {
     functions: Arc<Mutex<HashMap<String, CudaFunction>>>,
     scratch: Mutex<Scratch>,
     checked: std::sync::atomic::AtomicBool,
+    /// A second stream of the same GPU for work that runs beside this stream's (made on first
+    /// use; see [`Gpu::beside`]).
+    side: OnceLock<Box<Gpu>>,
 }
 
 /// Zero-initialised device scratch reused by the look-back scan; `epoch` tags the flags of one
@@ -99,6 +102,7 @@ impl Gpu {
                 epoch: 0,
             }),
             checked: std::sync::atomic::AtomicBool::new(true),
+            side: OnceLock::new(),
         })
     }
 
@@ -138,7 +142,33 @@ impl Gpu {
                 epoch: 0,
             }),
             checked: std::sync::atomic::AtomicBool::new(true),
+            side: OnceLock::new(),
         })
+    }
+
+    /// Queues `side_work` on a second stream of this GPU and `main_work` on this one, to run at
+    /// the same time: the second stream first waits for the work queued here so far, and this
+    /// stream waits for `side_work` before anything queued after. Both closures only queue
+    /// (their launches do not wait); graph capture follows the fork and the join.
+    pub(crate) fn beside(
+        &self,
+        side_work: impl FnOnce(&Gpu) -> GpuResult<()>,
+        main_work: impl FnOnce(&Gpu) -> GpuResult<()>,
+    ) -> GpuResult<()> {
+        if self.side.get().is_none() {
+            let _ = self.side.set(Box::new(self.fork()?));
+        }
+        let side = self
+            .side
+            .get()
+            .ok_or_else(|| GpuError::Unavailable("a second stream".into()))?;
+        let join =
+            |a: &CudaStream, b: &CudaStream| a.join(b).map_err(GpuError::driver("stream ordering"));
+        join(&side.stream, &self.stream)?;
+        let queued = side_work(side);
+        let ran = main_work(self);
+        join(&self.stream, &side.stream)?;
+        queued.and(ran)
     }
 
     /// Whether ops wait for their kernels (see [`Gpu::set_checked`]).

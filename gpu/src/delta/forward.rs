@@ -1152,11 +1152,13 @@ impl DeltaFwdPlan {
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
         };
-        self.launch_fused(gpu, "mma", choice, tasks, &args)
+        self.launch_fused(gpu, "mma", choice, tasks, &args)?;
+        gpu.wait_if_checked("delta_fwd_mma")
     }
 
     /// One launch of the fused kernel `delta_fwd_{kind}_{dtype}_k{kp}_v{bv}` over `tasks`
-    /// (sequence or piece, value head) pairs and the column blocks of `choice`.
+    /// (sequence or piece, value head) pairs and the column blocks of `choice`, queued (the
+    /// caller waits with `wait_if_checked`).
     fn launch_fused<A: DeviceRepr>(
         &self,
         gpu: &Gpu,
@@ -1172,7 +1174,7 @@ impl DeltaFwdPlan {
             choice.kp,
             choice.bv
         );
-        gpu.launch_with_smem(
+        gpu.queue_with_smem(
             Module::DeltaFwd,
             &name,
             (grid_x, self.geo.v.div_ceil(choice.bv) as u32),
@@ -1236,7 +1238,8 @@ impl DeltaFwdPlan {
             scale: self.prep.scale,
         };
         let Some((serial_table, max_chain)) = &pc.serial else {
-            return self.launch_fused(gpu, "gdn", pc.choice, pc.n * g.hv, &args);
+            self.launch_fused(gpu, "gdn", pc.choice, pc.n * g.hv, &args)?;
+            return gpu.wait_if_checked("delta_fwd_gdn");
         };
         let (Some(warm), Some(gate)) = (l.warm.as_ref(), l.gate.as_mut()) else {
             return Err(
@@ -1267,14 +1270,24 @@ impl DeltaFwdPlan {
             &decide,
         )?;
         args.gate = gate.ptr(gpu);
-        args.gate_mode = 1;
-        self.launch_fused(gpu, "gdn", pc.choice, pc.n * g.hv, &args)?;
+        let split = GdnFusedArgs {
+            gate_mode: 1,
+            ..args
+        };
         let seqs = g.seqs.len();
-        args.pieces = serial_table.ptr(gpu);
-        args.npieces = seqs as i64;
-        args.warm = 0;
-        args.gate_mode = 2;
-        self.launch_fused(gpu, "gdn", serial, seqs * g.hv, &args)
+        let rest = GdnFusedArgs {
+            pieces: serial_table.ptr(gpu),
+            npieces: seqs as i64,
+            warm: 0,
+            gate_mode: 2,
+            ..args
+        };
+        // the serial CTAs (long chains) on a second stream, beside the split's
+        gpu.beside(
+            |side| self.launch_fused(side, "gdn", serial, seqs * g.hv, &rest),
+            |main| self.launch_fused(main, "gdn", pc.choice, pc.n * g.hv, &split),
+        )?;
+        gpu.wait_if_checked("delta_fwd_gdn")
     }
 
     /// The split's warm-up chunks per (piece, value head) of `pieces` (`npieces` rows) into
