@@ -132,10 +132,43 @@ fn device_count() -> GpuResult<usize> {
 /// Opens GPU `ordinal` for a rank: unchecked launches (the ranks' work is queued from one
 /// thread, so that the GPUs run at once; the group synchronises at its collectives and at the
 /// end of each op).
+///
+/// The device's default memory pool keeps what the ops free (release threshold: unlimited):
+/// every call allocates its plans' workspaces again, gigabytes at a million tokens, and a pool
+/// that returns them to the driver at each synchronisation maps them afresh each call.
 fn open_rank(ordinal: usize) -> GpuResult<Gpu> {
     let gpu = Gpu::open(ordinal)?;
     gpu.set_checked(false);
+    keep_freed_memory(&gpu)?;
     Ok(gpu)
+}
+
+/// Sets the release threshold of `gpu`'s default memory pool to unlimited (where the device has
+/// memory pools; else nothing to do).
+fn keep_freed_memory(gpu: &Gpu) -> GpuResult<()> {
+    use cudarc::driver::sys;
+    let ctx = gpu.context();
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    ctx.bind_to_thread()
+        .map_err(GpuError::driver("binding the context"))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: `pool` receives the device's default pool; the attribute takes a pointer to a u64.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .map_err(GpuError::driver("the default memory pool"))?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .map_err(GpuError::driver("the memory pool's release threshold"))?;
+    }
+    Ok(())
 }
 
 impl CpGroup {
