@@ -129,12 +129,7 @@ impl Gpu {
             .ctx
             .new_stream()
             .map_err(GpuError::driver("stream creation"))?;
-        Ok(self.on(stream))
-    }
-
-    /// A handle like [`Gpu::fork`]'s on `stream`.
-    fn on(&self, stream: Arc<CudaStream>) -> Gpu {
-        Gpu {
+        Ok(Gpu {
             ctx: self.ctx.clone(),
             stream,
             name: self.name.clone(),
@@ -148,31 +143,20 @@ impl Gpu {
             }),
             checked: std::sync::atomic::AtomicBool::new(true),
             side: OnceLock::new(),
-        }
+        })
     }
 
     /// Queues `side_work` on a second stream of this GPU and `main_work` on this one, to run at
     /// the same time: the second stream first waits for the work queued here so far, and this
     /// stream waits for `side_work` before anything queued after. Both closures only queue
-    /// (their launches do not wait); graph capture follows the fork and the join. The second
-    /// stream has the highest priority: its blocks are dispatched first when both wait for
-    /// multiprocessors (few long-running blocks beside many short ones).
+    /// (their launches do not wait); graph capture follows the fork and the join.
     pub(crate) fn beside(
         &self,
         side_work: impl FnOnce(&Gpu) -> GpuResult<()>,
         main_work: impl FnOnce(&Gpu) -> GpuResult<()>,
     ) -> GpuResult<()> {
         if self.side.get().is_none() {
-            self.ctx
-                .bind_to_thread()
-                .map_err(GpuError::driver("binding the context"))?;
-            let (_, highest) = cudarc::driver::result::stream::get_priority_range()
-                .map_err(GpuError::driver("stream priorities"))?;
-            let stream = self
-                .ctx
-                .new_stream_with_priority(highest)
-                .map_err(GpuError::driver("stream creation"))?;
-            let _ = self.side.set(Box::new(self.on(stream)));
+            let _ = self.side.set(Box::new(self.fork()?));
         }
         let side = self
             .side
