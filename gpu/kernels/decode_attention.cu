@@ -35,11 +35,6 @@
 #endif
 #define DECODE_WARPS 4
 #define DECODE_THREADS (DECODE_WARPS * 32)
-// Blocks per SM the register allocation must allow (an experiment knob: -DDECODE_MIN_BLOCKS=N
-// through $ATTN_NVRTC_OPTS; NOTES.md, session 7).
-#ifndef DECODE_MIN_BLOCKS
-#define DECODE_MIN_BLOCKS 1
-#endif
 // The most splits per row (the host keeps nsplit at or below it; the combine keeps one weight
 // per split in shared memory).
 #define DECODE_MAX_SPLITS 1024
@@ -416,7 +411,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
 // elements per load (16 bytes, or 1 for a head dim that is not a multiple of 16 bytes), RB the
 // query rows held per pass.
 #define DECODE_KERNEL(T, TAG, DP, W, RB)                                                      \
-    extern "C" __global__ void __launch_bounds__(DECODE_THREADS, DECODE_MIN_BLOCKS)          \
+    extern "C" __global__ void __launch_bounds__(DECODE_THREADS)                             \
         decode_attention_##TAG##_d##DP##_w##W##_r##RB(const DecodeArgs a) {                  \
         decode_block<T, DP, W, RB>(a);                                                        \
     }
