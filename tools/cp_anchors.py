@@ -10,7 +10,8 @@ same rows, over the ranks of one `torchrun`:
 
 Rows (named as ours, `_r{N}`): bf16, K = V = 128, H = HV = 4 and 16, one sequence of 1,048,576
 tokens or 524,288 + 64 x 4096, q/k L2-normalised in the kernel, the decay g given per token
-(natural log; GDN [T, H], KDA [T, H, K]): strong in [-1.5, -0.2], trained in [-0.2, -0.001].
+(natural log; GDN [T, H], KDA [T, H, K]) in the regimes strong and trained of
+tools/src/gates.rs (the `decays` of forward_anchors.py).
 Each rank holds the contiguous token range [r T/N, (r+1) T/N) (the layout both libraries take);
 inputs are created on the ranks, not scattered. Both anchors are called the only way they
 support: B = 1 varlen, *no* initial_state and *no* final state (FLA's KCP asserts both away; ours
@@ -31,9 +32,10 @@ os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from forward_anchors import decays  # noqa: E402  (the same directory)
 
 K = V = 128
-DECAYS = {"strong": (-1.5, -0.2), "trained": (-0.2, -1e-3)}
+DECAYS = ("strong", "trained")
 LAYOUTS = {"1048576": [1 << 20], "524288p64x4096": [1 << 19] + [4096] * 64}
 NOTE = ("anchors called without initial_state and final state (FLA's KCP refuses both; FlashQLA's "
         "inter-card CP likewise run without); ours runs with both")
@@ -62,8 +64,7 @@ def local_inputs(op, h, seqs, decay, rank, world):
     def uniform(shape, lo, hi, dtype):
         return (torch.rand(shape, generator=gen, device=dev, dtype=torch.float32) * (hi - lo) + lo).to(dtype)
 
-    lo, hi = DECAYS[decay]
-    gshape = (1, n, h, K) if op == "kda" else (1, n, h)
+    gk = K if op == "kda" else 1
     cu = [0]
     for s in seqs:
         cu.append(cu[-1] + s)
@@ -71,7 +72,7 @@ def local_inputs(op, h, seqs, decay, rank, world):
         q=uniform((1, n, h, K), -1, 1, torch.bfloat16),
         k=uniform((1, n, h, K), -1, 1, torch.bfloat16),
         v=uniform((1, n, h, V), -1, 1, torch.bfloat16),
-        g=uniform(gshape, lo, hi, torch.float32),
+        g=decays(decay, n, h, gk, gen).reshape((1, n, h, K) if op == "kda" else (1, n, h)),
         beta=uniform((1, n, h), 0, 1, torch.float32),
         cu=cu,
     )

@@ -3,7 +3,8 @@
 //! process, NCCL), on the rows of issue 25: bf16, K = V = 128, H = HV = 4 and 16, one sequence
 //! of 1,048,576 tokens or 524,288 + 64 × 4096, chunk 64, q/k L2-normalised in the kernel,
 //! `initial_state`, final state; the decay `g` given per token (GDN `[T, HV]`, KDA `[T, HV, K]`,
-//! natural log): `strong` in [−1.5, −0.2], `trained` (trained-like) in [−0.2, −0.001].
+//! natural log) in the regimes `strong` and `trained` (trained-like: Mamba's initialisation) of
+//! [`GateRegime`] (`tools/src/gates.rs`).
 //! `tools/cp_anchors.py` times FLA's and FlashQLA's context parallelism on the same rows.
 //!
 //! Method: the inputs are already sharded on the devices ([`Partition::balanced`], the ops'
@@ -23,6 +24,7 @@ use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{DeviceTensor, Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
 use attn_reference::Dtype;
+use attn_tools::gates::GateRegime;
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -36,36 +38,13 @@ const BT: usize = 64;
 const MAX_ITERS: usize = 10;
 const WARMUP: usize = 2;
 
-/// The decay of a row (natural log per token, uniform in the range).
-#[derive(Debug, Clone, Copy)]
-pub enum Decay {
-    Strong,
-    Trained,
-}
-
-impl Decay {
-    fn range(self) -> (f32, f32) {
-        match self {
-            Decay::Strong => (-1.5, -0.2),
-            Decay::Trained => (-0.2, -1e-3),
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Decay::Strong => "strong",
-            Decay::Trained => "trained",
-        }
-    }
-}
-
 /// One row family: its name without the `_r{R}` suffix, heads (H = HV), sequences, op, decay.
 pub struct CpCase {
     pub name: String,
     pub h: usize,
     pub seqs: Vec<usize>,
     pub kda: bool,
-    pub decay: Decay,
+    pub decay: GateRegime,
 }
 
 impl CpCase {
@@ -89,7 +68,7 @@ pub fn cases() -> Vec<CpCase> {
     for kda in [false, true] {
         for h in [4, 16] {
             for (lname, seqs) in &layouts {
-                for decay in [Decay::Strong, Decay::Trained] {
+                for decay in [GateRegime::Strong, GateRegime::Trained] {
                     let op = if kda { "kda" } else { "gdn" };
                     v.push(CpCase {
                         name: format!("cp_{op}_h{h}_{lname}_{}", decay.name()),
@@ -124,12 +103,16 @@ impl Inputs {
         } else {
             vec![1, t, h]
         };
-        let (lo, hi) = case.decay.range();
         Ok(Inputs {
             q: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 1)?,
             k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 2)?,
             v: random_tensor(gpu, &[1, t, h, V], Dtype::BF16, -1.0, 1.0, seed + 3)?,
-            g: random_tensor(gpu, &gshape, Dtype::F32, lo, hi, seed + 4)?,
+            g: {
+                let mut g = DeviceTensor::alloc(gpu, &gshape, Dtype::F32)?;
+                let gk = if case.kda { K } else { 1 };
+                g.copy_from_host(gpu, &case.decay.decays(t, h, gk, seed + 4))?;
+                g
+            },
             beta: random_tensor(gpu, &[1, t, h], Dtype::F32, 0.0, 1.0, seed + 5)?,
             h0: random_tensor(gpu, &[n, h, K, V], Dtype::F32, -0.1, 0.1, seed + 6)?,
         })
