@@ -321,9 +321,10 @@ fn lean_estimate(
 
 /// The split of the lean GDN path under `rule`: per allowed column width, the pieces of
 /// [`split_pieces`] and their [`lean_estimate`]; the width with the least estimate (the serial
-/// width on a tie) and its pieces per sequence. A wider width than `serial`'s runs fewer CTAs per
-/// piece, so more pieces fill the GPU when the gates let them warm up.
-pub fn split_choice(
+/// width on a tie; another width only where it splits) and its pieces per sequence. A wider
+/// width than `serial`'s runs fewer CTAs per piece, so more pieces fill the GPU when the gates
+/// let them warm up.
+fn split_choice(
     v: usize,
     seq_chunks: &[usize],
     hv: usize,
@@ -340,7 +341,7 @@ pub fn split_choice(
     let mut best = pieces(serial);
     for bv in fused_widths(v).into_iter().filter(|_| !forced) {
         let cand = pieces(FusedChoice { bv, ..serial });
-        if cand.2 < best.2 {
+        if cand.2 < best.2 && cand.1.iter().any(|&m| m > 1) {
             best = cand;
         }
     }
@@ -1513,6 +1514,24 @@ mod tests {
         let c4x4 = [128; 4];
         let (w4x4, per) = split_choice(128, &c4x4, 4, 132, serial(&c4x4, 4), &rule);
         assert_eq!((w4x4.bv, per.as_slice()), (64, &[4, 4, 4, 4][..]));
+        // any layout: the serial width, or another one that splits
+        let mut seed = 0x2545_f491_u64;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        for _ in 0..500 {
+            let chunks: Vec<usize> = (0..1 + next(6)).map(|_| next(3000)).collect();
+            let (hv, v) = (1 + next(64), [32, 64, 100, 128][next(4)]);
+            let s = fused_choice(128, v, &chunks, hv, 132, true);
+            let (c, per) = split_choice(v, &chunks, hv, 132, s, &rule);
+            assert!(
+                c == s || per.iter().any(|&m| m > 1),
+                "{chunks:?} hv {hv} v {v}"
+            );
+        }
         let c64 = [1024];
         let s64 = serial(&c64, 64);
         let (same, per) = split_choice(128, &c64, 64, 132, s64, &rule);
