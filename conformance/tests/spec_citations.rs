@@ -276,8 +276,8 @@ fn the_checker_reports_each_kind_of_bad_citation() {
         ),
         ("`conformance/spec/ops-nsa.md` §4.7".to_string(), "§4.7"),
         (
-            "`conformance/spec/ops-cumsum.md` §4, `conformance/spec/ops-delta-rule.md` §11".into(),
-            "§11",
+            "`conformance/spec/ops-cumsum.md` §4, `conformance/spec/ops-delta-rule.md` §12".into(),
+            "§12",
         ),
         ("§12 of `conformance/spec/ops-decode.md`".to_string(), "§12"),
     ];
