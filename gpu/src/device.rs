@@ -1,4 +1,5 @@
-//! The GPU handle: driver context, one stream, the NVRTC module cache, and checked launches.
+//! The GPU handle: driver context, its stream (and a second one for work beside it), the NVRTC
+//! module cache, and checked launches.
 //!
 //! Opening never panics: the driver and NVRTC libraries are probed first (cudarc would panic on
 //! first use otherwise), and any failure becomes [`GpuError::Unavailable`].
@@ -14,7 +15,8 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// An open GPU: one context and one stream; kernels are compiled on first use.
+/// An open GPU: one context and its stream (a second stream on first use of [`Gpu::beside`]);
+/// kernels are compiled on first use.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,

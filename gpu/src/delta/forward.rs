@@ -1441,6 +1441,16 @@ mod tests {
         }
     }
 
+    /// A xorshift stream from `seed`: each call a number below its argument.
+    fn below(mut seed: u64) -> impl FnMut(usize) -> usize {
+        move |m| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        }
+    }
+
     /// The pieces of any layout cover each sequence once, in order, at chunk boundaries, each
     /// at least `min_piece_chunks` long when a sequence is split, and split only with spare CTAs.
     #[test]
@@ -1449,13 +1459,7 @@ mod tests {
             min_piece_chunks: 3,
             max_warmup_chunks: 8,
         };
-        let mut seed = 0x9e37_79b9_u64;
-        let mut next = |m: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % m as u64) as usize
-        };
+        let mut next = below(0x9e37_79b9_u64);
         for _ in 0..300 {
             let bt = [16, 32, 64][next(3)];
             let lens: Vec<usize> = (0..1 + next(5)).map(|_| next(40 * bt)).collect();
@@ -1515,13 +1519,7 @@ mod tests {
         let (w4x4, per) = split_choice(128, &c4x4, 4, 132, serial(&c4x4, 4), &rule);
         assert_eq!((w4x4.bv, per.as_slice()), (64, &[4, 4, 4, 4][..]));
         // any layout: the serial width, or another one that splits
-        let mut seed = 0x2545_f491_u64;
-        let mut next = |m: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % m as u64) as usize
-        };
+        let mut next = below(0x2545_f491_u64);
         for _ in 0..500 {
             let chunks: Vec<usize> = (0..1 + next(6)).map(|_| next(3000)).collect();
             let (hv, v) = (1 + next(64), [32, 64, 100, 128][next(4)]);
