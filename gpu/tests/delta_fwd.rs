@@ -11,7 +11,7 @@
 mod common;
 
 use attn_gpu::delta::{
-    DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, KdaIntraTensors, SplitRule,
+    DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, FusedChoice, KdaIntraTensors, SplitRule,
 };
 use attn_gpu::Gpu;
 use attn_reference::delta::{self as d, GdnFwdParams, KdaFwdParams, KdaIntraParams};
@@ -794,7 +794,7 @@ fn gdn_auto_split(gpu: &Gpu) {
             // the warm-ups: per (piece, value head); a piece's first chunk within its sequence
             let warm = warm.expect("a split plan reports its warm-ups");
             let hv = c.draw.hv;
-            let starts = piece_chunk_offsets(gpu, &c, rule, split.split_choice().unwrap().bv);
+            let starts = piece_chunk_offsets(gpu, &c, rule, split.split_choice().unwrap());
             assert_eq!(
                 warm.len(),
                 starts.len() * hv,
@@ -822,21 +822,25 @@ fn gdn_auto_split(gpu: &Gpu) {
 }
 
 /// The first chunk (within its sequence) of every piece `split_pieces` makes for `c` on this
-/// GPU's plan at the split's column width `bv`: recomputed from the public rule.
-fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule, bv: usize) -> Vec<usize> {
-    let gpu_sm = gpu.sm_count();
+/// GPU's plan at the split's tiles `choice`, in the pieces table's order (`piece_rows`):
+/// recomputed from the public rule.
+fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule, choice: FusedChoice) -> Vec<usize> {
     let lens: Vec<usize> = match &c.cu {
         Some(cu) => cu.windows(2).map(|w| (w[1] - w[0]) as usize).collect(),
         None => vec![c.draw.t; c.draw.b],
     };
     let chunks: Vec<usize> = lens.iter().map(|l| l.div_ceil(c.bt as usize)).collect();
-    let per =
-        attn_gpu::delta::split_pieces(&chunks, c.draw.hv * c.draw.v.div_ceil(bv), gpu_sm, &rule);
-    let mut out = Vec::new();
-    for (&n, &m) in chunks.iter().zip(&per) {
-        out.extend((0..m).map(|j| j * n / m));
-    }
-    out
+    let per = attn_gpu::delta::split_pieces(
+        &chunks,
+        c.draw.hv,
+        c.draw.v.div_ceil(choice.bv),
+        choice.resident_ctas(gpu.sm_count()),
+        &rule,
+    );
+    attn_gpu::delta::piece_rows(&chunks, &per)
+        .into_iter()
+        .map(|(_, first, _)| first)
+        .collect()
 }
 
 gpu_tests!(

@@ -237,8 +237,8 @@ struct DecideArgs {
 unsafe impl DeviceRepr for DecideArgs {}
 
 /// The automatic split of `gdn_fwd`'s fused path (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
-/// when a call's (sequence, head, column block) CTAs leave multiprocessors idle, its long
-/// sequences are cut into pieces at chunk boundaries, each piece (after the first) starting from a
+/// where the estimated makespan of its (piece, head, column block) CTAs beats the serial run
+/// ([`split_choice`]), its long sequences are cut into pieces at chunk boundaries, each piece (after the first) starting from a
 /// zero state `w` chunks early, the least `w ≤ max_warmup_chunks` whose bound `Λ` (§5.10,
 /// computed on the device from `g`, `β` and the key norms) is at most `ln 2^-30`. A piece with no
 /// such `w` (long memory) is run through by the CTA of the piece before it: the result stays
@@ -263,28 +263,131 @@ impl Default for SplitRule {
 /// `ln 2^-30`: the truncation error the warm-ups allow, relative to the state's norm.
 const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
 
-/// Pieces per sequence: one each when `ctas_per_piece` CTAs per piece fill `sm_count`
-/// multiprocessors with the sequences alone, else the spare pieces handed out in proportion to
-/// the sequences' chunks, each piece at least `rule.min_piece_chunks` long.
+/// Pieces per sequence for a launch of `heads · blocks` CTAs per piece (value heads × column
+/// blocks) with `resident` CTAs on the GPU at once (multiprocessors × resident blocks each),
+/// sized for the makespan rather than for one wave: with `slots = resident / (heads · blocks)`
+/// piece slots, the target piece length is `L = max(rule.min_piece_chunks, ⌈Σ chunks / slots⌉)`
+/// and a sequence of `c > L` chunks gets `⌈c / L⌉` pieces (never one shorter than
+/// `min_piece_chunks`), later pieces running in later waves. The kernel's grid dispatches the
+/// CTAs of the table in order (heads fastest, the column block slowest), so whether the pieces
+/// beyond one wave wait for short ones depends on `L`: `L` and the lengths `⌈longest / m⌉`
+/// (`m` up to twice the longest sequence's pieces at `L` and at most `slots`) are scored by
+/// [`makespan`] and the least wins (fewer pieces on a tie; one piece per sequence when none
+/// beats it). No sequence is split when none is longer than `L`.
 pub fn split_pieces(
     seq_chunks: &[usize],
-    ctas_per_piece: usize,
-    sm_count: usize,
+    heads: usize,
+    blocks: usize,
+    resident: usize,
     rule: &SplitRule,
 ) -> Vec<usize> {
-    let n = seq_chunks.len();
-    let budget = sm_count / ctas_per_piece.max(1);
+    let ones = vec![1; seq_chunks.len()];
+    let min_piece = rule.min_piece_chunks.max(1);
+    let slots = (resident / (heads.max(1) * blocks.max(1))).max(1);
     let total: usize = seq_chunks.iter().sum();
-    seq_chunks
-        .iter()
-        .map(|&c| {
-            if budget <= n {
-                return 1;
-            }
-            let want = 1 + (budget - n) * c / total.max(1);
-            want.min(c / rule.min_piece_chunks.max(1)).max(1)
+    let longest = seq_chunks.iter().copied().max().unwrap_or(0);
+    let target = min_piece.max(total.div_ceil(slots));
+    if longest <= target || longest < 2 * min_piece {
+        return ones;
+    }
+    let per = |len: usize| -> Vec<usize> {
+        seq_chunks
+            .iter()
+            .map(|&c| match c <= len {
+                true => 1,
+                false => c.div_ceil(len).min(c / min_piece).max(1),
+            })
+            .collect()
+    };
+    let cost = |p: &[usize]| makespan(&piece_steps(seq_chunks, p), heads, blocks, resident);
+    // at most one piece slot per piece of a sequence: more would queue pieces of the same
+    // sequence behind each other, for gains (packing around short sequences) within what the
+    // makespan leaves out (each CTA's prologue and state store, the policy per piece)
+    let most = (2 * longest.div_ceil(target))
+        .min(slots)
+        .min(longest / min_piece);
+    let mut lens: Vec<usize> = (2..=most)
+        .map(|m| min_piece.max(longest.div_ceil(m)))
+        .chain([target])
+        .collect();
+    lens.sort_unstable_by(|a, b| b.cmp(a));
+    lens.dedup();
+    let mut best = (cost(&ones), ones);
+    for len in lens {
+        let p = per(len);
+        let t = cost(&p);
+        if t < best.0 {
+            best = (t, p);
+        }
+    }
+    best.1
+}
+
+/// The rows of the pieces table for `per_seq[s]` even pieces of sequence `s` (of
+/// `seq_chunks[s]` chunks): `(sequence, first chunk, end chunk)`, the sequences with the longest
+/// pieces first (ties in sequence order; the grid dispatches rows in order, so the longest
+/// chains start in the first wave), each sequence's pieces contiguous and in order (the
+/// run-through scans of the kernel and of `gdn_split_decide` read `p + 1, p + 2, …`).
+pub fn piece_rows(seq_chunks: &[usize], per_seq: &[usize]) -> Vec<(usize, usize, usize)> {
+    let mut order: Vec<usize> = (0..seq_chunks.len().min(per_seq.len())).collect();
+    order.sort_by_key(|&s| std::cmp::Reverse(piece_len(seq_chunks[s], per_seq[s])));
+    order
+        .into_iter()
+        .flat_map(|s| {
+            let (c, m) = (seq_chunks[s], per_seq[s].max(1));
+            (0..m).map(move |j| (s, j * c / m, (j + 1) * c / m))
         })
         .collect()
+}
+
+/// The chunk steps of a sequence's longest piece: its chunks and one warm-up chunk when split.
+fn piece_len(c: usize, m: usize) -> usize {
+    c.div_ceil(m.max(1)) + usize::from(m > 1)
+}
+
+/// Chunk steps of each row of the pieces table ([`piece_rows`]): its chunks, plus one warm-up
+/// chunk for a sequence's later pieces (the strong-decay case the split is sized for).
+fn piece_steps(seq_chunks: &[usize], per_seq: &[usize]) -> Vec<usize> {
+    piece_rows(seq_chunks, per_seq)
+        .into_iter()
+        .map(|(_, a, e)| e - a + usize::from(a > 0))
+        .collect()
+}
+
+/// Most CTAs [`makespan`] schedules one by one; a larger grid takes the closed form.
+const MAKESPAN_SIM_CTAS: usize = 1 << 18;
+
+/// Chunk steps until the last CTA of a grid ends: `heads` CTAs per row of `steps` (one row per
+/// piece, in table order), all of them once per column block, dispatched in grid order (row and
+/// head fastest, the column block slowest) each to the first of `resident` slots that frees up
+/// (list scheduling, each CTA its row's steps at the same cost per step). Past
+/// [`MAKESPAN_SIM_CTAS`] CTAs: `max(longest row, all CTA-steps / resident)`.
+fn makespan(steps: &[usize], heads: usize, blocks: usize, resident: usize) -> usize {
+    use std::cmp::Reverse;
+    let longest = steps.iter().copied().max().unwrap_or(0);
+    let ctas = steps.len() * heads * blocks;
+    let resident = resident.max(1);
+    if ctas <= resident {
+        return longest;
+    }
+    if ctas > MAKESPAN_SIM_CTAS {
+        let work: usize = steps.iter().sum::<usize>() * heads * blocks;
+        return longest.max(work.div_ceil(resident));
+    }
+    let mut free: std::collections::BinaryHeap<Reverse<usize>> =
+        std::iter::repeat_n(Reverse(0), resident).collect();
+    let mut end = 0;
+    for _ in 0..blocks {
+        for &s in steps {
+            for _ in 0..heads {
+                if let Some(mut slot) = free.peek_mut() {
+                    slot.0 += s;
+                    end = end.max(slot.0);
+                }
+            }
+        }
+    }
+    end
 }
 
 /// Relative cost of one chunk step of the lean fused kernel by its column width (H100, K = 128,
@@ -298,8 +401,9 @@ fn lean_step_cost(bv: usize) -> f64 {
 }
 
 /// The estimated time (in 16-column steps) of the lean kernel at width `bv` over `per_seq`
-/// pieces of the sequences' chunks: `lean_step_cost(bv) · max(longest piece, with one warm-up
-/// chunk when split; all block-chunks / resident blocks)`.
+/// pieces of the sequences' chunks: `lean_step_cost(bv) ·` the [`makespan`] of its grid (the
+/// pieces table's rows, one warm-up chunk for each later piece, `HV` heads, the column blocks,
+/// the CTAs resident at once), at least the longest piece and all CTA-steps / resident CTAs.
 fn lean_estimate(
     choice: FusedChoice,
     v: usize,
@@ -308,21 +412,18 @@ fn lean_estimate(
     hv: usize,
     sm_count: usize,
 ) -> f64 {
-    let per_sm = (SMEM_PER_SM / choice.smem_bytes().max(1)).max(1);
-    let (mut longest, mut work) = (0usize, 0usize);
-    for (&c, &m) in seq_chunks.iter().zip(per_seq) {
-        let warm = usize::from(m > 1);
-        longest = longest.max(c.div_ceil(m.max(1)) + warm);
-        work += c + (m - 1) * warm;
-    }
-    let spread = (work * hv * v.div_ceil(choice.bv)) as f64 / (sm_count.max(1) * per_sm) as f64;
-    lean_step_cost(choice.bv) * (longest as f64).max(spread)
+    let steps = piece_steps(seq_chunks, per_seq);
+    let blocks = v.div_ceil(choice.bv);
+    let span = makespan(&steps, hv, blocks, choice.resident_ctas(sm_count));
+    lean_step_cost(choice.bv) * span as f64
 }
 
-/// The split of the lean GDN path under `rule`: per allowed column width, the pieces of
-/// [`split_pieces`] and their [`lean_estimate`]; the width with the least estimate (the serial
-/// width on a tie) and its pieces per sequence. A wider width than `serial`'s runs fewer CTAs per
-/// piece, so more pieces fill the GPU when the gates let them warm up.
+/// The split of the lean GDN path under `rule`: the serial run (one piece per sequence at the
+/// `serial` width) against, per allowed column width, the pieces of [`split_pieces`] and their
+/// [`lean_estimate`]; a split (some sequence in more than one piece) wins only with a strictly
+/// lower estimate than the serial run and every earlier candidate. A wider width than
+/// `serial`'s runs fewer CTAs per piece, so more pieces fill the GPU when the gates let them
+/// warm up.
 pub fn split_choice(
     v: usize,
     seq_chunks: &[usize],
@@ -331,37 +432,42 @@ pub fn split_choice(
     serial: FusedChoice,
     rule: &SplitRule,
 ) -> (FusedChoice, Vec<usize>) {
-    let pieces = |c: FusedChoice| {
-        let per = split_pieces(seq_chunks, hv * v.div_ceil(c.bv), sm_count, rule);
-        let est = lean_estimate(c, v, seq_chunks, &per, hv, sm_count);
-        (c, per, est)
-    };
+    let ones = vec![1; seq_chunks.len()];
+    let est = lean_estimate(serial, v, seq_chunks, &ones, hv, sm_count);
+    let mut best = (serial, ones, est);
     let forced = crate::knobs::fwd_bv().is_some();
-    let mut best = pieces(serial);
-    for bv in fused_widths(v).into_iter().filter(|_| !forced) {
-        let cand = pieces(FusedChoice { bv, ..serial });
-        if cand.2 < best.2 {
-            best = cand;
+    let widths = fused_widths(v)
+        .into_iter()
+        .filter(|&bv| !forced && bv != serial.bv);
+    for bv in [serial.bv].into_iter().chain(widths) {
+        let c = FusedChoice { bv, ..serial };
+        let blocks = v.div_ceil(bv);
+        let per = split_pieces(seq_chunks, hv, blocks, c.resident_ctas(sm_count), rule);
+        if per.iter().all(|&m| m <= 1) {
+            continue;
+        }
+        let est = lean_estimate(c, v, seq_chunks, &per, hv, sm_count);
+        if est < best.2 {
+            best = (c, per, est);
         }
     }
     (best.0, best.1)
 }
 
 /// The pieces table of the fused GDN kernel (`[P, 5]`: first row, length, the sequence's first
-/// and end rows, the sequence), `pieces[s]` even pieces of sequence `s` at chunk boundaries.
+/// and end rows, the sequence), `pieces[s]` even pieces of sequence `s` at chunk boundaries, in
+/// the order of [`piece_rows`].
 fn piece_table(geo: &Geometry, pieces: &[usize]) -> Vec<i64> {
+    let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
     let mut rows = Vec::new();
-    for (s, &m) in geo.seqs.iter().zip(pieces) {
-        let c = s.num_chunks(geo.bt);
+    for (i, a, e) in piece_rows(&chunks, pieces) {
+        let s = &geo.seqs[i];
         let base = s.batch * geo.t;
-        for j in 0..m {
-            let (a, e) = (j * c / m, (j + 1) * c / m);
-            let first = s.bos + a * geo.bt;
-            let last = (s.bos + e * geo.bt).min(s.eos);
-            rows.extend(
-                [base + first, last - first, base + s.bos, base + s.eos, s.n].map(|x| x as i64),
-            );
-        }
+        let first = s.bos + a * geo.bt;
+        let last = (s.bos + e * geo.bt).min(s.eos);
+        rows.extend(
+            [base + first, last - first, base + s.bos, base + s.eos, s.n].map(|x| x as i64),
+        );
     }
     rows
 }
@@ -491,6 +597,12 @@ pub struct FusedChoice {
 }
 
 impl FusedChoice {
+    /// CTAs of this tile shape resident at once on `sm_count` multiprocessors (one per
+    /// multiprocessor unless shared memory allows more).
+    pub fn resident_ctas(self, sm_count: usize) -> usize {
+        sm_count.max(1) * (SMEM_PER_SM / self.smem_bytes().max(1)).max(1)
+    }
+
     /// Dynamic shared memory of `GdnFusedSmem<T, kp, bv>` / `FusedSmem<T, kp, bv>`
     /// (half-precision elements).
     fn smem_bytes(self) -> usize {
@@ -1440,8 +1552,11 @@ mod tests {
         }
     }
 
-    /// The pieces of any layout cover each sequence once, in order, at chunk boundaries, each
-    /// at least `min_piece_chunks` long when a sequence is split, and split only with spare CTAs.
+    /// The pieces of any layout cover each sequence once, in order and contiguous in the table,
+    /// at chunk boundaries, each at least `min_piece_chunks` long when a sequence is split; a
+    /// layout whose sequences are at most `L = max(min_piece_chunks, ⌈Σ chunks / piece slots⌉)`
+    /// chunks is not split, the longest pieces come first, and the split's makespan is never
+    /// above the unsplit one's.
     #[test]
     fn pieces_cover_every_sequence_at_chunk_boundaries() {
         let rule = SplitRule {
@@ -1455,21 +1570,44 @@ mod tests {
             seed ^= seed << 17;
             (seed % m as u64) as usize
         };
-        for _ in 0..300 {
+        let mut splits = 0;
+        for _ in 0..600 {
             let bt = [16, 32, 64][next(3)];
-            let lens: Vec<usize> = (0..1 + next(5)).map(|_| next(40 * bt)).collect();
+            let lens: Vec<usize> = (0..1 + next(6)).map(|_| next(60 * bt)).collect();
             let g = geo(&lens, bt);
             let chunks: Vec<usize> = g.seqs.iter().map(|s| s.num_chunks(bt)).collect();
-            let ctas = 1 + next(40);
-            let sms = 1 + next(200);
-            let per = split_pieces(&chunks, ctas, sms, &rule);
-            if sms / ctas <= lens.len() {
-                assert!(per.iter().all(|&m| m == 1), "no spare CTAs, no split");
+            let (heads, blocks) = (1 + next(8), 1 + next(4));
+            let resident = 1 + next(200);
+            let per = split_pieces(&chunks, heads, blocks, resident, &rule);
+            let slots = (resident / (heads * blocks)).max(1);
+            let target = rule
+                .min_piece_chunks
+                .max(chunks.iter().sum::<usize>().div_ceil(slots));
+            let ones = vec![1; chunks.len()];
+            let span = |p: &[usize]| makespan(&piece_steps(&chunks, p), heads, blocks, resident);
+            assert!(span(&per) <= span(&ones), "{lens:?} {per:?}");
+            splits += usize::from(per.iter().any(|&m| m > 1));
+            if chunks.iter().all(|&c| c <= target) {
+                assert_eq!(per, ones, "{lens:?}: no sequence longer than L, no split");
             }
             let rows = piece_table(&g, &per);
             assert_eq!(rows.len() / 5, per.iter().sum::<usize>());
+            let mut seen = vec![false; lens.len()];
             let mut i = 0;
-            for (s, &m) in g.seqs.iter().zip(&per) {
+            let mut last_len = usize::MAX;
+            while i < rows.len() / 5 {
+                let s = &g.seqs[rows[5 * i + 4] as usize];
+                assert!(
+                    !seen[s.n],
+                    "{lens:?} {per:?}: a sequence's pieces are contiguous"
+                );
+                seen[s.n] = true;
+                let m = per[s.n];
+                assert!(
+                    piece_len(chunks[s.n], m) <= last_len,
+                    "longest pieces first"
+                );
+                last_len = piece_len(chunks[s.n], m);
                 if m > 1 {
                     assert!(chunks[s.n] / m >= rule.min_piece_chunks, "{lens:?} {per:?}");
                 }
@@ -1487,13 +1625,49 @@ mod tests {
                 }
                 assert_eq!(at, s.eos, "the pieces end at the sequence's end");
             }
+            assert!(seen.iter().all(|&x| x), "every sequence has its pieces");
+        }
+        assert!(splits > 100, "the layouts exercise the split: {splits}");
+    }
+
+    /// The makespan of list scheduling in grid order lies between the obvious lower bound
+    /// (the longest row; all CTA-steps over the resident slots) and Graham's upper bound (that
+    /// plus the longest row), and is exact on hand-checked grids.
+    #[test]
+    fn makespan_lies_between_the_bounds() {
+        // one wave
+        assert_eq!(makespan(&[129; 16], 4, 2, 132), 129);
+        // the mixed row at 64 columns, 16 pieces of the long sequence: 64 + 40 CTAs of block 0,
+        // 28 of the long ones of block 1 in the first wave, the other 36 after the short ones
+        let mut mixed = vec![128];
+        mixed.extend([129; 15]);
+        mixed.extend([16; 10]);
+        assert_eq!(makespan(&mixed, 4, 2, 132), 16 + 129);
+        let mut seed = 0x2545_f491_u64;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        for _ in 0..300 {
+            let steps: Vec<usize> = (0..1 + next(40)).map(|_| next(300)).collect();
+            let (heads, blocks, resident) = (1 + next(8), 1 + next(4), 1 + next(150));
+            let span = makespan(&steps, heads, blocks, resident);
+            let longest = steps.iter().copied().max().unwrap();
+            let work = steps.iter().sum::<usize>() * heads * blocks;
+            assert!(span >= longest.max(work.div_ceil(resident)), "{steps:?}");
+            assert!(span <= work / resident + longest, "{steps:?}");
         }
     }
 
     /// The split's width on an H100 (132 SMs), K = V = 128: few long sequences split at the
     /// widest block into many pieces (H4 × 131072: 16 pieces of 128 chunks at 64 columns, the
-    /// serial run at 16; H32 × 32768: 2 pieces at 64 columns, serial at 32), a grid the serial
-    /// run already fills (HV 64) does not split.
+    /// serial run at 16; H32 × 32768: 2 pieces at 64 columns, serial at 32; H4 × 4·8192: 4
+    /// pieces each; H2/HV8 × 65536: 8 pieces), a grid the serial run already fills (HV 64) does
+    /// not split. The mixed row (131072 + 10·1024 tokens, H4) sizes its pieces for the makespan:
+    /// 16 pieces of the long sequence at 64 columns (128 + 10·4·2 CTAs: 36 of the long ones
+    /// start after the short sequences' 16 chunks, 145 steps), not 5 of one wave (411 steps).
     #[test]
     fn split_choice_widens_few_long_sequences() {
         let rule = SplitRule::default();
@@ -1501,6 +1675,7 @@ mod tests {
         let c4 = [2048];
         let s4 = serial(&c4, 4);
         assert_eq!(s4.bv, 16);
+        assert_eq!(s4.resident_ctas(132), 132, "one CTA per SM");
         let (wide, per) = split_choice(128, &c4, 4, 132, s4, &rule);
         assert_eq!((wide.bv, per.as_slice()), (64, &[16][..]));
         assert!(
@@ -1508,7 +1683,9 @@ mod tests {
                 < lean_estimate(s4, 128, &c4, &[1], 4, 132) / 3.0
         );
         let c32 = [512];
-        let (w32, per) = split_choice(128, &c32, 32, 132, serial(&c32, 32), &rule);
+        let s32 = serial(&c32, 32);
+        assert_eq!(s32.bv, 32);
+        let (w32, per) = split_choice(128, &c32, 32, 132, s32, &rule);
         assert_eq!((w32.bv, per.as_slice()), (64, &[2][..]));
         let c4x4 = [128; 4];
         let (w4x4, per) = split_choice(128, &c4x4, 4, 132, serial(&c4x4, 4), &rule);
@@ -1520,5 +1697,32 @@ mod tests {
         let hv8 = [1024];
         let (w8, per) = split_choice(128, &hv8, 8, 132, serial(&hv8, 8), &rule);
         assert_eq!((w8.bv, per.as_slice()), (64, &[8][..]));
+        // the mixed row: the long sequence in 16 pieces, listed first; the short ones whole
+        let mut mixed = vec![2048];
+        mixed.extend([16; 10]);
+        let sm = serial(&mixed, 4);
+        let (wm, per) = split_choice(128, &mixed, 4, 132, sm, &rule);
+        assert_eq!(wm.bv, 64);
+        assert!(per[0] >= 14, "{per:?}");
+        assert_eq!(per, [&[16][..], &[1; 10]].concat());
+        let rows = piece_rows(&mixed, &per);
+        assert!(rows[..16].iter().all(|&(s, _, _)| s == 0), "{rows:?}");
+        let est = lean_estimate(wm, 128, &mixed, &per, 4, 132);
+        assert_eq!(est, 1.6 * 145.0);
+        let one_wave = lean_estimate(wm, 128, &mixed, &[&[5][..], &[1; 10]].concat(), 4, 132);
+        assert_eq!(one_wave, 1.6 * 411.0);
+        // the GPU test's case (gdn_auto_split: HV 2, 128 chunks, pieces of at least 4 chunks):
+        // split at a wider block than the serial run
+        let small = SplitRule {
+            min_piece_chunks: 4,
+            max_warmup_chunks: 8,
+        };
+        let c2 = [128];
+        let s2 = serial(&c2, 2);
+        let (w2, per) = split_choice(128, &c2, 2, 132, s2, &small);
+        assert!(w2.bv > s2.bv && per[0] > 1, "{w2:?} {per:?}");
+        let cv = [24, 1, 18];
+        let (_, per) = split_choice(128, &cv, 2, 132, serial(&cv, 2), &small);
+        assert!(per.iter().any(|&m| m > 1), "{per:?}");
     }
 }
