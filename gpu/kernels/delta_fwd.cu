@@ -24,7 +24,7 @@ struct FusedArgs {
     u64 pieces;                      // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
     u64 warm;                        // i64 [P][HV] warm-up chunks (kda_warm_policy), or 0: none
     u64 gate;                        // i64 [N][HV] 1: split, 0: serial (gdn_split_decide), or 0: none
-    u64 cbase;                       // i64 [N]: the lam row (chunk index) of each sequence's first chunk
+    u64 seqs;                        // i64 [N][3] (seq_table): first packed row, length, lam row of the first chunk
     u64 o, ht;                       // outputs (ht: 0 when absent)
     i64 HV, K, V, bt;
     i64 h0_dtype, v_first, npieces, gate_mode;
@@ -139,7 +139,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
     const int bt = (int)a.bt;
     const i64 row0 = pieces[p * 5] - w * bt;  // w warm-up chunks first (state only)
     const i64 len = end - row0;
-    const i64 cbase = reinterpret_cast<const i64*>(a.cbase)[n] + (row0 - seq0) / bt;
+    const i64 cbase = reinterpret_cast<const i64*>(a.seqs)[n * 3 + 2] + (row0 - seq0) / bt;  // lam row of row0
     const bool from_start = row0 == seq0, to_end = end == seqend;
     const i64 nchunks = (len + bt - 1) / bt;
     const bool pair_ok = (a.V % 2) == 0;

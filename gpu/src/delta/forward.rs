@@ -154,6 +154,9 @@ struct FusedArgs {
     aqk: u64,
     lam: u64,
     h0: u64,
+    pieces: u64,
+    warm: u64,
+    gate: u64,
     seqs: u64,
     o: u64,
     ht: u64,
@@ -163,6 +166,8 @@ struct FusedArgs {
     bt: i64,
     h0_dtype: i64,
     v_first: i64,
+    npieces: i64,
+    gate_mode: i64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for FusedArgs {}
@@ -221,6 +226,80 @@ struct WarmArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for WarmArgs {}
 
+/// Mirror of `KdaWarmArgs` (delta_fwd.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct KdaWarmArgs {
+    pieces: u64,
+    g: u64,
+    beta: u64,
+    k: u64,
+    warm: u64,
+    gate: GateArgs,
+    heads: i64,
+    value_heads: i64,
+    k_dim: i64,
+    bt: i64,
+    npieces: i64,
+    wmax: i64,
+    g_dtype: i64,
+    beta_dtype: i64,
+    l2norm: i64,
+    gate_mode: i64,
+    beta_mode: i64,
+    log_eps: f64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for KdaWarmArgs {}
+
+/// The fields of a fused kernel's arguments that name its pieces: the table and its rows, the
+/// warm-ups (0: none), the verdict (0: none) and which side of it the launch runs (`gate_mode`
+/// 0: all, 1: the split, 2: the serial run).
+trait PieceArgs: DeviceRepr + Copy {
+    fn with_pieces(self, pieces: u64, npieces: usize, warm: u64, gate: u64, gate_mode: i64)
+        -> Self;
+}
+
+impl PieceArgs for FusedArgs {
+    fn with_pieces(
+        self,
+        pieces: u64,
+        npieces: usize,
+        warm: u64,
+        gate: u64,
+        gate_mode: i64,
+    ) -> Self {
+        FusedArgs {
+            pieces,
+            npieces: npieces as i64,
+            warm,
+            gate,
+            gate_mode,
+            ..self
+        }
+    }
+}
+
+impl PieceArgs for GdnFusedArgs {
+    fn with_pieces(
+        self,
+        pieces: u64,
+        npieces: usize,
+        warm: u64,
+        gate: u64,
+        gate_mode: i64,
+    ) -> Self {
+        GdnFusedArgs {
+            pieces,
+            npieces: npieces as i64,
+            warm,
+            gate,
+            gate_mode,
+            ..self
+        }
+    }
+}
+
 /// Mirror of `DecideArgs` (delta_fwd.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -236,11 +315,13 @@ struct DecideArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for DecideArgs {}
 
-/// The automatic split of `gdn_fwd`'s fused path (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
+/// The automatic split of the fused paths of `gdn_fwd` and `kda_fwd`
+/// (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
 /// where the estimated makespan of its (piece, head, column block) CTAs beats the serial run
 /// ([`split_choice`]), its long sequences are cut into pieces at chunk boundaries, each piece (after the first) starting from a
 /// zero state `w` chunks early, the least `w ≤ max_warmup_chunks` whose bound `Λ` (§5.10,
-/// computed on the device from `g`, `β` and the key norms) is at most `ln 2^-30`. A piece with no
+/// computed on the device from `g`, `β` and the key norms; KDA: each token's largest per-key
+/// decay after the in-kernel gate) is at most `ln 2^-30`. A piece with no
 /// such `w` (long memory) is run through by the CTA of the piece before it: the result stays
 /// exact and the call never slower than a serial run by more than the bound kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,6 +340,9 @@ impl Default for SplitRule {
         }
     }
 }
+
+/// Threads of `kda_warm_policy` (`KWARM_THREADS`).
+const KDA_WARM_THREADS: u32 = 256;
 
 /// `ln 2^-30`: the truncation error the warm-ups allow, relative to the state's norm.
 const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
@@ -391,7 +475,9 @@ fn makespan(steps: &[usize], heads: usize, blocks: usize, resident: usize) -> us
 }
 
 /// Relative cost of one chunk step of the lean fused kernel by its column width (H100, K = 128,
-/// S6 runs of NOTES.md: about 2.9, 3.4 and 4.6 µs per step for 16, 32 and 64 columns).
+/// S6 runs of NOTES.md: about 2.9, 3.4 and 4.6 µs per step for 16, 32 and 64 columns). The KDA
+/// kernel (`delta_fused`) uses the same ratios: an assumption, its steps by width are not
+/// measured yet.
 fn lean_step_cost(bv: usize) -> f64 {
     match bv {
         16 => 1.0,
@@ -418,7 +504,7 @@ fn lean_estimate(
     lean_step_cost(choice.bv) * span as f64
 }
 
-/// The split of the lean GDN path under `rule`: the serial run (one piece per sequence at the
+/// The split of a fused path (GDN's lean kernel or KDA's) under `rule`: the serial run (one piece per sequence at the
 /// `serial` width) against, per allowed column width, the pieces of [`split_pieces`] and their
 /// [`lean_estimate`]; a split (some sequence in more than one piece) wins only with a strictly
 /// lower estimate than the serial run and every earlier candidate. A wider width than
@@ -454,7 +540,7 @@ pub fn split_choice(
     (best.0, best.1)
 }
 
-/// The pieces table of the fused GDN kernel (`[P, 5]`: first row, length, the sequence's first
+/// The pieces table of the fused kernels (`[P, 5]`: first row, length, the sequence's first
 /// and end rows, the sequence), `pieces[s]` even pieces of sequence `s` at chunk boundaries, in
 /// the order of [`piece_rows`].
 fn piece_table(geo: &Geometry, pieces: &[usize]) -> Vec<i64> {
@@ -669,18 +755,20 @@ pub struct DeltaFwdPlan {
     fused: Option<FusedChoice>,
     chunks: DeviceTensor,
     nchunks: usize,
-    /// The sequence table of the KDA fused kernel (`seq_table`), when that kernel runs.
+    /// The sequence table of the KDA fused kernel (`seq_table`: its chunk bases, the rows of
+    /// each sequence's `exp2(G_ℓ)`), when that kernel runs.
     seqs: Option<DeviceTensor>,
-    /// The lean GDN path's pieces.
+    /// The fused path's pieces.
     pieces: Option<Pieces>,
     split_rule: Option<SplitRule>,
     /// The staged path's `fwd_h` call (its plan is made on the workspace's tensors).
     cu_seqlens: Option<Vec<i64>>,
 }
 
-/// The lean GDN path's launches: the pieces of the (split) launch and, when the split runs at a
-/// wider column block than the serial run, the serial launch it falls back to per (sequence,
-/// value head) where the warm-ups do not shorten the chains (`gdn_split_decide`).
+/// The fused path's launches (either kernel): the pieces of the (split) launch and, when the
+/// split runs at a wider column block than the serial run, the serial launch it falls back to
+/// per (sequence, value head) where the warm-ups do not shorten the chains (`gdn_split_decide`,
+/// gate-agnostic).
 #[derive(Debug)]
 struct Pieces {
     /// `[P, 5]` rows (`piece_table`) and their count `P`.
@@ -700,6 +788,16 @@ struct Pieces {
 pub struct DeltaFwdWorkspace {
     aqk: DeviceTensor,
     tiles: Tiles,
+    /// The split's warm-ups per (piece, value head) (`[P · HV]` i64), when the plan splits.
+    warm: Option<DeviceTensor>,
+    /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
+    verdict: Option<DeviceTensor>,
+}
+
+/// The split's device tensors of a workspace, borrowed for one run.
+struct SplitTensors<'a> {
+    warm: Option<&'a mut DeviceTensor>,
+    verdict: Option<&'a mut DeviceTensor>,
 }
 
 /// The intra stage's other outputs, by path.
@@ -718,10 +816,6 @@ struct LeanTiles {
     tbl: DeviceTensor,
     g: DeviceTensor,
     qk: Option<(DeviceTensor, DeviceTensor)>,
-    /// The split's warm-up chunks per (piece, value head) (`[P · HV]` i64).
-    warm: Option<DeviceTensor>,
-    /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
-    gate: Option<DeviceTensor>,
 }
 
 #[derive(Debug)]
@@ -803,7 +897,7 @@ impl DeltaFwdPlan {
             .map(|_| seq_table(gpu, &geo, varlen))
             .transpose()?;
         let (output_final_state, state_v_first) = call.state_flags();
-        let split_rule = fused.filter(|f| f.lean).map(|_| SplitRule::default());
+        let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
@@ -823,7 +917,7 @@ impl DeltaFwdPlan {
         })
     }
 
-    /// The lean path's pieces under `rule` (one per sequence at the serial width without a
+    /// The fused path's pieces under `rule` (one per sequence at the serial width without a
     /// rule), at the width [`split_choice`] picks.
     fn pieces(
         gpu: &Gpu,
@@ -831,7 +925,7 @@ impl DeltaFwdPlan {
         fused: Option<FusedChoice>,
         rule: Option<SplitRule>,
     ) -> GpuResult<Option<Pieces>> {
-        let Some(serial) = fused.filter(|f| f.lean) else {
+        let Some(serial) = fused else {
             return Ok(None);
         };
         let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
@@ -866,7 +960,7 @@ impl DeltaFwdPlan {
         }))
     }
 
-    /// The plan with the fused GDN path's automatic split under `rule`, or without a split
+    /// The plan with the fused path's automatic split under `rule`, or without a split
     /// (`None`: one serial run per sequence); other paths are unchanged. A rule's
     /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1.
     pub fn with_split(mut self, gpu: &Gpu, rule: Option<SplitRule>) -> GpuResult<DeltaFwdPlan> {
@@ -880,14 +974,14 @@ impl DeltaFwdPlan {
                 .into());
             }
         }
-        if self.fused.is_some_and(|f| f.lean) {
+        if self.fused.is_some() {
             self.split_rule = rule;
             self.pieces = Self::pieces(gpu, &self.geo, self.fused, rule)?;
         }
         Ok(self)
     }
 
-    /// Whether the plan splits a sequence into pieces (the fused GDN path's automatic split).
+    /// Whether the plan splits a sequence into pieces (the fused path's automatic split).
     pub fn splits(&self) -> bool {
         self.pieces.as_ref().is_some_and(|p| p.split)
     }
@@ -896,28 +990,20 @@ impl DeltaFwdPlan {
     /// a sequence's first piece, `-1` for a piece run through by the one before it), when the
     /// plan splits; the debug query of the automatic split.
     pub fn chosen_warmups(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<i64>>> {
-        match &ws.tiles {
-            Tiles::Lean(l) => l
-                .warm
-                .as_ref()
-                .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().copied().collect()))
-                .transpose(),
-            _ => Ok(None),
-        }
+        ws.warm
+            .as_ref()
+            .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().copied().collect()))
+            .transpose()
     }
 
     /// Where the split runs at a wider column block than the serial run: the verdict of the
     /// last run per (sequence, value head), `[N · HV]` (`true`: the split ran it, `false`: the
     /// serial kernel did, its pieces' warm-ups not shortening the chain); else `None`.
     pub fn chosen_split(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<bool>>> {
-        match &ws.tiles {
-            Tiles::Lean(l) => l
-                .gate
-                .as_ref()
-                .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().map(|&x| x != 0).collect()))
-                .transpose(),
-            _ => Ok(None),
-        }
+        ws.verdict
+            .as_ref()
+            .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().map(|&x| x != 0).collect()))
+            .transpose()
     }
 
     /// The tiles of the split launch, when the plan splits (wider than [`Self::fused_choice`]
@@ -950,6 +1036,16 @@ impl DeltaFwdPlan {
         let g = &self.geo;
         let d = self.dtype;
         let tok = |w: usize| DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, w], d);
+        let warm = match &self.pieces {
+            Some(p) if p.split => Some(DeviceTensor::alloc(gpu, &[p.n * g.hv], Dtype::I64)?),
+            _ => None,
+        };
+        let verdict = match &self.pieces {
+            Some(p) if p.serial.is_some() => {
+                Some(DeviceTensor::alloc(gpu, &[g.n() * g.hv], Dtype::I64)?)
+            }
+            _ => None,
+        };
         if self.fused.is_some_and(|f| f.lean) {
             return Ok(DeltaFwdWorkspace {
                 aqk: tok(g.bt)?,
@@ -962,19 +1058,9 @@ impl DeltaFwdPlan {
                         .l2norm
                         .then(|| Ok::<_, crate::error::GpuError>((tok(g.k)?, tok(g.k)?)))
                         .transpose()?,
-                    warm: match &self.pieces {
-                        Some(p) if p.split => {
-                            Some(DeviceTensor::alloc(gpu, &[p.n * g.hv], Dtype::I64)?)
-                        }
-                        _ => None,
-                    },
-                    gate: match &self.pieces {
-                        Some(p) if p.serial.is_some() => {
-                            Some(DeviceTensor::alloc(gpu, &[g.n() * g.hv], Dtype::I64)?)
-                        }
-                        _ => None,
-                    },
                 })),
+                warm,
+                verdict,
             });
         }
         let gate = if self.fused.is_some() {
@@ -1013,6 +1099,8 @@ impl DeltaFwdPlan {
         Ok(DeltaFwdWorkspace {
             aqk: tok(g.bt)?,
             tiles: Tiles::Full(Box::new(ws)),
+            warm,
+            verdict,
         })
     }
 
@@ -1137,19 +1225,30 @@ impl DeltaFwdPlan {
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         self.check_call(t, out)?;
+        if self.splits() != ws.warm.is_some()
+            || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
+        {
+            return Err(Error::missing(
+                "ws",
+                "a workspace of this plan (allocated after with_split)",
+                "one of another split",
+            )
+            .into());
+        }
         self.intra(gpu, t, ws)?;
-        let DeltaFwdWorkspace { aqk, tiles } = ws;
+        let DeltaFwdWorkspace {
+            aqk,
+            tiles,
+            warm,
+            verdict,
+        } = ws;
+        let split = SplitTensors {
+            warm: warm.as_mut(),
+            verdict: verdict.as_mut(),
+        };
         let full = match (self.fused, tiles) {
             (Some(choice), Tiles::Lean(l)) if choice.lean => {
-                if self.splits() != l.warm.is_some() {
-                    return Err(Error::missing(
-                        "ws",
-                        "a workspace of this plan (allocated after with_split)",
-                        "one of another split",
-                    )
-                    .into());
-                }
-                return self.run_lean(gpu, t, choice, l, aqk, out);
+                return self.run_lean(gpu, t, l, split, aqk, out);
             }
             (_, Tiles::Full(f)) => f,
             (_, Tiles::Lean(_)) => {
@@ -1157,7 +1256,7 @@ impl DeltaFwdPlan {
             }
         };
         match (self.fused, full.staged.as_mut()) {
-            (Some(choice), _) => self.run_fused(gpu, t, choice, full, aqk, out),
+            (Some(_), _) => self.run_fused(gpu, t, full, split, aqk, out),
             (None, Some((plan, fo))) => {
                 let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
                 if self.prep.scalar_gate {
@@ -1185,9 +1284,9 @@ impl DeltaFwdPlan {
     }
 
     /// The intra kernel's arguments for `t` (outputs left 0).
-    fn intra_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<IntraArgs> {
-        let g = &self.geo;
-        let gate = match self.prep.gate {
+    /// The in-kernel gate's side inputs of `t` (none for a decay `g`).
+    fn gate_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GateArgs {
+        match self.prep.gate {
             GateInput::InKernel(lb) => GateArgs {
                 a_log: t.a_log.map_or(0, |x| x.ptr(gpu)),
                 dt_bias: t.dt_bias.map_or(0, |x| x.ptr(gpu)),
@@ -1195,10 +1294,23 @@ impl DeltaFwdPlan {
                 dt_bias_dtype: t.dt_bias.map_or(-1, |x| dtype_code(x.dtype())),
                 has_lower_bound: lb.is_some() as i64,
                 lower_bound: lb.unwrap_or(0.0),
-                head_dim: g.k as i64,
+                head_dim: self.geo.k as i64,
             },
             _ => GateArgs::none(),
-        };
+        }
+    }
+
+    /// `gate_mode` of the intra kernel and of `kda_warm_policy` (1: decay, 2: in-kernel gate).
+    fn gate_mode(&self) -> i64 {
+        match self.prep.gate {
+            GateInput::Decay => 1,
+            GateInput::InKernel(_) => 2,
+        }
+    }
+
+    fn intra_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<IntraArgs> {
+        let g = &self.geo;
+        let gate = self.gate_args(gpu, t);
         Ok(IntraArgs {
             q: t.q.ptr(gpu),
             k: t.k.ptr(gpu),
@@ -1214,10 +1326,7 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             g_dtype: dtype_code(t.g.dtype()),
             beta_dtype: dtype_code(t.beta.dtype()),
-            gate_mode: match self.prep.gate {
-                GateInput::Decay => 1,
-                GateInput::InKernel(_) => 2,
-            },
+            gate_mode: self.gate_mode(),
             scalar_gate: self.prep.scalar_gate as i64,
             l2norm: self.prep.l2norm as i64,
             beta_mode: self.prep.beta_mode,
@@ -1226,19 +1335,22 @@ impl DeltaFwdPlan {
         })
     }
 
+    /// The fused KDA path after the intra stage: the kernel (`delta_fused`) on the intra stage's
+    /// `w, u, kg, qg, qf, Aqk` and `exp2(G_ℓ)` over the pieces ([`Self::launch_pieces`]).
     fn run_fused(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        choice: FusedChoice,
         ws: &FullTiles,
+        split: SplitTensors<'_>,
         aqk: &DeviceTensor,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         let g = &self.geo;
-        let tasks = g.n() * g.hv;
-        let blocks = g.v.div_ceil(choice.bv);
-        if tasks == 0 || blocks == 0 {
+        let Some(pc) = &self.pieces else {
+            return Err(Error::missing("plan", "the fused path's pieces", "none").into());
+        };
+        if pc.n == 0 || g.hv == 0 || g.v == 0 {
             return Ok(());
         }
         let args = FusedArgs {
@@ -1263,9 +1375,9 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
+            ..FusedArgs::default()
         };
-        self.launch_fused(gpu, "mma", choice, tasks, &args)?;
-        gpu.wait_if_checked("delta_fwd_mma")
+        self.launch_pieces(gpu, t, "mma", pc, split, args)
     }
 
     /// One launch of the fused kernel `delta_fwd_{kind}_{dtype}_k{kp}_v{bv}` over `tasks`
@@ -1296,17 +1408,15 @@ impl DeltaFwdPlan {
         )
     }
 
-    /// The lean fused GDN path after the intra stage: the split's warm-up policy, its verdict
-    /// where the split is wider than the serial run, then the kernel (`delta_fused_gdn`) on
-    /// `t`'s `q, k` (or the normalised ones), `v`, the intra stage's `Tb` hi + lo, `G` and `Aqk`:
-    /// the split launch, and the serial launch for the (sequence, head) pairs the verdict leaves
-    /// to it.
+    /// The lean fused GDN path after the intra stage: the kernel (`delta_fused_gdn`) on `t`'s
+    /// `q, k` (or the normalised ones), `v`, the intra stage's `Tb` hi + lo, `G` and `Aqk` over the
+    /// pieces ([`Self::launch_pieces`]).
     fn run_lean(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        serial: FusedChoice,
-        l: &mut LeanTiles,
+        l: &LeanTiles,
+        split: SplitTensors<'_>,
         aqk: &DeviceTensor,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
@@ -1317,14 +1427,11 @@ impl DeltaFwdPlan {
         if pc.n == 0 || g.hv == 0 || g.v == 0 {
             return Ok(());
         }
-        if let Some(w) = l.warm.as_mut() {
-            self.run_warm_policy(gpu, t, &pc.table, pc.n, w)?;
-        }
         let (q, k, qk_heads) = match &l.qk {
             Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.hv),
             None => (t.q.ptr(gpu), t.k.ptr(gpu), g.h),
         };
-        let mut args = GdnFusedArgs {
+        let args = GdnFusedArgs {
             q,
             k,
             v: t.v.ptr(gpu),
@@ -1333,9 +1440,6 @@ impl DeltaFwdPlan {
             aqk: aqk.ptr(gpu),
             g: l.g.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
-            pieces: pc.table.ptr(gpu),
-            warm: l.warm.as_ref().map_or(0, |w| w.ptr(gpu)),
-            gate: 0,
             o: out.o.ptr_mut(gpu),
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             qk_heads: qk_heads as i64,
@@ -1345,21 +1449,49 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
-            npieces: pc.n as i64,
-            gate_mode: 0,
             scale: self.prep.scale,
+            ..GdnFusedArgs::default()
         };
+        self.launch_pieces(gpu, t, "gdn", pc, split, args)
+    }
+
+    /// The fused kernel `kind` over the pieces `pc` with `args` (their piece fields set here):
+    /// the split's warm-up policy when it splits; then the kernel over the pieces, or, where the
+    /// split is wider than the serial run, the verdict (`gdn_split_decide`), the split launch
+    /// and the serial launch for the (sequence, head) pairs the verdict leaves to it, the serial
+    /// one on a second stream beside the split's.
+    fn launch_pieces<A: PieceArgs>(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        kind: &str,
+        pc: &Pieces,
+        split: SplitTensors<'_>,
+        args: A,
+    ) -> GpuResult<()> {
+        let g = &self.geo;
+        let check = format!("delta_fwd_{kind}");
+        let warm = match split.warm {
+            Some(w) => {
+                self.run_warm_policy(gpu, t, &pc.table, pc.n, w)?;
+                Some(&*w)
+            }
+            None => None,
+        };
+        let warm_ptr = warm.map_or(0, |w| w.ptr(gpu));
+        let table = pc.table.ptr(gpu);
         let Some((serial_table, max_chain)) = &pc.serial else {
-            self.launch_fused(gpu, "gdn", pc.choice, pc.n * g.hv, &args)?;
-            return gpu.wait_if_checked("delta_fwd_gdn");
+            let all = args.with_pieces(table, pc.n, warm_ptr, 0, 0);
+            self.launch_fused(gpu, kind, pc.choice, pc.n * g.hv, &all)?;
+            return gpu.wait_if_checked(&check);
         };
-        let (Some(warm), Some(gate)) = (l.warm.as_ref(), l.gate.as_mut()) else {
+        let (Some(serial), Some(warm), Some(gate)) = (self.fused, warm, split.verdict) else {
             return Err(
                 Error::missing("ws", "the split's warm-up and verdict tensors", "none").into(),
             );
         };
         let decide = DecideArgs {
-            pieces: pc.table.ptr(gpu),
+            pieces: table,
             warm: warm.ptr(gpu),
             gate: gate.ptr_mut(gpu),
             value_heads: g.hv as i64,
@@ -1381,29 +1513,20 @@ impl DeltaFwdPlan {
             0,
             &decide,
         )?;
-        args.gate = gate.ptr(gpu);
-        let split = GdnFusedArgs {
-            gate_mode: 1,
-            ..args
-        };
+        let gate = gate.ptr(gpu);
         let seqs = g.seqs.len();
-        let rest = GdnFusedArgs {
-            pieces: serial_table.ptr(gpu),
-            npieces: seqs as i64,
-            warm: 0,
-            gate_mode: 2,
-            ..args
-        };
+        let wide = args.with_pieces(table, pc.n, warm_ptr, gate, 1);
+        let rest = args.with_pieces(serial_table.ptr(gpu), seqs, 0, gate, 2);
         // the serial CTAs (long chains) on a second stream, beside the split's
         gpu.beside(
-            |side| self.launch_fused(side, "gdn", serial, seqs * g.hv, &rest),
-            |main| self.launch_fused(main, "gdn", pc.choice, pc.n * g.hv, &split),
+            |side| self.launch_fused(side, kind, serial, seqs * g.hv, &rest),
+            |main| self.launch_fused(main, kind, pc.choice, pc.n * g.hv, &wide),
         )?;
-        gpu.wait_if_checked("delta_fwd_gdn")
+        gpu.wait_if_checked(&check)
     }
 
     /// The split's warm-up chunks per (piece, value head) of `pieces` (`npieces` rows) into
-    /// `warm` (`gdn_warm_policy`).
+    /// `warm`: `gdn_warm_policy` (scalar gate) or `kda_warm_policy` (per-key gates).
     fn run_warm_policy(
         &self,
         gpu: &Gpu,
@@ -1416,6 +1539,37 @@ impl DeltaFwdPlan {
             return Err(Error::missing("plan", "a split rule", "none").into());
         };
         let g = &self.geo;
+        let grid = grid_x(npieces, "v", "fewer than 2^31 pieces")?;
+        if let Call::Kda(_) = self.call {
+            let args = KdaWarmArgs {
+                pieces: pieces.ptr(gpu),
+                g: t.g.ptr(gpu),
+                beta: t.beta.ptr(gpu),
+                k: t.k.ptr(gpu),
+                warm: warm.ptr_mut(gpu),
+                gate: self.gate_args(gpu, t),
+                heads: g.h as i64,
+                value_heads: g.hv as i64,
+                k_dim: g.k as i64,
+                bt: g.bt as i64,
+                npieces: npieces as i64,
+                wmax: rule.max_warmup_chunks as i64,
+                g_dtype: dtype_code(t.g.dtype()),
+                beta_dtype: dtype_code(t.beta.dtype()),
+                l2norm: self.prep.l2norm as i64,
+                gate_mode: self.gate_mode(),
+                beta_mode: self.prep.beta_mode,
+                log_eps: LOG_EPS,
+            };
+            return gpu.launch_3d(
+                Module::DeltaFwd,
+                &format!("kda_warm_policy_{}", tag(self.dtype)),
+                (grid, g.hv as u32, 1),
+                KDA_WARM_THREADS,
+                0,
+                &args,
+            );
+        }
         let args = WarmArgs {
             pieces: pieces.ptr(gpu),
             g: t.g.ptr(gpu),
@@ -1433,7 +1587,6 @@ impl DeltaFwdPlan {
             l2norm: self.prep.l2norm as i64,
             log_eps: LOG_EPS,
         };
-        let grid = grid_x(npieces, "v", "fewer than 2^31 pieces")?;
         gpu.launch_3d(
             Module::DeltaFwd,
             &format!("gdn_warm_policy_{}", tag(self.dtype)),
