@@ -1878,4 +1878,37 @@ mod tests {
         let (_, per) = split_choice(128, &cv, 2, 132, serial(&cv, 2), &small);
         assert!(per.iter().any(|&m| m > 1), "{per:?}");
     }
+
+    #[test]
+    fn split_choice_splits_kda_too() {
+        // the KDA kernel's tiles (`lean: false`), the lean step costs (an assumption)
+        let rule = SplitRule::default();
+        let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, false);
+        let c4 = [2048];
+        let s4 = serial(&c4, 4);
+        assert!(!s4.lean);
+        let (wide, per) = split_choice(128, &c4, 4, 132, s4, &rule);
+        assert!(!wide.lean && per[0] >= 8, "{wide:?} {per:?}");
+        let (est, est1) = (
+            lean_estimate(wide, 128, &c4, &per, 4, 132),
+            lean_estimate(s4, 128, &c4, &[1], 4, 132),
+        );
+        assert!(est < est1 / 3.0, "{est} {est1}");
+        // the GPU test's cases (kda_auto_split)
+        let small = SplitRule {
+            min_piece_chunks: 4,
+            max_warmup_chunks: 8,
+        };
+        let c2 = [128];
+        let (_, per) = split_choice(128, &c2, 2, 132, serial(&c2, 2), &small);
+        assert!(per[0] > 1, "{per:?}");
+        let cv = [24, 1, 18];
+        let (_, per) = split_choice(128, &cv, 2, 132, serial(&cv, 2), &small);
+        assert!(per.iter().any(|&m| m > 1), "{per:?}");
+        // many heads fill the GPU already: no split
+        let c64 = [1024];
+        let s64 = serial(&c64, 64);
+        let (same, per) = split_choice(128, &c64, 64, 132, s64, &rule);
+        assert_eq!((same, per.as_slice()), (s64, &[1][..]));
+    }
 }
