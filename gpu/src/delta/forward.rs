@@ -16,8 +16,9 @@
 //! raw keys and `g = G` to `fwd_h`, as FLA does. Its fused path is leaner: with a scalar gate
 //! `u − w S = Akk diag(β) (V − diag(exp2(G)) K S)`, so the intra stage writes only
 //! `Tb = Akk diag(β)` (hi + lo halves), `Aqk` and `G`, and the fused kernel reads `q, k, v`
-//! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm), and splits long sequences
-//! into pieces with exact warm-ups when the GPU would otherwise idle ([`SplitRule`], §5.9–5.10).
+//! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm). Both fused kernels split
+//! long sequences into pieces with exact warm-ups when the GPU would otherwise idle
+//! ([`SplitRule`], §5.9–5.10).
 //! Float32 runs IEEE fp32 FMAs throughout, float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
