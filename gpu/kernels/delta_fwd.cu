@@ -11,13 +11,23 @@
 //
 // Tensor cores (mma.sync m16n8k16, bf16/f16 operands, fp32 accumulation); the next chunk's
 // tiles are loaded by cp.async into the second buffer while the current one computes.
+//
+// A CTA runs one piece of a sequence (conformance/spec/ops-delta-rule.md 5.9-5.10) as
+// delta_fused_gdn does: with w = warm[piece, head] > 0 it starts w chunks before the piece from a
+// zero state (from initial_state when that is the sequence's start), computing the state only
+// there (no Qg S, Aqk D or stores); with w < 0 an earlier piece's CTA runs through it; the CTA
+// that reaches the sequence's end writes the final state. One piece per sequence and no warm
+// table: the serial run.
 
 struct FusedArgs {
     u64 kg, w, qg, qf, u, aqk, lam, h0;  // inputs (h0: 0 when absent)
-    u64 seqs;                        // i64 [N][3]: first packed token row, length, first chunk index
+    u64 pieces;                      // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
+    u64 warm;                        // i64 [P][HV] warm-up chunks (kda_warm_policy), or 0: none
+    u64 gate;                        // i64 [N][HV] 1: split, 0: serial (gdn_split_decide), or 0: none
+    u64 seqs;                        // i64 [N][3] (seq_table): first packed row, length, lam row of the first chunk
     u64 o, ht;                       // outputs (ht: 0 when absent)
     i64 HV, K, V, bt;
-    i64 h0_dtype, v_first;
+    i64 h0_dtype, v_first, npieces, gate_mode;
 };
 
 template <typename T, int KP, int BV> struct FusedSmem {
@@ -114,12 +124,23 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, t4 = lane & 3;
 
-    const i64 n = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
+    const i64 p = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
     const i64 c0 = (i64)blockIdx.y * BV;
     const int nb = (int)min((i64)BV, a.V - c0);
-    const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
-    const i64 row0 = seq[0], len = seq[1], cbase = seq[2];
+    const i64* pieces = reinterpret_cast<const i64*>(a.pieces);
+    const i64* warm = reinterpret_cast<const i64*>(a.warm);
+    const i64 seq0 = pieces[p * 5 + 2], seqend = pieces[p * 5 + 3], n = pieces[p * 5 + 4];
+    if (a.gate_mode != 0 && (reinterpret_cast<const i64*>(a.gate)[n * a.HV + hv] != 0) != (a.gate_mode == 1)) return;
+    const i64 w = warm != nullptr ? warm[p * a.HV + hv] : 0;
+    if (w < 0) return;  // an earlier piece runs through this one
+    i64 end = pieces[p * 5] + pieces[p * 5 + 1];
+    for (i64 q = p + 1; warm != nullptr && q < a.npieces && pieces[q * 5 + 2] == seq0 && warm[q * a.HV + hv] < 0; ++q)
+        end = pieces[q * 5] + pieces[q * 5 + 1];
     const int bt = (int)a.bt;
+    const i64 row0 = pieces[p * 5] - w * bt;  // w warm-up chunks first (state only)
+    const i64 len = end - row0;
+    const i64 cbase = reinterpret_cast<const i64*>(a.seqs)[n * 3 + 2] + (row0 - seq0) / bt;  // lam row of row0
+    const bool from_start = row0 == seq0, to_end = end == seqend;
     const i64 nchunks = (len + bt - 1) / bt;
     const bool pair_ok = (a.V % 2) == 0;
     const i64 os = a.HV * a.V;
@@ -141,7 +162,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
         for (int e = 0; e < 4; ++e) {
             const int r = mt * 16 + gid + (e >> 1) * 8, c = nt * 8 + t4 * 2 + (e & 1);
             float v = 0.f;
-            if (a.h0 != 0 && r < a.K && c < nb) {
+            if (a.h0 != 0 && from_start && r < a.K && c < nb) {
                 const i64 base = (n * a.HV + hv) * a.K * a.V;
                 v = load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, base + (a.v_first ? (c0 + c) * a.K + r : r * a.V + c0 + c));
             }
@@ -180,6 +201,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                 }
             }
         }
+        const bool out = c >= w;  // a chunk of the piece itself (else warm-up: state only)
         // 3. W S and Qg S over this warp's chunk tiles (two accumulators each: even and odd key
         //    steps, so that the dependent chains are half as long)
         const int ntiles = (bt / 16) * NTN;
@@ -203,7 +225,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                     ldsm_x4(af, aw + kk * 32);
                     ldsm_x4(qf, aqq + kk * 32);
                     Mma<T>::run(dacc[j][kk & 1], af, bf);
-                    Mma<T>::run(oacc[j][kk & 1], qf, bf);
+                    if (out) Mma<T>::run(oacc[j][kk & 1], qf, bf);
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -236,7 +258,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
 #pragma unroll
         for (int j = 0; j < DUMAX; ++j) {
             const int u = warp + j * FWDH_WARPS;
-            if (u < ntiles) {
+            if (u < ntiles && out) {
                 const int mt = u / NTN, nt = u % NTN;
                 const unsigned aa = a_s + buf * ASTAGE + a3_lane + mt * 16 * AROW;
 #pragma unroll
@@ -276,7 +298,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
         }
         // the next step's barrier orders these reads before the buffers are overwritten
     }
-    if (a.ht != 0) {
+    if (a.ht != 0 && to_end) {
         float* ht = reinterpret_cast<float*>(a.ht) + (n * a.HV + hv) * a.K * a.V;
 #pragma unroll
         for (int j = 0; j < SU; ++j) {
@@ -650,6 +672,20 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
     }
 }
 
+// The warm-up of a piece at chunk c0 of its sequence from the bounds lam[j] of chunks c0 - 1 - j
+// (j < min(c0, wmax)): the least w with lam[0] + .. + lam[w - 1] <= log_eps, else c0 when c0 <=
+// wmax (the warm-up reaches the sequence's start: exact), else -1 (not warmable); 0 for a first
+// piece. A NaN bound never passes.
+__device__ __forceinline__ i64 warm_choice(const double* lam, i64 c0, i64 wmax, double log_eps) {
+    if (c0 == 0) return 0;
+    double acc = 0.0;
+    for (i64 j = 0; j < min(c0, wmax); ++j) {
+        acc += lam[j];
+        if (acc <= log_eps) return j + 1;
+    }
+    return c0 <= wmax ? c0 : -1;
+}
+
 // The warm-up of every piece and value head (conformance/spec/ops-delta-rule.md 5.10), for the
 // pieces of gdn_fwd's fused path: one CTA per (piece, head); thread i sums over chunk c0 - 1 - i
 // of the sequence (c0: the piece's first chunk) the bound's terms
@@ -696,23 +732,96 @@ __device__ void gdn_warm_policy(const WarmArgs& a) {
         lam[i] = sum + 1e-9 * mag;
     }
     __syncthreads();
-    if (i == 0) {
-        i64 w = 0;
-        if (c0 > 0) {
-            w = -1;
-            double acc = 0.0;
-            for (i64 j = 0; j < min(c0, a.wmax); ++j) {
-                acc += lam[j];
-                if (acc <= a.log_eps) {
-                    w = j + 1;
-                    break;
+    if (i == 0) reinterpret_cast<i64*>(a.warm)[p * a.HV + hv] = warm_choice(lam, c0, a.wmax, a.log_eps);
+}
+
+// The warm-up of every piece and value head for kda_fwd's fused path (per-key gates; 5.10): one
+// CTA of KWARM_THREADS per (piece, head), warp j summing chunks c0 - 1 - j, c0 - 1 - j - 8, ..
+// token by token (lanes over the keys, reductions by xor shuffles: every lane holds the same
+// value, in a fixed order: deterministic), then warm_choice. Per token t the term is
+//   λ_t = max_i y_{t,i} + ln max(1, |1 - β_t ‖k_t‖²|)
+// with y the per-step natural-log decay the intra stage applies: g itself (gate_mode 1) or the
+// KDA gate of g (gate.cuh, gate_mode 2: softplus or lower-bound form with A_log, dt_bias), here
+// in fp64; β after the kernel's sigmoid (beta_mode 1, 2 · sigmoid for 2); ‖k‖² in [0.99, 1.01]
+// for keys normalised in the kernel, else the raw keys' fp64 norm ± 1e-12. The state map of a
+// token is (I - β k kᵀ) diag(exp(y_t)) and ‖diag(exp(y_t))‖₂ = exp(max_i y_{t,i}): the bound
+// takes the largest decay per token. A per-chunk bound from the intra stage's lam =
+// exp2(G_l) (max_i of the chunk's per-key cumulative gate) would not be one: the diagonal
+// factors do not commute with the I - β k kᵀ between them, which move the state between keys
+// (a key that decays at one step can receive the mass of a key that decays at the next), so
+// Σ_t max_i y_{t,i} (larger) is the bound. Margin: 1e-5 Σ|terms| covers the intra stage's fp32
+// gate (multi-function unit exp2 / log2, relative error below 1e-6) and its fp32 chunk-local
+// cumsum (at most 64 roundings of 2^-24 of Σ|y|); β is widened by 1e-6 relative (its fp32
+// sigmoid). A NaN input makes the chunk's bound NaN (never warmable).
+#define KWARM_THREADS 256
+struct KdaWarmArgs {
+    u64 pieces, g, beta, k, warm;
+    GateArgs gate;  // the in-kernel gate (gate_mode 2)
+    i64 H, HV, K, bt, npieces, wmax, g_dtype, beta_dtype, l2norm, gate_mode, beta_mode;
+    double log_eps;
+};
+
+// The KDA gate of g at column c = hv * K + i in fp64 (gate.cuh's fp64 formulas).
+template <int FORM> __device__ __forceinline__ double kda_gate64(const GateArgs& ga, i64 c, double x) {
+    Gate<double, 1, FORM> gt;
+    gt.init(ga, c);
+    double v[1] = {x};
+    gt.apply(v);
+    return v[0];
+}
+
+template <typename T>
+__device__ void kda_warm_policy(const KdaWarmArgs& a) {
+    __shared__ double lam[64];
+    const i64 p = blockIdx.x, hv = blockIdx.y;
+    const i64* pc = reinterpret_cast<const i64*>(a.pieces) + p * 5;
+    const i64 row0 = pc[0], seq0 = pc[2];
+    const i64 c0 = (row0 - seq0) / a.bt;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 kh = hv / (a.HV / a.H);
+    const double qnan = __longlong_as_double(0x7ff8000000000000ll);
+    for (i64 j = warp; j < min(a.wmax, c0); j += KWARM_THREADS / 32) {
+        const i64 r0 = seq0 + (c0 - 1 - j) * a.bt;
+        double sum = 0.0, mag = 0.0;
+        for (i64 r = r0; r < r0 + a.bt; ++r) {
+            double gmax = -__longlong_as_double(0x7ff0000000000000ll), n2 = 0.0;
+            int nan = 0;
+            for (i64 i = lane; i < a.K; i += 32) {
+                double y = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, (r * a.HV + hv) * a.K + i);
+                if (a.gate_mode == 2)
+                    y = a.gate.has_lower_bound ? kda_gate64<GATE_BOUNDED>(a.gate, hv * a.K + i, y)
+                                               : kda_gate64<GATE_SOFTPLUS>(a.gate, hv * a.K + i, y);
+                nan |= y != y;
+                gmax = fmax(gmax, y);
+                if (!a.l2norm) {
+                    const double x = (double)widen(reinterpret_cast<const T*>(a.k)[(r * a.H + kh) * a.K + i]);
+                    n2 = fma(x, x, n2);
                 }
             }
-            if (w < 0 && c0 <= a.wmax) w = c0;  // the warm-up reaches the sequence's start: exact
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                gmax = fmax(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
+                n2 += __shfl_xor_sync(0xffffffffu, n2, o);
+                nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+            }
+            double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
+            if (a.beta_mode != 0) b = (a.beta_mode == 2 ? 2.0 : 1.0) / (1.0 + exp(-b));
+            const double blo = b * (1.0 - 1e-6), bhi = b * (1.0 + 1e-6);
+            const double klo = a.l2norm ? 0.99 : n2 * (1.0 - 1e-12), khi = a.l2norm ? 1.01 : n2 * (1.0 + 1e-12);
+            const double grow = fmax(fmax(1.0, fmax(fabs(1.0 - blo * klo), fabs(1.0 - blo * khi))),
+                                     fmax(fabs(1.0 - bhi * klo), fabs(1.0 - bhi * khi)));
+            const double t = log(grow);
+            sum += (nan || b != b) ? qnan : gmax + t;
+            mag += fabs(gmax) + t;
         }
-        reinterpret_cast<i64*>(a.warm)[p * a.HV + hv] = w;
+        if (lane == 0) lam[j] = sum + 1e-5 * mag;
     }
+    __syncthreads();
+    if (threadIdx.x == 0) reinterpret_cast<i64*>(a.warm)[p * a.HV + hv] = warm_choice(lam, c0, a.wmax, a.log_eps);
 }
+
+extern "C" __global__ void __launch_bounds__(KWARM_THREADS) kda_warm_policy_bf16(const KdaWarmArgs a) { kda_warm_policy<bf16>(a); }
+extern "C" __global__ void __launch_bounds__(KWARM_THREADS) kda_warm_policy_f16(const KdaWarmArgs a) { kda_warm_policy<f16>(a); }
 
 // The verdict of a split launched at a wider column block than the serial run: per (sequence,
 // value head), from the first piece's thread, the longest chain of chunks one CTA of the split

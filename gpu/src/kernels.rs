@@ -102,8 +102,7 @@ impl Module {
             | Module::FwdHPreScan
             | Module::FwdHMerge
             | Module::FwdHSplit
-            | Module::FwdHTruncation
-            | Module::DeltaFwd => {
+            | Module::FwdHTruncation => {
                 s.push_str(FWD_H);
                 s.push_str(self.op_source());
                 return s;
@@ -115,8 +114,9 @@ impl Module {
             }
             Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
             Module::ReadStream => {}
-            Module::KdaIntra => {
-                // the gate of gate.cuh and the dtype-coded loads of fwd_h.cuh
+            Module::KdaIntra | Module::DeltaFwd => {
+                // the gate of gate.cuh (DeltaFwd: kda_warm_policy) and the dtype-coded loads of
+                // fwd_h.cuh
                 s.push_str(GATE);
                 s.push_str(FWD_H);
             }

@@ -16,8 +16,9 @@
 //! raw keys and `g = G` to `fwd_h`, as FLA does. Its fused path is leaner: with a scalar gate
 //! `u − w S = Akk diag(β) (V − diag(exp2(G)) K S)`, so the intra stage writes only
 //! `Tb = Akk diag(β)` (hi + lo halves), `Aqk` and `G`, and the fused kernel reads `q, k, v`
-//! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm), and splits long sequences
-//! into pieces with exact warm-ups when the GPU would otherwise idle ([`SplitRule`], §5.9–5.10).
+//! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm). Both fused kernels split
+//! long sequences into pieces with exact warm-ups when the GPU would otherwise idle
+//! ([`SplitRule`], §5.9–5.10).
 //! Float32 runs IEEE fp32 FMAs throughout, float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
@@ -154,6 +155,9 @@ struct FusedArgs {
     aqk: u64,
     lam: u64,
     h0: u64,
+    pieces: u64,
+    warm: u64,
+    gate: u64,
     seqs: u64,
     o: u64,
     ht: u64,
@@ -163,6 +167,8 @@ struct FusedArgs {
     bt: i64,
     h0_dtype: i64,
     v_first: i64,
+    npieces: i64,
+    gate_mode: i64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for FusedArgs {}
@@ -221,6 +227,80 @@ struct WarmArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for WarmArgs {}
 
+/// Mirror of `KdaWarmArgs` (delta_fwd.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct KdaWarmArgs {
+    pieces: u64,
+    g: u64,
+    beta: u64,
+    k: u64,
+    warm: u64,
+    gate: GateArgs,
+    heads: i64,
+    value_heads: i64,
+    k_dim: i64,
+    bt: i64,
+    npieces: i64,
+    wmax: i64,
+    g_dtype: i64,
+    beta_dtype: i64,
+    l2norm: i64,
+    gate_mode: i64,
+    beta_mode: i64,
+    log_eps: f64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for KdaWarmArgs {}
+
+/// The fields of a fused kernel's arguments that name its pieces: the table and its rows, the
+/// warm-ups (0: none), the verdict (0: none) and which side of it the launch runs (`gate_mode`
+/// 0: all, 1: the split, 2: the serial run).
+trait PieceArgs: DeviceRepr + Copy {
+    fn with_pieces(self, pieces: u64, npieces: usize, warm: u64, gate: u64, gate_mode: i64)
+        -> Self;
+}
+
+impl PieceArgs for FusedArgs {
+    fn with_pieces(
+        self,
+        pieces: u64,
+        npieces: usize,
+        warm: u64,
+        gate: u64,
+        gate_mode: i64,
+    ) -> Self {
+        FusedArgs {
+            pieces,
+            npieces: npieces as i64,
+            warm,
+            gate,
+            gate_mode,
+            ..self
+        }
+    }
+}
+
+impl PieceArgs for GdnFusedArgs {
+    fn with_pieces(
+        self,
+        pieces: u64,
+        npieces: usize,
+        warm: u64,
+        gate: u64,
+        gate_mode: i64,
+    ) -> Self {
+        GdnFusedArgs {
+            pieces,
+            npieces: npieces as i64,
+            warm,
+            gate,
+            gate_mode,
+            ..self
+        }
+    }
+}
+
 /// Mirror of `DecideArgs` (delta_fwd.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -236,11 +316,13 @@ struct DecideArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for DecideArgs {}
 
-/// The automatic split of `gdn_fwd`'s fused path (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
-/// when a call's (sequence, head, column block) CTAs leave multiprocessors idle, its long
-/// sequences are cut into pieces at chunk boundaries, each piece (after the first) starting from a
+/// The automatic split of the fused paths of `gdn_fwd` and `kda_fwd`
+/// (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
+/// where the estimated makespan of its (piece, head, column block) CTAs beats the serial run
+/// ([`split_choice`]), its long sequences are cut into pieces at chunk boundaries, each piece (after the first) starting from a
 /// zero state `w` chunks early, the least `w ≤ max_warmup_chunks` whose bound `Λ` (§5.10,
-/// computed on the device from `g`, `β` and the key norms) is at most `ln 2^-30`. A piece with no
+/// computed on the device from `g`, `β` and the key norms; KDA: each token's largest per-key
+/// decay after the in-kernel gate) is at most `ln 2^-30`. A piece with no
 /// such `w` (long memory) is run through by the CTA of the piece before it: the result stays
 /// exact and the call never slower than a serial run by more than the bound kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,35 +342,143 @@ impl Default for SplitRule {
     }
 }
 
+/// Threads of `kda_warm_policy` (`KWARM_THREADS`).
+const KDA_WARM_THREADS: u32 = 256;
+
 /// `ln 2^-30`: the truncation error the warm-ups allow, relative to the state's norm.
 const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
 
-/// Pieces per sequence: one each when `ctas_per_piece` CTAs per piece fill `sm_count`
-/// multiprocessors with the sequences alone, else the spare pieces handed out in proportion to
-/// the sequences' chunks, each piece at least `rule.min_piece_chunks` long.
+/// Pieces per sequence for a launch of `heads · blocks` CTAs per piece (value heads × column
+/// blocks) with `resident` CTAs on the GPU at once (multiprocessors × resident blocks each),
+/// sized for the makespan rather than for one wave: with `slots = resident / (heads · blocks)`
+/// piece slots, the target piece length is `L = max(rule.min_piece_chunks, ⌈Σ chunks / slots⌉)`
+/// and a sequence of `c > L` chunks gets `⌈c / L⌉` pieces (never one shorter than
+/// `min_piece_chunks`), later pieces running in later waves. The kernel's grid dispatches the
+/// CTAs of the table in order (heads fastest, the column block slowest), so whether the pieces
+/// beyond one wave wait for short ones depends on `L`: `L` and the lengths `⌈longest / m⌉`
+/// (`m` up to twice the longest sequence's pieces at `L` and at most `slots`) are scored by
+/// [`makespan`] and the least wins (fewer pieces on a tie; one piece per sequence when none
+/// beats it). No sequence is split when none is longer than `L`.
 pub fn split_pieces(
     seq_chunks: &[usize],
-    ctas_per_piece: usize,
-    sm_count: usize,
+    heads: usize,
+    blocks: usize,
+    resident: usize,
     rule: &SplitRule,
 ) -> Vec<usize> {
-    let n = seq_chunks.len();
-    let budget = sm_count / ctas_per_piece.max(1);
+    let ones = vec![1; seq_chunks.len()];
+    let min_piece = rule.min_piece_chunks.max(1);
+    let slots = (resident / (heads.max(1) * blocks.max(1))).max(1);
     let total: usize = seq_chunks.iter().sum();
-    seq_chunks
-        .iter()
-        .map(|&c| {
-            if budget <= n {
-                return 1;
-            }
-            let want = 1 + (budget - n) * c / total.max(1);
-            want.min(c / rule.min_piece_chunks.max(1)).max(1)
+    let longest = seq_chunks.iter().copied().max().unwrap_or(0);
+    let target = min_piece.max(total.div_ceil(slots));
+    if longest <= target || longest < 2 * min_piece {
+        return ones;
+    }
+    let per = |len: usize| -> Vec<usize> {
+        seq_chunks
+            .iter()
+            .map(|&c| match c <= len {
+                true => 1,
+                false => c.div_ceil(len).min(c / min_piece).max(1),
+            })
+            .collect()
+    };
+    let cost = |p: &[usize]| makespan(&piece_steps(seq_chunks, p), heads, blocks, resident);
+    // at most one piece slot per piece of a sequence: more would queue pieces of the same
+    // sequence behind each other, for gains (packing around short sequences) within what the
+    // makespan leaves out (each CTA's prologue and state store, the policy per piece)
+    let most = (2 * longest.div_ceil(target))
+        .min(slots)
+        .min(longest / min_piece);
+    let mut lens: Vec<usize> = (2..=most)
+        .map(|m| min_piece.max(longest.div_ceil(m)))
+        .chain([target])
+        .collect();
+    lens.sort_unstable_by(|a, b| b.cmp(a));
+    lens.dedup();
+    let mut best = (cost(&ones), ones);
+    for len in lens {
+        let p = per(len);
+        let t = cost(&p);
+        if t < best.0 {
+            best = (t, p);
+        }
+    }
+    best.1
+}
+
+/// The rows of the pieces table for `per_seq[s]` even pieces of sequence `s` (of
+/// `seq_chunks[s]` chunks): `(sequence, first chunk, end chunk)`, the sequences with the longest
+/// pieces first (ties in sequence order; the grid dispatches rows in order, so the longest
+/// chains start in the first wave), each sequence's pieces contiguous and in order (the
+/// run-through scans of the kernel and of `gdn_split_decide` read `p + 1, p + 2, …`).
+pub fn piece_rows(seq_chunks: &[usize], per_seq: &[usize]) -> Vec<(usize, usize, usize)> {
+    let mut order: Vec<usize> = (0..seq_chunks.len().min(per_seq.len())).collect();
+    order.sort_by_key(|&s| std::cmp::Reverse(piece_len(seq_chunks[s], per_seq[s])));
+    order
+        .into_iter()
+        .flat_map(|s| {
+            let (c, m) = (seq_chunks[s], per_seq[s].max(1));
+            (0..m).map(move |j| (s, j * c / m, (j + 1) * c / m))
         })
         .collect()
 }
 
+/// The chunk steps of a sequence's longest piece: its chunks and one warm-up chunk when split.
+fn piece_len(c: usize, m: usize) -> usize {
+    c.div_ceil(m.max(1)) + usize::from(m > 1)
+}
+
+/// Chunk steps of each row of the pieces table ([`piece_rows`]): its chunks, plus one warm-up
+/// chunk for a sequence's later pieces (the strong-decay case the split is sized for).
+fn piece_steps(seq_chunks: &[usize], per_seq: &[usize]) -> Vec<usize> {
+    piece_rows(seq_chunks, per_seq)
+        .into_iter()
+        .map(|(_, a, e)| e - a + usize::from(a > 0))
+        .collect()
+}
+
+/// Most CTAs [`makespan`] schedules one by one; a larger grid takes the closed form.
+const MAKESPAN_SIM_CTAS: usize = 1 << 18;
+
+/// Chunk steps until the last CTA of a grid ends: `heads` CTAs per row of `steps` (one row per
+/// piece, in table order), all of them once per column block, dispatched in grid order (row and
+/// head fastest, the column block slowest) each to the first of `resident` slots that frees up
+/// (list scheduling, each CTA its row's steps at the same cost per step). Past
+/// [`MAKESPAN_SIM_CTAS`] CTAs: `max(longest row, all CTA-steps / resident)`.
+fn makespan(steps: &[usize], heads: usize, blocks: usize, resident: usize) -> usize {
+    use std::cmp::Reverse;
+    let longest = steps.iter().copied().max().unwrap_or(0);
+    let ctas = steps.len() * heads * blocks;
+    let resident = resident.max(1);
+    if ctas <= resident {
+        return longest;
+    }
+    if ctas > MAKESPAN_SIM_CTAS {
+        let work: usize = steps.iter().sum::<usize>() * heads * blocks;
+        return longest.max(work.div_ceil(resident));
+    }
+    let mut free: std::collections::BinaryHeap<Reverse<usize>> =
+        std::iter::repeat_n(Reverse(0), resident).collect();
+    let mut end = 0;
+    for _ in 0..blocks {
+        for &s in steps {
+            for _ in 0..heads {
+                if let Some(mut slot) = free.peek_mut() {
+                    slot.0 += s;
+                    end = end.max(slot.0);
+                }
+            }
+        }
+    }
+    end
+}
+
 /// Relative cost of one chunk step of the lean fused kernel by its column width (H100, K = 128,
-/// S6 runs of NOTES.md: about 2.9, 3.4 and 4.6 µs per step for 16, 32 and 64 columns).
+/// S6 runs of NOTES.md: about 2.9, 3.4 and 4.6 µs per step for 16, 32 and 64 columns). The KDA
+/// kernel (`delta_fused`) uses the same ratios: an assumption, its steps by width are not
+/// measured yet.
 fn lean_step_cost(bv: usize) -> f64 {
     match bv {
         16 => 1.0,
@@ -298,8 +488,9 @@ fn lean_step_cost(bv: usize) -> f64 {
 }
 
 /// The estimated time (in 16-column steps) of the lean kernel at width `bv` over `per_seq`
-/// pieces of the sequences' chunks: `lean_step_cost(bv) · max(longest piece, with one warm-up
-/// chunk when split; all block-chunks / resident blocks)`.
+/// pieces of the sequences' chunks: `lean_step_cost(bv) ·` the [`makespan`] of its grid (the
+/// pieces table's rows, one warm-up chunk for each later piece, `HV` heads, the column blocks,
+/// the CTAs resident at once), at least the longest piece and all CTA-steps / resident CTAs.
 fn lean_estimate(
     choice: FusedChoice,
     v: usize,
@@ -308,23 +499,19 @@ fn lean_estimate(
     hv: usize,
     sm_count: usize,
 ) -> f64 {
-    let per_sm = (SMEM_PER_SM / choice.smem_bytes().max(1)).max(1);
-    let (mut longest, mut work) = (0usize, 0usize);
-    for (&c, &m) in seq_chunks.iter().zip(per_seq) {
-        let warm = usize::from(m > 1);
-        longest = longest.max(c.div_ceil(m.max(1)) + warm);
-        work += c + (m - 1) * warm;
-    }
-    let spread = (work * hv * v.div_ceil(choice.bv)) as f64 / (sm_count.max(1) * per_sm) as f64;
-    lean_step_cost(choice.bv) * (longest as f64).max(spread)
+    let steps = piece_steps(seq_chunks, per_seq);
+    let blocks = v.div_ceil(choice.bv);
+    let span = makespan(&steps, hv, blocks, choice.resident_ctas(sm_count));
+    lean_step_cost(choice.bv) * span as f64
 }
 
-/// The split of the lean GDN path under `rule`: per allowed column width, the pieces of
-/// [`split_pieces`] and their [`lean_estimate`]; the width with the least estimate (the serial
-/// width on a tie; another width only where it splits) and its pieces per sequence. A wider
-/// width than `serial`'s runs fewer CTAs per piece, so more pieces fill the GPU when the gates
-/// let them warm up.
-fn split_choice(
+/// The split of a fused path (GDN's lean kernel or KDA's) under `rule`: the serial run (one piece per sequence at the
+/// `serial` width) against, per allowed column width, the pieces of [`split_pieces`] and their
+/// [`lean_estimate`]; a split (some sequence in more than one piece) wins only with a strictly
+/// lower estimate than the serial run and every earlier candidate. A wider width than
+/// `serial`'s runs fewer CTAs per piece, so more pieces fill the GPU when the gates let them
+/// warm up.
+pub fn split_choice(
     v: usize,
     seq_chunks: &[usize],
     hv: usize,
@@ -332,37 +519,42 @@ fn split_choice(
     serial: FusedChoice,
     rule: &SplitRule,
 ) -> (FusedChoice, Vec<usize>) {
-    let pieces = |c: FusedChoice| {
-        let per = split_pieces(seq_chunks, hv * v.div_ceil(c.bv), sm_count, rule);
-        let est = lean_estimate(c, v, seq_chunks, &per, hv, sm_count);
-        (c, per, est)
-    };
+    let ones = vec![1; seq_chunks.len()];
+    let est = lean_estimate(serial, v, seq_chunks, &ones, hv, sm_count);
+    let mut best = (serial, ones, est);
     let forced = crate::knobs::fwd_bv().is_some();
-    let mut best = pieces(serial);
-    for bv in fused_widths(v).into_iter().filter(|_| !forced) {
-        let cand = pieces(FusedChoice { bv, ..serial });
-        if cand.2 < best.2 && cand.1.iter().any(|&m| m > 1) {
-            best = cand;
+    let widths = fused_widths(v)
+        .into_iter()
+        .filter(|&bv| !forced && bv != serial.bv);
+    for bv in [serial.bv].into_iter().chain(widths) {
+        let c = FusedChoice { bv, ..serial };
+        let blocks = v.div_ceil(bv);
+        let per = split_pieces(seq_chunks, hv, blocks, c.resident_ctas(sm_count), rule);
+        if per.iter().all(|&m| m <= 1) {
+            continue;
+        }
+        let est = lean_estimate(c, v, seq_chunks, &per, hv, sm_count);
+        if est < best.2 {
+            best = (c, per, est);
         }
     }
     (best.0, best.1)
 }
 
-/// The pieces table of the fused GDN kernel (`[P, 5]`: first row, length, the sequence's first
-/// and end rows, the sequence), `pieces[s]` even pieces of sequence `s` at chunk boundaries.
+/// The pieces table of the fused kernels (`[P, 5]`: first row, length, the sequence's first
+/// and end rows, the sequence), `pieces[s]` even pieces of sequence `s` at chunk boundaries, in
+/// the order of [`piece_rows`].
 fn piece_table(geo: &Geometry, pieces: &[usize]) -> Vec<i64> {
+    let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
     let mut rows = Vec::new();
-    for (s, &m) in geo.seqs.iter().zip(pieces) {
-        let c = s.num_chunks(geo.bt);
+    for (i, a, e) in piece_rows(&chunks, pieces) {
+        let s = &geo.seqs[i];
         let base = s.batch * geo.t;
-        for j in 0..m {
-            let (a, e) = (j * c / m, (j + 1) * c / m);
-            let first = s.bos + a * geo.bt;
-            let last = (s.bos + e * geo.bt).min(s.eos);
-            rows.extend(
-                [base + first, last - first, base + s.bos, base + s.eos, s.n].map(|x| x as i64),
-            );
-        }
+        let first = s.bos + a * geo.bt;
+        let last = (s.bos + e * geo.bt).min(s.eos);
+        rows.extend(
+            [base + first, last - first, base + s.bos, base + s.eos, s.n].map(|x| x as i64),
+        );
     }
     rows
 }
@@ -492,6 +684,12 @@ pub struct FusedChoice {
 }
 
 impl FusedChoice {
+    /// CTAs of this tile shape resident at once on `sm_count` multiprocessors (one per
+    /// multiprocessor unless shared memory allows more).
+    pub fn resident_ctas(self, sm_count: usize) -> usize {
+        sm_count.max(1) * (SMEM_PER_SM / self.smem_bytes().max(1)).max(1)
+    }
+
     /// Dynamic shared memory of `GdnFusedSmem<T, kp, bv>` / `FusedSmem<T, kp, bv>`
     /// (half-precision elements).
     fn smem_bytes(self) -> usize {
@@ -558,18 +756,20 @@ pub struct DeltaFwdPlan {
     fused: Option<FusedChoice>,
     chunks: DeviceTensor,
     nchunks: usize,
-    /// The sequence table of the KDA fused kernel (`seq_table`), when that kernel runs.
+    /// The sequence table of the KDA fused kernel (`seq_table`: its chunk bases, the rows of
+    /// each sequence's `exp2(G_ℓ)`), when that kernel runs.
     seqs: Option<DeviceTensor>,
-    /// The lean GDN path's pieces.
+    /// The fused path's pieces.
     pieces: Option<Pieces>,
     split_rule: Option<SplitRule>,
     /// The staged path's `fwd_h` call (its plan is made on the workspace's tensors).
     cu_seqlens: Option<Vec<i64>>,
 }
 
-/// The lean GDN path's launches: the pieces of the (split) launch and, when the split runs at a
-/// wider column block than the serial run, the serial launch it falls back to per (sequence,
-/// value head) where the warm-ups do not shorten the chains (`gdn_split_decide`).
+/// The fused path's launches (either kernel): the pieces of the (split) launch and, when the
+/// split runs at a wider column block than the serial run, the serial launch it falls back to
+/// per (sequence, value head) where the warm-ups do not shorten the chains (`gdn_split_decide`,
+/// gate-agnostic).
 #[derive(Debug)]
 struct Pieces {
     /// `[P, 5]` rows (`piece_table`) and their count `P`.
@@ -589,6 +789,16 @@ struct Pieces {
 pub struct DeltaFwdWorkspace {
     aqk: DeviceTensor,
     tiles: Tiles,
+    /// The split's warm-ups per (piece, value head) (`[P · HV]` i64), when the plan splits.
+    warm: Option<DeviceTensor>,
+    /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
+    verdict: Option<DeviceTensor>,
+}
+
+/// The split's device tensors of a workspace, borrowed for one run.
+struct SplitTensors<'a> {
+    warm: Option<&'a mut DeviceTensor>,
+    verdict: Option<&'a mut DeviceTensor>,
 }
 
 /// The intra stage's other outputs, by path.
@@ -607,10 +817,6 @@ struct LeanTiles {
     tbl: DeviceTensor,
     g: DeviceTensor,
     qk: Option<(DeviceTensor, DeviceTensor)>,
-    /// The split's warm-up chunks per (piece, value head) (`[P · HV]` i64).
-    warm: Option<DeviceTensor>,
-    /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
-    gate: Option<DeviceTensor>,
 }
 
 #[derive(Debug)]
@@ -692,7 +898,7 @@ impl DeltaFwdPlan {
             .map(|_| seq_table(gpu, &geo, varlen))
             .transpose()?;
         let (output_final_state, state_v_first) = call.state_flags();
-        let split_rule = fused.filter(|f| f.lean).map(|_| SplitRule::default());
+        let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
@@ -712,7 +918,7 @@ impl DeltaFwdPlan {
         })
     }
 
-    /// The lean path's pieces under `rule` (one per sequence at the serial width without a
+    /// The fused path's pieces under `rule` (one per sequence at the serial width without a
     /// rule), at the width [`split_choice`] picks.
     fn pieces(
         gpu: &Gpu,
@@ -720,7 +926,7 @@ impl DeltaFwdPlan {
         fused: Option<FusedChoice>,
         rule: Option<SplitRule>,
     ) -> GpuResult<Option<Pieces>> {
-        let Some(serial) = fused.filter(|f| f.lean) else {
+        let Some(serial) = fused else {
             return Ok(None);
         };
         let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
@@ -755,7 +961,7 @@ impl DeltaFwdPlan {
         }))
     }
 
-    /// The plan with the fused GDN path's automatic split under `rule`, or without a split
+    /// The plan with the fused path's automatic split under `rule`, or without a split
     /// (`None`: one serial run per sequence); other paths are unchanged. A rule's
     /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1.
     pub fn with_split(mut self, gpu: &Gpu, rule: Option<SplitRule>) -> GpuResult<DeltaFwdPlan> {
@@ -769,14 +975,14 @@ impl DeltaFwdPlan {
                 .into());
             }
         }
-        if self.fused.is_some_and(|f| f.lean) {
+        if self.fused.is_some() {
             self.split_rule = rule;
             self.pieces = Self::pieces(gpu, &self.geo, self.fused, rule)?;
         }
         Ok(self)
     }
 
-    /// Whether the plan splits a sequence into pieces (the fused GDN path's automatic split).
+    /// Whether the plan splits a sequence into pieces (the fused path's automatic split).
     pub fn splits(&self) -> bool {
         self.pieces.as_ref().is_some_and(|p| p.split)
     }
@@ -785,28 +991,20 @@ impl DeltaFwdPlan {
     /// a sequence's first piece, `-1` for a piece run through by the one before it), when the
     /// plan splits; the debug query of the automatic split.
     pub fn chosen_warmups(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<i64>>> {
-        match &ws.tiles {
-            Tiles::Lean(l) => l
-                .warm
-                .as_ref()
-                .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().copied().collect()))
-                .transpose(),
-            _ => Ok(None),
-        }
+        ws.warm
+            .as_ref()
+            .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().copied().collect()))
+            .transpose()
     }
 
     /// Where the split runs at a wider column block than the serial run: the verdict of the
     /// last run per (sequence, value head), `[N · HV]` (`true`: the split ran it, `false`: the
     /// serial kernel did, its pieces' warm-ups not shortening the chain); else `None`.
     pub fn chosen_split(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<bool>>> {
-        match &ws.tiles {
-            Tiles::Lean(l) => l
-                .gate
-                .as_ref()
-                .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().map(|&x| x != 0).collect()))
-                .transpose(),
-            _ => Ok(None),
-        }
+        ws.verdict
+            .as_ref()
+            .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().map(|&x| x != 0).collect()))
+            .transpose()
     }
 
     /// The tiles of the split launch, when the plan splits (wider than [`Self::fused_choice`]
@@ -839,6 +1037,16 @@ impl DeltaFwdPlan {
         let g = &self.geo;
         let d = self.dtype;
         let tok = |w: usize| DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, w], d);
+        let warm = match &self.pieces {
+            Some(p) if p.split => Some(DeviceTensor::alloc(gpu, &[p.n * g.hv], Dtype::I64)?),
+            _ => None,
+        };
+        let verdict = match &self.pieces {
+            Some(p) if p.serial.is_some() => {
+                Some(DeviceTensor::alloc(gpu, &[g.n() * g.hv], Dtype::I64)?)
+            }
+            _ => None,
+        };
         if self.fused.is_some_and(|f| f.lean) {
             return Ok(DeltaFwdWorkspace {
                 aqk: tok(g.bt)?,
@@ -851,19 +1059,9 @@ impl DeltaFwdPlan {
                         .l2norm
                         .then(|| Ok::<_, crate::error::GpuError>((tok(g.k)?, tok(g.k)?)))
                         .transpose()?,
-                    warm: match &self.pieces {
-                        Some(p) if p.split => {
-                            Some(DeviceTensor::alloc(gpu, &[p.n * g.hv], Dtype::I64)?)
-                        }
-                        _ => None,
-                    },
-                    gate: match &self.pieces {
-                        Some(p) if p.serial.is_some() => {
-                            Some(DeviceTensor::alloc(gpu, &[g.n() * g.hv], Dtype::I64)?)
-                        }
-                        _ => None,
-                    },
                 })),
+                warm,
+                verdict,
             });
         }
         let gate = if self.fused.is_some() {
@@ -902,6 +1100,8 @@ impl DeltaFwdPlan {
         Ok(DeltaFwdWorkspace {
             aqk: tok(g.bt)?,
             tiles: Tiles::Full(Box::new(ws)),
+            warm,
+            verdict,
         })
     }
 
@@ -1026,19 +1226,30 @@ impl DeltaFwdPlan {
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         self.check_call(t, out)?;
+        if self.splits() != ws.warm.is_some()
+            || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
+        {
+            return Err(Error::missing(
+                "ws",
+                "a workspace of this plan (allocated after with_split)",
+                "one of another split",
+            )
+            .into());
+        }
         self.intra(gpu, t, ws)?;
-        let DeltaFwdWorkspace { aqk, tiles } = ws;
+        let DeltaFwdWorkspace {
+            aqk,
+            tiles,
+            warm,
+            verdict,
+        } = ws;
+        let split = SplitTensors {
+            warm: warm.as_mut(),
+            verdict: verdict.as_mut(),
+        };
         let full = match (self.fused, tiles) {
             (Some(choice), Tiles::Lean(l)) if choice.lean => {
-                if self.splits() != l.warm.is_some() {
-                    return Err(Error::missing(
-                        "ws",
-                        "a workspace of this plan (allocated after with_split)",
-                        "one of another split",
-                    )
-                    .into());
-                }
-                return self.run_lean(gpu, t, choice, l, aqk, out);
+                return self.run_lean(gpu, t, l, split, aqk, out);
             }
             (_, Tiles::Full(f)) => f,
             (_, Tiles::Lean(_)) => {
@@ -1046,7 +1257,7 @@ impl DeltaFwdPlan {
             }
         };
         match (self.fused, full.staged.as_mut()) {
-            (Some(choice), _) => self.run_fused(gpu, t, choice, full, aqk, out),
+            (Some(_), _) => self.run_fused(gpu, t, full, split, aqk, out),
             (None, Some((plan, fo))) => {
                 let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
                 if self.prep.scalar_gate {
@@ -1074,9 +1285,9 @@ impl DeltaFwdPlan {
     }
 
     /// The intra kernel's arguments for `t` (outputs left 0).
-    fn intra_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<IntraArgs> {
-        let g = &self.geo;
-        let gate = match self.prep.gate {
+    /// The in-kernel gate's side inputs of `t` (none for a decay `g`).
+    fn gate_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GateArgs {
+        match self.prep.gate {
             GateInput::InKernel(lb) => GateArgs {
                 a_log: t.a_log.map_or(0, |x| x.ptr(gpu)),
                 dt_bias: t.dt_bias.map_or(0, |x| x.ptr(gpu)),
@@ -1084,10 +1295,23 @@ impl DeltaFwdPlan {
                 dt_bias_dtype: t.dt_bias.map_or(-1, |x| dtype_code(x.dtype())),
                 has_lower_bound: lb.is_some() as i64,
                 lower_bound: lb.unwrap_or(0.0),
-                head_dim: g.k as i64,
+                head_dim: self.geo.k as i64,
             },
             _ => GateArgs::none(),
-        };
+        }
+    }
+
+    /// `gate_mode` of the intra kernel and of `kda_warm_policy` (1: decay, 2: in-kernel gate).
+    fn gate_mode(&self) -> i64 {
+        match self.prep.gate {
+            GateInput::Decay => 1,
+            GateInput::InKernel(_) => 2,
+        }
+    }
+
+    fn intra_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<IntraArgs> {
+        let g = &self.geo;
+        let gate = self.gate_args(gpu, t);
         Ok(IntraArgs {
             q: t.q.ptr(gpu),
             k: t.k.ptr(gpu),
@@ -1103,10 +1327,7 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             g_dtype: dtype_code(t.g.dtype()),
             beta_dtype: dtype_code(t.beta.dtype()),
-            gate_mode: match self.prep.gate {
-                GateInput::Decay => 1,
-                GateInput::InKernel(_) => 2,
-            },
+            gate_mode: self.gate_mode(),
             scalar_gate: self.prep.scalar_gate as i64,
             l2norm: self.prep.l2norm as i64,
             beta_mode: self.prep.beta_mode,
@@ -1115,19 +1336,22 @@ impl DeltaFwdPlan {
         })
     }
 
+    /// The fused KDA path after the intra stage: the kernel (`delta_fused`) on the intra stage's
+    /// `w, u, kg, qg, qf, Aqk` and `exp2(G_ℓ)` over the pieces ([`Self::launch_pieces`]).
     fn run_fused(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        choice: FusedChoice,
         ws: &FullTiles,
+        split: SplitTensors<'_>,
         aqk: &DeviceTensor,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         let g = &self.geo;
-        let tasks = g.n() * g.hv;
-        let blocks = g.v.div_ceil(choice.bv);
-        if tasks == 0 || blocks == 0 {
+        let Some(pc) = &self.pieces else {
+            return Err(Error::missing("plan", "the fused path's pieces", "none").into());
+        };
+        if pc.n == 0 || g.hv == 0 || g.v == 0 {
             return Ok(());
         }
         let args = FusedArgs {
@@ -1152,9 +1376,9 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
+            ..FusedArgs::default()
         };
-        self.launch_fused(gpu, "mma", choice, tasks, &args)?;
-        gpu.wait_if_checked("delta_fwd_mma")
+        self.launch_pieces(gpu, t, "mma", pc, split, args)
     }
 
     /// One launch of the fused kernel `delta_fwd_{kind}_{dtype}_k{kp}_v{bv}` over `tasks`
@@ -1185,17 +1409,15 @@ impl DeltaFwdPlan {
         )
     }
 
-    /// The lean fused GDN path after the intra stage: the split's warm-up policy, its verdict
-    /// where the split is wider than the serial run, then the kernel (`delta_fused_gdn`) on
-    /// `t`'s `q, k` (or the normalised ones), `v`, the intra stage's `Tb` hi + lo, `G` and `Aqk`:
-    /// the split launch, and the serial launch for the (sequence, head) pairs the verdict leaves
-    /// to it.
+    /// The lean fused GDN path after the intra stage: the kernel (`delta_fused_gdn`) on `t`'s
+    /// `q, k` (or the normalised ones), `v`, the intra stage's `Tb` hi + lo, `G` and `Aqk` over the
+    /// pieces ([`Self::launch_pieces`]).
     fn run_lean(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        serial: FusedChoice,
-        l: &mut LeanTiles,
+        l: &LeanTiles,
+        split: SplitTensors<'_>,
         aqk: &DeviceTensor,
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
@@ -1206,14 +1428,11 @@ impl DeltaFwdPlan {
         if pc.n == 0 || g.hv == 0 || g.v == 0 {
             return Ok(());
         }
-        if let Some(w) = l.warm.as_mut() {
-            self.run_warm_policy(gpu, t, &pc.table, pc.n, w)?;
-        }
         let (q, k, qk_heads) = match &l.qk {
             Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.hv),
             None => (t.q.ptr(gpu), t.k.ptr(gpu), g.h),
         };
-        let mut args = GdnFusedArgs {
+        let args = GdnFusedArgs {
             q,
             k,
             v: t.v.ptr(gpu),
@@ -1222,9 +1441,6 @@ impl DeltaFwdPlan {
             aqk: aqk.ptr(gpu),
             g: l.g.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
-            pieces: pc.table.ptr(gpu),
-            warm: l.warm.as_ref().map_or(0, |w| w.ptr(gpu)),
-            gate: 0,
             o: out.o.ptr_mut(gpu),
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             qk_heads: qk_heads as i64,
@@ -1234,21 +1450,49 @@ impl DeltaFwdPlan {
             bt: g.bt as i64,
             h0_dtype: t.initial_state.map_or(-1, |x| dtype_code(x.dtype())),
             v_first: self.state_v_first as i64,
-            npieces: pc.n as i64,
-            gate_mode: 0,
             scale: self.prep.scale,
+            ..GdnFusedArgs::default()
         };
+        self.launch_pieces(gpu, t, "gdn", pc, split, args)
+    }
+
+    /// The fused kernel `kind` over the pieces `pc` with `args` (their piece fields set here):
+    /// the split's warm-up policy when it splits; then the kernel over the pieces, or, where the
+    /// split is wider than the serial run, the verdict (`gdn_split_decide`), the split launch
+    /// and the serial launch for the (sequence, head) pairs the verdict leaves to it, the serial
+    /// one on a second stream beside the split's.
+    fn launch_pieces<A: PieceArgs>(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        kind: &str,
+        pc: &Pieces,
+        split: SplitTensors<'_>,
+        args: A,
+    ) -> GpuResult<()> {
+        let g = &self.geo;
+        let check = format!("delta_fwd_{kind}");
+        let warm = match split.warm {
+            Some(w) => {
+                self.run_warm_policy(gpu, t, &pc.table, pc.n, w)?;
+                Some(&*w)
+            }
+            None => None,
+        };
+        let warm_ptr = warm.map_or(0, |w| w.ptr(gpu));
+        let table = pc.table.ptr(gpu);
         let Some((serial_table, max_chain)) = &pc.serial else {
-            self.launch_fused(gpu, "gdn", pc.choice, pc.n * g.hv, &args)?;
-            return gpu.wait_if_checked("delta_fwd_gdn");
+            let all = args.with_pieces(table, pc.n, warm_ptr, 0, 0);
+            self.launch_fused(gpu, kind, pc.choice, pc.n * g.hv, &all)?;
+            return gpu.wait_if_checked(&check);
         };
-        let (Some(warm), Some(gate)) = (l.warm.as_ref(), l.gate.as_mut()) else {
+        let (Some(serial), Some(warm), Some(gate)) = (self.fused, warm, split.verdict) else {
             return Err(
                 Error::missing("ws", "the split's warm-up and verdict tensors", "none").into(),
             );
         };
         let decide = DecideArgs {
-            pieces: pc.table.ptr(gpu),
+            pieces: table,
             warm: warm.ptr(gpu),
             gate: gate.ptr_mut(gpu),
             value_heads: g.hv as i64,
@@ -1270,29 +1514,20 @@ impl DeltaFwdPlan {
             0,
             &decide,
         )?;
-        args.gate = gate.ptr(gpu);
-        let split = GdnFusedArgs {
-            gate_mode: 1,
-            ..args
-        };
+        let gate = gate.ptr(gpu);
         let seqs = g.seqs.len();
-        let rest = GdnFusedArgs {
-            pieces: serial_table.ptr(gpu),
-            npieces: seqs as i64,
-            warm: 0,
-            gate_mode: 2,
-            ..args
-        };
+        let wide = args.with_pieces(table, pc.n, warm_ptr, gate, 1);
+        let rest = args.with_pieces(serial_table.ptr(gpu), seqs, 0, gate, 2);
         // the serial CTAs (long chains) on a second stream, beside the split's
         gpu.beside(
-            |side| self.launch_fused(side, "gdn", serial, seqs * g.hv, &rest),
-            |main| self.launch_fused(main, "gdn", pc.choice, pc.n * g.hv, &split),
+            |side| self.launch_fused(side, kind, serial, seqs * g.hv, &rest),
+            |main| self.launch_fused(main, kind, pc.choice, pc.n * g.hv, &wide),
         )?;
-        gpu.wait_if_checked("delta_fwd_gdn")
+        gpu.wait_if_checked(&check)
     }
 
     /// The split's warm-up chunks per (piece, value head) of `pieces` (`npieces` rows) into
-    /// `warm` (`gdn_warm_policy`).
+    /// `warm`: `gdn_warm_policy` (scalar gate) or `kda_warm_policy` (per-key gates).
     fn run_warm_policy(
         &self,
         gpu: &Gpu,
@@ -1305,6 +1540,37 @@ impl DeltaFwdPlan {
             return Err(Error::missing("plan", "a split rule", "none").into());
         };
         let g = &self.geo;
+        let grid = grid_x(npieces, "v", "fewer than 2^31 pieces")?;
+        if let Call::Kda(_) = self.call {
+            let args = KdaWarmArgs {
+                pieces: pieces.ptr(gpu),
+                g: t.g.ptr(gpu),
+                beta: t.beta.ptr(gpu),
+                k: t.k.ptr(gpu),
+                warm: warm.ptr_mut(gpu),
+                gate: self.gate_args(gpu, t),
+                heads: g.h as i64,
+                value_heads: g.hv as i64,
+                k_dim: g.k as i64,
+                bt: g.bt as i64,
+                npieces: npieces as i64,
+                wmax: rule.max_warmup_chunks as i64,
+                g_dtype: dtype_code(t.g.dtype()),
+                beta_dtype: dtype_code(t.beta.dtype()),
+                l2norm: self.prep.l2norm as i64,
+                gate_mode: self.gate_mode(),
+                beta_mode: self.prep.beta_mode,
+                log_eps: LOG_EPS,
+            };
+            return gpu.launch_3d(
+                Module::DeltaFwd,
+                &format!("kda_warm_policy_{}", tag(self.dtype)),
+                (grid, g.hv as u32, 1),
+                KDA_WARM_THREADS,
+                0,
+                &args,
+            );
+        }
         let args = WarmArgs {
             pieces: pieces.ptr(gpu),
             g: t.g.ptr(gpu),
@@ -1322,7 +1588,6 @@ impl DeltaFwdPlan {
             l2norm: self.prep.l2norm as i64,
             log_eps: LOG_EPS,
         };
-        let grid = grid_x(npieces, "v", "fewer than 2^31 pieces")?;
         gpu.launch_3d(
             Module::DeltaFwd,
             &format!("gdn_warm_policy_{}", tag(self.dtype)),
@@ -1451,8 +1716,11 @@ mod tests {
         }
     }
 
-    /// The pieces of any layout cover each sequence once, in order, at chunk boundaries, each
-    /// at least `min_piece_chunks` long when a sequence is split, and split only with spare CTAs.
+    /// The pieces of any layout cover each sequence once, in order and contiguous in the table,
+    /// at chunk boundaries, each at least `min_piece_chunks` long when a sequence is split; a
+    /// layout whose sequences are at most `L = max(min_piece_chunks, ⌈Σ chunks / piece slots⌉)`
+    /// chunks is not split, the longest pieces come first, and the split's makespan is never
+    /// above the unsplit one's.
     #[test]
     fn pieces_cover_every_sequence_at_chunk_boundaries() {
         let rule = SplitRule {
@@ -1460,21 +1728,44 @@ mod tests {
             max_warmup_chunks: 8,
         };
         let mut next = below(0x9e37_79b9_u64);
-        for _ in 0..300 {
+        let mut splits = 0;
+        for _ in 0..600 {
             let bt = [16, 32, 64][next(3)];
-            let lens: Vec<usize> = (0..1 + next(5)).map(|_| next(40 * bt)).collect();
+            let lens: Vec<usize> = (0..1 + next(6)).map(|_| next(60 * bt)).collect();
             let g = geo(&lens, bt);
             let chunks: Vec<usize> = g.seqs.iter().map(|s| s.num_chunks(bt)).collect();
-            let ctas = 1 + next(40);
-            let sms = 1 + next(200);
-            let per = split_pieces(&chunks, ctas, sms, &rule);
-            if sms / ctas <= lens.len() {
-                assert!(per.iter().all(|&m| m == 1), "no spare CTAs, no split");
+            let (heads, blocks) = (1 + next(8), 1 + next(4));
+            let resident = 1 + next(200);
+            let per = split_pieces(&chunks, heads, blocks, resident, &rule);
+            let slots = (resident / (heads * blocks)).max(1);
+            let target = rule
+                .min_piece_chunks
+                .max(chunks.iter().sum::<usize>().div_ceil(slots));
+            let ones = vec![1; chunks.len()];
+            let span = |p: &[usize]| makespan(&piece_steps(&chunks, p), heads, blocks, resident);
+            assert!(span(&per) <= span(&ones), "{lens:?} {per:?}");
+            splits += usize::from(per.iter().any(|&m| m > 1));
+            if chunks.iter().all(|&c| c <= target) {
+                assert_eq!(per, ones, "{lens:?}: no sequence longer than L, no split");
             }
             let rows = piece_table(&g, &per);
             assert_eq!(rows.len() / 5, per.iter().sum::<usize>());
+            let mut seen = vec![false; lens.len()];
             let mut i = 0;
-            for (s, &m) in g.seqs.iter().zip(&per) {
+            let mut last_len = usize::MAX;
+            while i < rows.len() / 5 {
+                let s = &g.seqs[rows[5 * i + 4] as usize];
+                assert!(
+                    !seen[s.n],
+                    "{lens:?} {per:?}: a sequence's pieces are contiguous"
+                );
+                seen[s.n] = true;
+                let m = per[s.n];
+                assert!(
+                    piece_len(chunks[s.n], m) <= last_len,
+                    "longest pieces first"
+                );
+                last_len = piece_len(chunks[s.n], m);
                 if m > 1 {
                     assert!(chunks[s.n] / m >= rule.min_piece_chunks, "{lens:?} {per:?}");
                 }
@@ -1492,13 +1783,43 @@ mod tests {
                 }
                 assert_eq!(at, s.eos, "the pieces end at the sequence's end");
             }
+            assert!(seen.iter().all(|&x| x), "every sequence has its pieces");
+        }
+        assert!(splits > 100, "the layouts exercise the split: {splits}");
+    }
+
+    /// The makespan of list scheduling in grid order lies between the obvious lower bound
+    /// (the longest row; all CTA-steps over the resident slots) and Graham's upper bound (that
+    /// plus the longest row), and is exact on hand-checked grids.
+    #[test]
+    fn makespan_lies_between_the_bounds() {
+        // one wave
+        assert_eq!(makespan(&[129; 16], 4, 2, 132), 129);
+        // the mixed row at 64 columns, 16 pieces of the long sequence: 64 + 40 CTAs of block 0,
+        // 28 of the long ones of block 1 in the first wave, the other 36 after the short ones
+        let mut mixed = vec![128];
+        mixed.extend([129; 15]);
+        mixed.extend([16; 10]);
+        assert_eq!(makespan(&mixed, 4, 2, 132), 16 + 129);
+        let mut next = below(0x2545_f491_u64);
+        for _ in 0..300 {
+            let steps: Vec<usize> = (0..1 + next(40)).map(|_| next(300)).collect();
+            let (heads, blocks, resident) = (1 + next(8), 1 + next(4), 1 + next(150));
+            let span = makespan(&steps, heads, blocks, resident);
+            let longest = steps.iter().copied().max().unwrap();
+            let work = steps.iter().sum::<usize>() * heads * blocks;
+            assert!(span >= longest.max(work.div_ceil(resident)), "{steps:?}");
+            assert!(span <= work / resident + longest, "{steps:?}");
         }
     }
 
     /// The split's width on an H100 (132 SMs), K = V = 128: few long sequences split at the
     /// widest block into many pieces (H4 × 131072: 16 pieces of 128 chunks at 64 columns, the
-    /// serial run at 16; H32 × 32768: 2 pieces at 64 columns, serial at 32), a grid the serial
-    /// run already fills (HV 64) does not split.
+    /// serial run at 16; H32 × 32768: 2 pieces at 64 columns, serial at 32; H4 × 4·8192: 4
+    /// pieces each; H2/HV8 × 65536: 8 pieces), a grid the serial run already fills (HV 64) does
+    /// not split. The mixed row (131072 + 10·1024 tokens, H4) sizes its pieces for the makespan:
+    /// 16 pieces of the long sequence at 64 columns (128 + 10·4·2 CTAs: 36 of the long ones
+    /// start after the short sequences' 16 chunks, 145 steps), not 5 of one wave (411 steps).
     #[test]
     fn split_choice_widens_few_long_sequences() {
         let rule = SplitRule::default();
@@ -1506,6 +1827,7 @@ mod tests {
         let c4 = [2048];
         let s4 = serial(&c4, 4);
         assert_eq!(s4.bv, 16);
+        assert_eq!(s4.resident_ctas(132), 132, "one CTA per SM");
         let (wide, per) = split_choice(128, &c4, 4, 132, s4, &rule);
         assert_eq!((wide.bv, per.as_slice()), (64, &[16][..]));
         assert!(
@@ -1513,7 +1835,9 @@ mod tests {
                 < lean_estimate(s4, 128, &c4, &[1], 4, 132) / 3.0
         );
         let c32 = [512];
-        let (w32, per) = split_choice(128, &c32, 32, 132, serial(&c32, 32), &rule);
+        let s32 = serial(&c32, 32);
+        assert_eq!(s32.bv, 32);
+        let (w32, per) = split_choice(128, &c32, 32, 132, s32, &rule);
         assert_eq!((w32.bv, per.as_slice()), (64, &[2][..]));
         let c4x4 = [128; 4];
         let (w4x4, per) = split_choice(128, &c4x4, 4, 132, serial(&c4x4, 4), &rule);
@@ -1537,5 +1861,65 @@ mod tests {
         let hv8 = [1024];
         let (w8, per) = split_choice(128, &hv8, 8, 132, serial(&hv8, 8), &rule);
         assert_eq!((w8.bv, per.as_slice()), (64, &[8][..]));
+        // the mixed row: the long sequence in 16 pieces, listed first; the short ones whole
+        let mut mixed = vec![2048];
+        mixed.extend([16; 10]);
+        let sm = serial(&mixed, 4);
+        let (wm, per) = split_choice(128, &mixed, 4, 132, sm, &rule);
+        assert_eq!(wm.bv, 64);
+        assert!(per[0] >= 14, "{per:?}");
+        assert_eq!(per, [&[16][..], &[1; 10]].concat());
+        let rows = piece_rows(&mixed, &per);
+        assert!(rows[..16].iter().all(|&(s, _, _)| s == 0), "{rows:?}");
+        let est = lean_estimate(wm, 128, &mixed, &per, 4, 132);
+        assert_eq!(est, 1.6 * 145.0);
+        let one_wave = lean_estimate(wm, 128, &mixed, &[&[5][..], &[1; 10]].concat(), 4, 132);
+        assert_eq!(one_wave, 1.6 * 411.0);
+        // the GPU test's case (gdn_auto_split: HV 2, 128 chunks, pieces of at least 4 chunks):
+        // split at a wider block than the serial run
+        let small = SplitRule {
+            min_piece_chunks: 4,
+            max_warmup_chunks: 8,
+        };
+        let c2 = [128];
+        let s2 = serial(&c2, 2);
+        let (w2, per) = split_choice(128, &c2, 2, 132, s2, &small);
+        assert!(w2.bv > s2.bv && per[0] > 1, "{w2:?} {per:?}");
+        let cv = [24, 1, 18];
+        let (_, per) = split_choice(128, &cv, 2, 132, serial(&cv, 2), &small);
+        assert!(per.iter().any(|&m| m > 1), "{per:?}");
+    }
+
+    #[test]
+    fn split_choice_splits_kda_too() {
+        // the KDA kernel's tiles (`lean: false`), the lean step costs (an assumption)
+        let rule = SplitRule::default();
+        let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, false);
+        let c4 = [2048];
+        let s4 = serial(&c4, 4);
+        assert!(!s4.lean);
+        let (wide, per) = split_choice(128, &c4, 4, 132, s4, &rule);
+        assert!(!wide.lean && per[0] >= 8, "{wide:?} {per:?}");
+        let (est, est1) = (
+            lean_estimate(wide, 128, &c4, &per, 4, 132),
+            lean_estimate(s4, 128, &c4, &[1], 4, 132),
+        );
+        assert!(est < est1 / 3.0, "{est} {est1}");
+        // the GPU test's cases (kda_auto_split)
+        let small = SplitRule {
+            min_piece_chunks: 4,
+            max_warmup_chunks: 8,
+        };
+        let c2 = [128];
+        let (_, per) = split_choice(128, &c2, 2, 132, serial(&c2, 2), &small);
+        assert!(per[0] > 1, "{per:?}");
+        let cv = [24, 1, 18];
+        let (_, per) = split_choice(128, &cv, 2, 132, serial(&cv, 2), &small);
+        assert!(per.iter().any(|&m| m > 1), "{per:?}");
+        // many heads fill the GPU already: no split
+        let c64 = [1024];
+        let s64 = serial(&c64, 64);
+        let (same, per) = split_choice(128, &c64, 64, 132, s64, &rule);
+        assert_eq!((same, per.as_slice()), (s64, &[1][..]));
     }
 }

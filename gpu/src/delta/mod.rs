@@ -24,7 +24,7 @@ pub mod split;
 pub mod truncation;
 
 pub use forward::{
-    fused_choice, gdn_fwd, kda_fwd, split_pieces, DeltaFwdDeviceOutputs, DeltaFwdPlan,
+    fused_choice, gdn_fwd, kda_fwd, piece_rows, split_pieces, DeltaFwdDeviceOutputs, DeltaFwdPlan,
     DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, SplitRule,
 };
 pub use fwd_h::{

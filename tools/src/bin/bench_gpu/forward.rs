@@ -13,8 +13,8 @@
 //!   regime's natural-log decays (KDA per key, `use_gate_in_kernel` off, `safe_gate` where the
 //!   regime stays in `[−5, 0]`). Each such row also times the same call without the split
 //!   (`with_split(gpu, None)`, "serial") and reports the pieces the split chose
-//!   ([`DeltaFwdPlan::chosen_warmups`]); a plan that does not split (KDA today) reports
-//!   "no split" and serial ≈ auto.
+//!   ([`DeltaFwdPlan::chosen_warmups`]), for GDN and KDA alike; a plan that does not split
+//!   reports "no split" and serial ≈ auto.
 //!
 //! Bytes = q, k, v (bf16), g (fp32), β (fp32), o (bf16) and the states (fp32), each once. TFLOP/s
 //! counts the dense products of the chunked algorithm per chunk and head: `Q Kᵀ`, `K Kᵀ` (2 BT²
