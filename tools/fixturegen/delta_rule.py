@@ -574,7 +574,7 @@ def fwd_case(ctx, c, gdn: bool):
             cross.append(("f64 transcription final_state vs FLA naive (fp32)", r_fs, n_fs, 1e-5))
     cl = cls(c["dtype"])
     tv = {"half": 5e-3, "float32": 2e-3, "float64": 1e-10}[cl]
-    if cl == "half" and c.get("long") and t >= 1024:  # "long" of ops-delta-rule.md 6.8
+    if cl == "half" and c.get("long") and t >= 1024:  # "long" of conformance/spec/ops-delta-rule.md 6.8
         tv = 1e-2
     thr = {key: tv for key in keep}
     extra = ", ".join(x for x in [

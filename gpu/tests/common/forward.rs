@@ -10,8 +10,8 @@ use attn_reference::Dtype;
 use ndarray::{Array1, Array3, Array4, ArrayD, Axis, Ix1, Ix3, Ix4};
 
 /// The half-precision threshold of `kda_fwd` / `gdn_fwd`'s `o` and final state
-/// (ops-delta-rule.md 6.8): 1e-2 when long (a sequence of 8192 tokens or more, or of 1024 or
-/// more under long-memory gates), else 5e-3.
+/// (`conformance/spec/ops-delta-rule.md` §6.8): 1e-2 when long (a sequence of 8192 tokens or
+/// more, or of 1024 or more under long-memory gates), else 5e-3.
 pub fn half_threshold(regime: Regime, longest: usize) -> f64 {
     if longest >= 8192 || (regime == Regime::Long && longest >= 1024) {
         1e-2
