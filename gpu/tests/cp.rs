@@ -3,7 +3,9 @@
 //! thresholds) and against the single-GPU result on GPU 0 (same dtype, 5e-3): one long
 //! sequence, a long one with short ones on either side, many sequences, a sequence shorter than
 //! `R` chunks, zero-length sequences; with and without `initial_state`, final state on; strong,
-//! trained-like and long-memory gates; repeated runs bit-identical; bad input refused.
+//! trained-like and long-memory gates; repeated runs bit-identical; bad input refused; the
+//! persistent plans (`CpFwdPlan`, `CpFwdHPlan`) run twice bit-identical to the one-call ops,
+//! and a shard of the wrong shape at `run` refused before any launch.
 //!
 //! A test for `R` GPUs is reported ignored where fewer GPUs (or no NCCL) are present, and fails
 //! instead when `ATTN_REQUIRE_GPUS` is at least `R` (`ATTN_REQUIRE_GPU=1` counts as
@@ -13,9 +15,9 @@ mod common;
 
 use attn_gpu::cp::{
     cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd, gather_final_states, gather_tokens,
-    scatter_states, scatter_tokens, CpGroup, Partition,
+    scatter_states, scatter_tokens, CpFwdHPlan, CpFwdPlan, CpGroup, Partition,
 };
-use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, FwdHPlan};
+use attn_gpu::delta::{DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, FwdHPlan};
 use attn_gpu::{DeviceTensor, ForwardTensors, FwdHTensors, GpuError};
 use attn_reference::delta::{self as d, FwdHParams, GdnFwdParams, KdaFwdParams};
 use attn_reference::Dtype;
@@ -373,6 +375,220 @@ fn fwd_h_all(group: &CpGroup) {
     }
 }
 
+/// The gathered `o` and final states of per-rank forward outputs.
+fn gather_forward(
+    group: &CpGroup,
+    part: &Partition,
+    outs: &[DeltaFwdDeviceOutputs],
+) -> (ArrayD<f64>, ArrayD<f64>) {
+    let o: ArrayD<bf16> =
+        gather_tokens(group, "o", &outs.iter().map(|o| &o.o).collect::<Vec<_>>()).unwrap();
+    let fins: Vec<&DeviceTensor> = outs
+        .iter()
+        .map(|o| o.final_state.as_ref().unwrap())
+        .collect();
+    let f: ArrayD<f32> = gather_final_states(group, part, &fins).unwrap();
+    (o.mapv(f64::from), f.mapv(f64::from))
+}
+
+/// The persistent forward plan over the group: two runs into the same outputs (poisoned before
+/// each) bit-identical to the one-call op; then the last rank's `v` one token too long at `run`:
+/// a typed error naming `v (rank R-1)`, and every rank's outputs still poisoned (nothing ran).
+fn plan_case(group: &CpGroup, per_key: bool) {
+    let ranks = group.world();
+    let (name, cu, _) = layouts().swap_remove(1);
+    let what = format!(
+        "{} plan R={ranks} {name}",
+        if per_key { "kda" } else { "gdn" }
+    );
+    let gpu0 = group.gpu(0);
+    let spec = Draw {
+        b: 1,
+        t: *cu.last().unwrap() as usize,
+        h: 1,
+        hv: 2,
+        k: 64,
+        v: 64,
+        per_key,
+        regime: Regime::Strong,
+        raw_qk: false,
+        beta_logits: false,
+        gate_input: false,
+        h0: true,
+        v_first: false,
+    };
+    let mut rng = Rng::new(0x9A + ranks as u64);
+    let (mut host, mut dev) = draw(gpu0, &mut rng, &spec, Dtype::BF16, Dtype::F32);
+    set_state_rows(
+        gpu0,
+        &mut rng,
+        &mut host,
+        &mut dev,
+        cu.len() - 1,
+        false,
+        Dtype::F32,
+    );
+    let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
+    let sc =
+        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_bf16(a).view()).unwrap();
+    let sf =
+        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_f32(a).view()).unwrap();
+    let q = sc("q", &host.q.clone().into_dyn());
+    let k = sc("k", &host.k.clone().into_dyn());
+    let v = sc("v", &host.v.clone().into_dyn());
+    let g = sf("g", &host.g);
+    let beta = sf("beta", &host.beta.clone().into_dyn());
+    let h0 = host.h0.as_ref().unwrap().clone().into_dyn();
+    let h0s = scatter_states(group, &part, "initial_state", to_f32(&h0).view()).unwrap();
+    let shards: Vec<ForwardTensors> = (0..ranks)
+        .map(|i| ForwardTensors {
+            initial_state: Some(&h0s[i]),
+            ..ForwardTensors::new(&q[i], &k[i], &v[i], &g[i], &beta[i])
+        })
+        .collect();
+    let kp = KdaFwdParams {
+        output_final_state: true,
+        ..KdaFwdParams::default()
+    };
+    let gp = GdnFwdParams {
+        output_final_state: true,
+        ..GdnFwdParams::default()
+    };
+    let one_call = if per_key {
+        cp_kda_fwd(group, &part, &shards, &kp, ForwardPath::Auto)
+    } else {
+        cp_gdn_fwd(group, &part, &shards, &gp, ForwardPath::Auto)
+    }
+    .unwrap();
+    let (want_o, want_f) = gather_forward(group, &part, &one_call);
+    let mut plan = if per_key {
+        CpFwdPlan::kda(group, &part, &shards, &kp, ForwardPath::Auto)
+    } else {
+        CpFwdPlan::gdn(group, &part, &shards, &gp, ForwardPath::Auto)
+    }
+    .unwrap();
+    let mut outs = plan.alloc_outputs().unwrap();
+    let poison = |outs: &mut [DeltaFwdDeviceOutputs]| {
+        for ((_, gpu), o) in group.ranks().zip(outs.iter_mut()) {
+            o.o.poison(gpu).unwrap();
+            o.final_state.as_mut().unwrap().poison(gpu).unwrap();
+        }
+    };
+    for run in 1..=2 {
+        poison(&mut outs);
+        plan.run(&shards, &mut outs).unwrap();
+        group.synchronize().unwrap();
+        let (o, f) = gather_forward(group, &part, &outs);
+        assert_bit_identical(&format!("{what}: o, run {run} vs one call"), &o, &want_o);
+        assert_bit_identical(
+            &format!("{what}: final_state, run {run} vs one call"),
+            &f,
+            &want_f,
+        );
+    }
+    let last = ranks - 1;
+    let mut long = v[last].shape().to_vec();
+    long[1] += 1;
+    let wrong = DeviceTensor::alloc(group.gpu(last), &long, Dtype::BF16).unwrap();
+    let mut bad = shards.clone();
+    bad[last].v = &wrong;
+    poison(&mut outs);
+    let e = plan.run(&bad, &mut outs).unwrap_err();
+    assert!(matches!(e, GpuError::Input(_)), "{what}: {e}");
+    assert!(
+        e.to_string().contains(&format!("v (rank {last})")),
+        "{what}: {e}"
+    );
+    group.synchronize().unwrap();
+    let (o, f) = gather_forward(group, &part, &outs);
+    assert!(
+        o.iter().chain(f.iter()).all(|x| x.is_nan()),
+        "{what}: a refused run wrote outputs"
+    );
+}
+
+/// The persistent `fwd_h` plan over the group: two runs bit-identical to the one-call op.
+fn fwd_h_plan_case(group: &CpGroup) {
+    let ranks = group.world();
+    let gpu0 = group.gpu(0);
+    let (name, cu, _) = layouts().swap_remove(1);
+    let what = format!("fwd_h plan R={ranks} {name}");
+    let lay = Layout {
+        b: 1,
+        t: *cu.last().unwrap() as usize,
+        h: 2,
+        hv: 2,
+        k: 64,
+        v: 64,
+        bt: 64,
+        cu: Some(cu.clone()),
+    };
+    let mut rng = Rng::new(0x5A + ranks as u64);
+    let inp = realistic(&mut rng, &lay, Gates::Gk, false);
+    let h0 = random_state(&mut rng, &lay, false);
+    let up = Uploaded::new(gpu0, &inp, Some(&h0), Dtype::BF16, Dtype::F32, Dtype::F32);
+    let p = FwdHParams {
+        output_final_state: true,
+        ..FwdHParams::default()
+    };
+    let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
+    let e = &up.exact;
+    let sc =
+        |arg: &str, a: ArrayD<f64>| scatter_tokens(group, &part, arg, to_bf16(&a).view()).unwrap();
+    let (k, w, u) = (
+        sc("k", e.k.clone().into_dyn()),
+        sc("w", e.w.clone().into_dyn()),
+        sc("u", e.u.clone().into_dyn()),
+    );
+    let gk =
+        e.gk.clone()
+            .map(|a| scatter_tokens(group, &part, "gk", to_f32(&a.into_dyn()).view()).unwrap());
+    let h0s = up.exact_h0.as_ref().map(|a| {
+        scatter_states(
+            group,
+            &part,
+            "initial_state",
+            to_f32(&a.clone().into_dyn()).view(),
+        )
+        .unwrap()
+    });
+    let shards: Vec<FwdHTensors> = (0..ranks)
+        .map(|r| FwdHTensors {
+            gk: gk.as_ref().map(|x| &x[r]),
+            initial_state: h0s.as_ref().map(|x| &x[r]),
+            ..FwdHTensors::new(&k[r], &w[r], &u[r])
+        })
+        .collect();
+    let gather = |outs: &[attn_gpu::delta::FwdHDeviceOutputs]| {
+        let h: ArrayD<bf16> =
+            gather_tokens(group, "h", &outs.iter().map(|o| &o.h).collect::<Vec<_>>()).unwrap();
+        let fins: Vec<&DeviceTensor> = outs
+            .iter()
+            .map(|o| o.final_state.as_ref().unwrap())
+            .collect();
+        let f: ArrayD<f32> = gather_final_states(group, &part, &fins).unwrap();
+        (h.mapv(f64::from), f.mapv(f64::from))
+    };
+    let (want_h, want_f) =
+        gather(&cp_chunk_gated_delta_rule_fwd_h(group, &part, &shards, &p).unwrap());
+    let mut plan = CpFwdHPlan::new(group, &part, &shards, &p).unwrap();
+    let mut outs = plan.alloc_outputs().unwrap();
+    for run in 1..=2 {
+        for ((_, gpu), o) in group.ranks().zip(outs.iter_mut()) {
+            o.h.poison(gpu).unwrap();
+        }
+        plan.run(&shards, &mut outs).unwrap();
+        group.synchronize().unwrap();
+        let (h, f) = gather(&outs);
+        assert_bit_identical(&format!("{what}: h, run {run} vs one call"), &h, &want_h);
+        assert_bit_identical(
+            &format!("{what}: final_state, run {run} vs one call"),
+            &f,
+            &want_f,
+        );
+    }
+}
+
 /// Bad input is a typed error naming the argument, before any launch: a partition of another
 /// rank count, a shard whose tokens are not the partition's, a chunk size other than the
 /// partition's; and more ranks than GPUs.
@@ -417,18 +633,22 @@ fn refuses_bad_input() -> TestResult {
     Ok(Completion::Completed)
 }
 
-/// `kda_fwd`, `gdn_fwd` and `fwd_h` on one group of `ranks` GPUs (one group per test: every
-/// GPU of a group compiles its kernels once), each op's failure reported apart.
+/// `kda_fwd`, `gdn_fwd` and `fwd_h`, in one call and as plans, on one group of `ranks` GPUs
+/// (one group per test: every GPU of a group compiles its kernels once), each op's failure
+/// reported apart.
 fn all_ops(ranks: usize) -> TestResult {
     let group = match open(ranks) {
         Ok(g) => g,
         Err(outcome) => return outcome,
     };
     type Op<'a> = &'a dyn Fn(&CpGroup);
-    let ops: [(&str, Op); 3] = [
+    let ops: [(&str, Op); 6] = [
         ("kda_fwd", &|g| forward_all(g, true)),
         ("gdn_fwd", &|g| forward_all(g, false)),
         ("fwd_h", &fwd_h_all),
+        ("kda_fwd plan", &|g| plan_case(g, true)),
+        ("gdn_fwd plan", &|g| plan_case(g, false)),
+        ("fwd_h plan", &fwd_h_plan_case),
     ];
     let mut failed = Vec::new();
     for (name, op) in ops {

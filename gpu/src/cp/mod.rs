@@ -5,7 +5,9 @@
 //! - [`partition`]: how the packed tokens are cut (balanced by chunks, short sequences whole);
 //! - [`comm`]: the group of ranks and its NCCL communicators (one process driving every GPU of
 //!   the host, or one rank per process);
-//! - [`run`]: the ops (exact summaries, one all-gather, the merge, the local single-GPU op);
+//! - [`run`]: the ops (exact summaries, one all-gather, the merge, the local single-GPU op),
+//!   as persistent plans ([`CpFwdPlan`], [`CpFwdHPlan`]: made once, run many times) and
+//!   one-call functions;
 //! - [`shard`]: host arrays to shards and back;
 //! - [`host`]: the whole host input through an op in one call (partition, scatter, run,
 //!   gather), for callers that hold it on the host (`attn-conform verify --gpus N`).
@@ -17,6 +19,11 @@
 //! let h0 = scatter_states(&group, &part, "initial_state", h0_host.view())?;
 //! let shards: Vec<ForwardTensors> = /* rank i: q[i], k[i], ..., initial_state: Some(&h0[i]) */;
 //! let out = cp_kda_fwd(&group, &part, &shards, &params, ForwardPath::Auto)?;
+//! // or, for repeated calls of the same shapes: plan once, run many times
+//! let mut plan = CpFwdPlan::kda(&group, &part, &shards, &params, ForwardPath::Auto)?;
+//! let mut out = plan.alloc_outputs()?;
+//! plan.run(&shards, &mut out)?;                                   // queued
+//! group.synchronize()?;
 //! let o: ArrayD<bf16> = gather_tokens(&group, "o", &out.iter().map(|o| &o.o).collect::<Vec<_>>())?;
 //! ```
 
@@ -32,5 +39,5 @@ pub use host::{
     HostFwdHInputs, HostFwdHOutputs, HostTensor,
 };
 pub use partition::{Partition, Piece, Shard, DEFAULT_MIN_PIECE_CHUNKS};
-pub use run::{cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd};
+pub use run::{cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd, CpFwdHPlan, CpFwdPlan};
 pub use shard::{gather_final_states, gather_tokens, scatter_states, scatter_tokens};

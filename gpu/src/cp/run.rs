@@ -21,21 +21,38 @@
 //! of each of its pieces (`final_state`, `[P_r, …]`); a piece ending its sequence holds that
 //! sequence's final state ([`super::gather_final_states`], [`super::gather_tokens`]).
 //!
-//! The boundary stage (1-3) is [`boundary_states`]: a warm-up variant
-//! (`conformance/spec/ops-delta-rule.md` §5.9-5.10: the preceding rank's last chunks fetched
-//! instead of summaries, where the decay bound allows) replaces it and nothing else.
+//! The boundary stage (1-3) is the summaries and `Boundary` (the all-gather and the merges): a
+//! warm-up variant (`conformance/spec/ops-delta-rule.md` §5.9-5.10: the preceding rank's last
+//! chunks fetched instead of summaries, where the decay bound allows) replaces it and nothing
+//! else.
 //!
-//! Every check (ranks against the group, each shard's token count against the partition, shapes
-//! and dtypes by the single-GPU validation of every rank's local call) runs before any kernel
-//! on any GPU.
+//! A [`CpFwdPlan`] / [`CpFwdHPlan`] is made once per call shape (group, partition, shards'
+//! shapes and dtypes, parameters): it validates everything (ranks against the group, each
+//! shard's token count against the partition, shapes and dtypes by the single-GPU validation of
+//! every rank's local call) and builds per local rank the local op's plan and workspace, the
+//! summary run's plan, workspace and input buffers (`[v | 0]`, `[0 | I]`, the piece's rows),
+//! the all-gather buffers and the merge's plan. Its `run` checks the call against the plan
+//! (every rank, before any launch), copies the continuing pieces' rows into the summary buffers
+//! (device-to-device), launches the summaries, all-gathers, merges and queues the local ops:
+//! no allocation, no plan, no host synchronisation but the collective's own. [`cp_kda_fwd`],
+//! [`cp_gdn_fwd`] and [`cp_chunk_gated_delta_rule_fwd_h`] are a plan, new outputs and one run.
+//!
+//! Not yet done: rank `r`'s summary beside its local op (on a second stream). Only a rank whose
+//! first piece starts its sequence (no merge) could start its local op before the all-gather,
+//! and [`CpGroup::all_gather`] synchronises the rank's stream first, so the local op would have
+//! to run on a stream joined only after the collective; it would then share the GPU with the
+//! summary the later ranks wait for, lengthening the critical path (summary, all-gather, local
+//! op of a rank with a merge) rather than shortening it.
 
 use super::comm::CpGroup;
-use super::partition::{Partition, Piece, Shard};
-use super::shard::{pad_last_axis, select_rows, token_rows, zero, zero_identity};
-use crate::delta::forward::{DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, ForwardTensors};
+use super::partition::{Partition, Piece};
+use super::shard::{copy_padded_rows, copy_rows, copy_token_rows, zero, zero_identity};
+use crate::delta::forward::{
+    DeltaFwdDeviceOutputs, DeltaFwdPlan, DeltaFwdWorkspace, ForwardPath, ForwardTensors,
+};
 use crate::delta::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
-use crate::delta::merge::FwdHMergePlan;
-use crate::delta::prescan::fwd_h_pre_scan;
+use crate::delta::merge::{FwdHMergeDeviceOutputs, FwdHMergePlan};
+use crate::delta::prescan::FwdHPreScanPlan;
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::tensor::DeviceTensor;
@@ -43,7 +60,6 @@ use attn_reference::delta::{
     FwdHMergeParams, FwdHParams, FwdHPreScanParams, GdnFwdParams, KdaFwdParams,
 };
 use attn_reference::{Dtype, Error};
-use std::ops::Deref;
 
 /// The state and summary layout of a call: heads, key and value widths, the dtype of states.
 #[derive(Debug, Clone, Copy)]
@@ -76,40 +92,74 @@ impl Dims {
             [rows, self.hv, self.k, self.v]
         }
     }
-}
 
-/// A tensor borrowed whole or a copied part of it.
-enum Part<'a> {
-    Whole(&'a DeviceTensor),
-    Copied(DeviceTensor),
-}
-
-impl Deref for Part<'_> {
-    type Target = DeviceTensor;
-    fn deref(&self) -> &DeviceTensor {
-        match self {
-            Part::Whole(t) => t,
-            Part::Copied(t) => t,
-        }
+    /// One summary slot `[1, HV, K, V + K]`.
+    fn slot(&self) -> [usize; 4] {
+        [1, self.hv, self.k, self.v + self.k]
     }
 }
 
-/// The token rows of `piece` of `t` (the whole tensor when the piece is the whole shard).
-fn piece_rows<'a>(gpu: &Gpu, t: &'a DeviceTensor, piece: &Piece) -> GpuResult<Part<'a>> {
-    if piece.start == 0 && t.shape().get(1) == Some(&piece.len) {
-        Ok(Part::Whole(t))
-    } else {
-        token_rows(gpu, t, piece.start, piece.len).map(Part::Copied)
-    }
+/// One argument of a rank's call: its name, the tensor (`None`: an optional one absent) and
+/// whether it holds the shard's token rows (`[1, T_r, ...]`).
+#[derive(Debug, Clone, Copy)]
+struct Arg<'a> {
+    name: &'static str,
+    t: Option<&'a DeviceTensor>,
+    tokens: bool,
+}
+
+/// The arguments of a forward's shard.
+fn forward_args<'a>(t: &ForwardTensors<'a>) -> Vec<Arg<'a>> {
+    let tok = |name, t| Arg {
+        name,
+        t: Some(t),
+        tokens: true,
+    };
+    let opt = |name, t| Arg {
+        name,
+        t,
+        tokens: false,
+    };
+    vec![
+        tok("q", t.q),
+        tok("k", t.k),
+        tok("v", t.v),
+        tok("g", t.g),
+        tok("beta", t.beta),
+        opt("initial_state", t.initial_state),
+        opt("A_log", t.a_log),
+        opt("dt_bias", t.dt_bias),
+    ]
+}
+
+/// The arguments of a `fwd_h` shard.
+fn fwd_h_args<'a>(t: &FwdHTensors<'a>) -> Vec<Arg<'a>> {
+    let tok = |name, t| Arg {
+        name,
+        t,
+        tokens: true,
+    };
+    vec![
+        tok("k", Some(t.k)),
+        tok("w", Some(t.w)),
+        tok("u", Some(t.u)),
+        tok("g", t.g),
+        tok("gk", t.gk),
+        Arg {
+            name: "initial_state",
+            t: t.initial_state,
+            tokens: false,
+        },
+    ]
 }
 
 /// Host checks of a call: the partition's ranks against the group, one input per local rank,
-/// the chunk size, and every named token tensor of every rank against its shard.
+/// the chunk size, and every token argument of every rank against its shard.
 fn check_call(
     group: &CpGroup,
     part: &Partition,
     chunk_size: i64,
-    tokens: &[Vec<(&str, &DeviceTensor)>],
+    args: &[Vec<Arg<'_>>],
 ) -> GpuResult<()> {
     if part.ranks() != group.world() {
         return Err(Error::param(
@@ -120,11 +170,11 @@ fn check_call(
         .into());
     }
     let local = group.local_ranks();
-    if tokens.len() != local.len() {
+    if args.len() != local.len() {
         return Err(Error::shape(
             "shards",
             format!("one input per local rank ({})", local.len()),
-            [tokens.len()],
+            [args.len()],
         )
         .into());
     }
@@ -136,12 +186,13 @@ fn check_call(
         )
         .into());
     }
-    for (&r, named) in local.iter().zip(tokens) {
+    for (&r, named) in local.iter().zip(args) {
         let want = part.shard(r).tokens();
-        for &(arg, t) in named {
+        for a in named.iter().filter(|a| a.tokens) {
+            let Some(t) = a.t else { continue };
             if t.shape().len() < 3 || t.shape()[0] != 1 || t.shape()[1] != want {
                 return Err(Error::shape(
-                    format!("{arg} (rank {r})"),
+                    format!("{} (rank {r})", a.name),
                     format!("[1, {want}, ...]: the tokens of the rank's shard"),
                     t.shape(),
                 )
@@ -152,165 +203,306 @@ fn check_call(
     Ok(())
 }
 
-/// Steps 2-3 of the module docs: all-gathers the summaries `hm[i]` (`[1, HV, K, V + K]` of local
-/// rank `i`'s continuing piece, `None` where it has none) and merges, for every local rank whose
-/// first piece continues, its pieces' initial states `[P_r, HV, K, V]` (`state_v_first`: `[..,
-/// V, K]`) in the state dtype; `None` where the rank's own `initial_state` applies unchanged.
-fn boundary_states(
-    group: &CpGroup,
-    part: &Partition,
-    dims: Dims,
-    hm: Vec<Option<DeviceTensor>>,
-    initial: &[Option<&DeviceTensor>],
-    state_v_first: bool,
-) -> GpuResult<Vec<Option<DeviceTensor>>> {
-    let local = group.local_ranks();
-    let anyone_continues = part.shards().iter().any(|s| s.continuing().is_some());
-    if !anyone_continues {
-        return Ok(local.iter().map(|_| None).collect());
+/// The shape and dtype of a present argument.
+type Kind = (Vec<usize>, Dtype);
+
+/// The shapes and dtypes of one rank's arguments that a plan was made for (`None`: absent).
+#[derive(Debug)]
+struct Signature(Vec<(&'static str, Option<Kind>)>);
+
+impl Signature {
+    fn of(args: &[Arg<'_>]) -> Signature {
+        Signature(
+            args.iter()
+                .map(|a| (a.name, a.t.map(|t| (t.shape().to_vec(), t.dtype()))))
+                .collect(),
+        )
     }
-    let slot = [1, dims.hv, dims.k, dims.v + dims.k];
-    let send = group
-        .ranks()
-        .zip(hm)
-        .map(|((_, gpu), s)| match s {
-            Some(s) => Ok(s),
-            None => {
-                let mut t = DeviceTensor::alloc(gpu, &slot, dims.state)?;
-                zero(gpu, &mut t)?;
-                Ok(t)
+
+    /// Checks `args` (the same arguments, in the same order) of global rank `rank`: each present
+    /// exactly where it was, with the same shape and dtype; errors name the argument and rank.
+    fn check(&self, rank: usize, args: &[Arg<'_>]) -> attn_reference::Result<()> {
+        for ((name, want), a) in self.0.iter().zip(args) {
+            let arg = || format!("{name} (rank {rank})");
+            match (want, a.t) {
+                (None, None) => {}
+                (Some(_), None) => {
+                    return Err(Error::missing(
+                        arg(),
+                        "a tensor (the plan was made with one)",
+                        "none",
+                    ))
+                }
+                (None, Some(t)) => {
+                    return Err(Error::missing(
+                        arg(),
+                        "no tensor (the plan was made without one)",
+                        format!("a tensor of shape {:?}", t.shape()),
+                    ))
+                }
+                (Some((shape, dtype)), Some(t)) => {
+                    if t.shape() != shape.as_slice() {
+                        return Err(Error::shape(
+                            arg(),
+                            format!("{shape:?}: the shape the plan was made for"),
+                            t.shape(),
+                        ));
+                    }
+                    if t.dtype() != *dtype {
+                        return Err(Error::dtype(arg(), dtype.name(), t.dtype().name()));
+                    }
+                }
             }
-        })
-        .collect::<GpuResult<Vec<_>>>()?;
-    let mut recv = group
-        .ranks()
-        .map(|(_, gpu)| {
-            DeviceTensor::alloc(gpu, &[part.ranks(), slot[1], slot[2], slot[3]], dims.state)
-        })
-        .collect::<GpuResult<Vec<_>>>()?;
-    let send_refs: Vec<&DeviceTensor> = send.iter().collect();
-    group.all_gather(&send_refs, &mut recv)?;
-    let mut out = Vec::with_capacity(local.len());
-    for (i, (r, gpu)) in group.ranks().enumerate() {
-        let chain = part.chain(r);
-        if chain.is_empty() {
-            out.push(None);
-            continue;
         }
-        let summaries = select_rows(gpu, &recv[i], &chain)?;
-        let pieces = part.shard(r).pieces.len() as i64;
-        let mut offsets = vec![0, chain.len() as i64];
-        offsets.extend(std::iter::repeat_n(chain.len() as i64, pieces as usize - 1));
+        Ok(())
+    }
+}
+
+/// Buffers for the token rows of a rank's continuing piece of some of its arguments: none where
+/// the piece is the whole shard (the summary then reads the shard's tensors in place).
+#[derive(Debug)]
+struct PieceRows {
+    start: usize,
+    copies: Vec<Option<DeviceTensor>>,
+}
+
+impl PieceRows {
+    /// Buffers `[1, piece.len, ...]` for the present tensors of `ts` (the shard's, of
+    /// `shard_tokens` rows).
+    fn new(
+        gpu: &Gpu,
+        piece: &Piece,
+        shard_tokens: usize,
+        ts: &[Option<&DeviceTensor>],
+    ) -> GpuResult<PieceRows> {
+        let whole = piece.start == 0 && piece.len == shard_tokens;
+        let copies = ts
+            .iter()
+            .map(|t| match t {
+                Some(t) if !whole => {
+                    let mut shape = t.shape().to_vec();
+                    shape[1] = piece.len;
+                    DeviceTensor::alloc(gpu, &shape, t.dtype()).map(Some)
+                }
+                _ => Ok(None),
+            })
+            .collect::<GpuResult<_>>()?;
+        Ok(PieceRows {
+            start: piece.start,
+            copies,
+        })
+    }
+
+    /// Copies the piece's rows of `ts` (the tensors [`PieceRows::new`] was given, or others of
+    /// their shapes) into the buffers.
+    fn fill(&mut self, gpu: &Gpu, ts: &[Option<&DeviceTensor>]) -> GpuResult<()> {
+        for (c, t) in self.copies.iter_mut().zip(ts) {
+            if let (Some(c), Some(t)) = (c, t) {
+                copy_token_rows(gpu, t, self.start, c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The piece's rows of `ts`: the buffers, or `ts` themselves for the whole shard.
+    fn rows<'a, const N: usize>(
+        &'a self,
+        ts: [Option<&'a DeviceTensor>; N],
+    ) -> [Option<&'a DeviceTensor>; N] {
+        std::array::from_fn(|i| self.copies.get(i).and_then(Option::as_ref).or(ts[i]))
+    }
+}
+
+/// One rank's merge (step 3): the earlier ranks' summaries it chains, their copy out of the
+/// gathered slots, and the merge's plan and outputs.
+#[derive(Debug)]
+struct Merge {
+    chain: Vec<usize>,
+    /// The summaries of `chain`, in order (`[chain.len(), HV, K, V + K]`).
+    summaries: DeviceTensor,
+    plan: FwdHMergePlan,
+    /// `final_state`: the states entering the rank's pieces, `[P_r, ...]`.
+    out: FwdHMergeDeviceOutputs,
+}
+
+/// The boundary stage's buffers (steps 2-3): the zero slots of the ranks that summarise
+/// nothing, every local rank's gathered slots and the merges of the ranks whose first piece
+/// continues.
+#[derive(Debug)]
+struct Boundary {
+    /// Per local rank without a continuing piece: the zeros it sends (`[1, HV, K, V + K]`).
+    zeros: Vec<Option<DeviceTensor>>,
+    /// Per local rank: the `R` gathered slots `[R, HV, K, V + K]`.
+    recv: Vec<DeviceTensor>,
+    merges: Vec<Option<Merge>>,
+}
+
+impl Boundary {
+    /// The stage of a call whose local rank `i` sends a summary where `summarises[i]` and
+    /// starts from `initial[i]`; `None` when no rank's last piece continues (nothing to
+    /// exchange).
+    fn new(
+        group: &CpGroup,
+        part: &Partition,
+        dims: Dims,
+        summarises: &[bool],
+        initial: &[Option<&DeviceTensor>],
+        state_v_first: bool,
+    ) -> GpuResult<Option<Boundary>> {
+        if !part.shards().iter().any(|s| s.continuing().is_some()) {
+            return Ok(None);
+        }
+        let slot = dims.slot();
         let params = FwdHMergeParams {
             state_v_first,
             output_final_state: true,
         };
-        let plan = FwdHMergePlan::new(gpu, &summaries, initial[i], &offsets, &params)?;
-        let mut merged = plan.alloc_outputs(gpu)?;
-        plan.run(gpu, &summaries, initial[i], &mut merged)?;
-        out.push(merged.final_state);
-    }
-    Ok(out)
-}
-
-/// Context-parallel `chunk_gated_delta_rule_fwd_h` (`conformance/spec/ops-delta-rule.md` §2):
-/// `shards[i]` holds local rank `i`'s token rows of `k, w, u, g, gk` (`[1, T_r, ...]`) and, as
-/// its `initial_state`, the rows `[P_r, HV, K, V]` of its pieces' sequences
-/// ([`super::scatter_states`]). Returns per local rank `h` of its chunks, `v_new` of its tokens,
-/// and the exit state of each piece (module docs).
-pub fn cp_chunk_gated_delta_rule_fwd_h(
-    group: &CpGroup,
-    part: &Partition,
-    shards: &[FwdHTensors<'_>],
-    params: &FwdHParams,
-) -> GpuResult<Vec<FwdHDeviceOutputs>> {
-    let named: Vec<Vec<(&str, &DeviceTensor)>> = shards
-        .iter()
-        .map(|t| {
-            let mut v = vec![("k", t.k), ("w", t.w), ("u", t.u)];
-            v.extend(t.g.map(|g| ("g", g)));
-            v.extend(t.gk.map(|g| ("gk", g)));
-            v
-        })
-        .collect();
-    check_call(group, part, params.chunk_size, &named)?;
-    // every rank's local call validated before any launch
-    let mut plans = Vec::new();
-    for ((r, gpu), t) in group.ranks().zip(shards) {
-        let s = part.shard(r);
-        plans.push(match s.pieces.is_empty() {
-            true => None,
-            false => Some(FwdHPlan::new(gpu, t, Some(&s.cu_seqlens()), params)?),
-        });
-    }
-    let dims = shards.first().map(|t| Dims::of(t.k, t.u));
-    let Some(dims) = dims else {
-        return Ok(Vec::new());
-    };
-    let mut hm = Vec::new();
-    for ((r, gpu), t) in group.ranks().zip(shards) {
-        hm.push(match part.shard(r).continuing() {
-            Some(p) => Some(fwd_h_summary(gpu, t, p, params.chunk_size)?),
-            None => None,
-        });
-    }
-    let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
-    let entering = boundary_states(group, part, dims, hm, &initial, params.state_v_first)?;
-    let mut outs = Vec::new();
-    for (((_, gpu), t), (plan, h0)) in group.ranks().zip(shards).zip(plans.iter().zip(&entering)) {
-        let mut t = *t;
-        if let Some(h0) = h0 {
-            t.initial_state = Some(h0);
-        }
-        outs.push(match plan {
-            Some(plan) => {
-                let mut out = plan.alloc_outputs(gpu)?;
-                plan.run(gpu, &t, &mut out)?;
-                out
+        let mut b = Boundary {
+            zeros: Vec::new(),
+            recv: Vec::new(),
+            merges: Vec::new(),
+        };
+        for (i, (r, gpu)) in group.ranks().enumerate() {
+            b.zeros.push(if summarises[i] {
+                None
+            } else {
+                let mut t = DeviceTensor::alloc(gpu, &slot, dims.state)?;
+                zero(gpu, &mut t)?;
+                Some(t)
+            });
+            let mut all = slot;
+            all[0] = part.ranks();
+            b.recv.push(DeviceTensor::alloc(gpu, &all, dims.state)?);
+            let chain = part.chain(r);
+            if chain.is_empty() {
+                b.merges.push(None);
+                continue;
             }
-            None => empty_fwd_h(gpu, dims, t.k.dtype(), params)?,
-        });
+            let mut rows = slot;
+            rows[0] = chain.len();
+            let summaries = DeviceTensor::alloc(gpu, &rows, dims.state)?;
+            // sequence 0 of the merge is the continued first piece, chaining every summary;
+            // the rank's other pieces take their initial states unchanged
+            let pieces = part.shard(r).pieces.len();
+            let mut offsets = vec![0, chain.len() as i64];
+            offsets.extend(std::iter::repeat_n(chain.len() as i64, pieces - 1));
+            let plan = FwdHMergePlan::new(gpu, &summaries, initial[i], &offsets, &params)?;
+            let out = plan.alloc_outputs(gpu)?;
+            b.merges.push(Some(Merge {
+                chain,
+                summaries,
+                plan,
+                out,
+            }));
+        }
+        Ok(Some(b))
     }
-    group.synchronize()?;
-    Ok(outs)
+
+    /// All-gathers the local ranks' summaries (`sent[i]`; the zero slot where rank `i` sends
+    /// none) and merges, for every rank whose first piece continues, the states entering its
+    /// pieces from `initial[i]`.
+    fn run(
+        &mut self,
+        group: &CpGroup,
+        sent: &[Option<&DeviceTensor>],
+        initial: &[Option<&DeviceTensor>],
+    ) -> GpuResult<()> {
+        let send = sent
+            .iter()
+            .zip(&self.zeros)
+            .map(|(s, z)| {
+                s.or(z.as_ref())
+                    .ok_or_else(|| Error::missing("summary", "a summary or a zero slot", "none"))
+            })
+            .collect::<Result<Vec<&DeviceTensor>, _>>()?;
+        group.all_gather(&send, &mut self.recv)?;
+        for ((i, (_, gpu)), m) in group.ranks().enumerate().zip(&mut self.merges) {
+            if let Some(m) = m {
+                copy_rows(gpu, &self.recv[i], &m.chain, &mut m.summaries)?;
+                m.plan.run(gpu, &m.summaries, initial[i], &mut m.out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The states entering local rank `i`'s pieces, where its first piece continues (after
+    /// [`Boundary::run`]).
+    fn entering(&self, i: usize) -> Option<&DeviceTensor> {
+        self.merges[i]
+            .as_ref()
+            .and_then(|m| m.out.final_state.as_ref())
+    }
 }
 
-/// `[b | M]` of `piece` by `fwd_h_pre_scan` on its rows.
-fn fwd_h_summary(
-    gpu: &Gpu,
-    t: &FwdHTensors<'_>,
-    piece: &Piece,
-    chunk_size: i64,
-) -> GpuResult<DeviceTensor> {
-    let k = piece_rows(gpu, t.k, piece)?;
-    let w = piece_rows(gpu, t.w, piece)?;
-    let u = piece_rows(gpu, t.u, piece)?;
-    let g = t.g.map(|g| piece_rows(gpu, g, piece)).transpose()?;
-    let gk = t.gk.map(|g| piece_rows(gpu, g, piece)).transpose()?;
-    let mut tail = FwdHTensors::new(&k, &w, &u);
-    tail.g = g.as_deref();
-    tail.gk = gk.as_deref();
-    fwd_h_pre_scan(gpu, &tail, None, &FwdHPreScanParams { chunk_size })
+/// What both plans share: the group, the partition, every local rank's signature and the
+/// boundary stage.
+#[derive(Debug)]
+struct Frame<'g> {
+    group: &'g CpGroup,
+    part: Partition,
+    dims: Dims,
+    inputs: Vec<Signature>,
+    boundary: Option<Boundary>,
 }
 
-/// The outputs of a rank without pieces.
-fn empty_fwd_h(gpu: &Gpu, d: Dims, dtype: Dtype, p: &FwdHParams) -> GpuResult<FwdHDeviceOutputs> {
-    let h = if p.state_v_first {
-        [1, 0, d.hv, d.v, d.k]
-    } else {
-        [1, 0, d.hv, d.k, d.v]
-    };
-    Ok(FwdHDeviceOutputs {
-        h: DeviceTensor::alloc(gpu, &h, dtype)?,
-        v_new: p
-            .save_new_value
-            .then(|| DeviceTensor::alloc(gpu, &[1, 0, d.hv, d.v], dtype))
-            .transpose()?,
-        final_state: p
-            .output_final_state
-            .then(|| DeviceTensor::alloc(gpu, &d.state_shape(0, p.state_v_first), d.state))
-            .transpose()?,
-    })
+impl<'g> Frame<'g> {
+    /// The first local rank's state layout, from its key and value tensors (after
+    /// [`check_call`]: one input per local rank, at least one).
+    fn first_dims(args: &[Vec<Arg<'_>>], k: &str, values: &str) -> GpuResult<Dims> {
+        let find = |name: &str| {
+            args.first()
+                .and_then(|a| a.iter().find(|a| a.name == name))
+                .and_then(|a| a.t)
+                .ok_or_else(|| Error::missing(name, "a tensor", "none"))
+        };
+        Ok(Dims::of(find(k)?, find(values)?))
+    }
+
+    /// Checks a run's `args` (one per local rank) against the signatures the plan was made
+    /// for, and `outs` outputs (one per local rank).
+    fn check(&self, args: &[Vec<Arg<'_>>], outs: usize) -> GpuResult<()> {
+        let n = self.inputs.len();
+        for (arg, got) in [("shards", args.len()), ("outs", outs)] {
+            if got != n {
+                return Err(Error::shape(arg, format!("one per local rank ({n})"), [got]).into());
+            }
+        }
+        for ((r, sig), a) in self
+            .group
+            .local_ranks()
+            .into_iter()
+            .zip(&self.inputs)
+            .zip(args)
+        {
+            sig.check(r, a)?;
+        }
+        Ok(())
+    }
+
+    /// Steps 2-3 (nothing where no piece continues).
+    fn exchange(
+        &mut self,
+        sent: &[Option<&DeviceTensor>],
+        initial: &[Option<&DeviceTensor>],
+    ) -> GpuResult<()> {
+        match &mut self.boundary {
+            Some(b) => b.run(self.group, sent, initial),
+            None => Ok(()),
+        }
+    }
+
+    /// The initial state of local rank `i`'s local op: the merged states where its first piece
+    /// continues, else its own `initial`.
+    fn entering<'a>(
+        &'a self,
+        i: usize,
+        initial: Option<&'a DeviceTensor>,
+    ) -> Option<&'a DeviceTensor> {
+        self.boundary
+            .as_ref()
+            .and_then(|b| b.entering(i))
+            .or(initial)
+    }
 }
 
 /// Which forward, with its parameters.
@@ -359,113 +551,282 @@ impl Op {
     }
 }
 
-/// `[b | M]` of `piece` by the forward itself on its rows, with values `[v | 0]` from `[0 | I]`:
-/// the final state's first `V` columns are the exit state from zero (`b`), the last `K` the
-/// product of the piece's transition maps (`M`).
-fn forward_summary(
-    gpu: &Gpu,
-    op: Op,
-    t: &ForwardTensors<'_>,
-    piece: &Piece,
-    dims: Dims,
-    path: ForwardPath,
-) -> GpuResult<DeviceTensor> {
-    let q = piece_rows(gpu, t.q, piece)?;
-    let k = piece_rows(gpu, t.k, piece)?;
-    let g = piece_rows(gpu, t.g, piece)?;
-    let beta = piece_rows(gpu, t.beta, piece)?;
-    let v = piece_rows(gpu, t.v, piece)?;
-    let v = pad_last_axis(gpu, &v, dims.k)?;
-    let h0 = zero_identity(gpu, dims.hv, dims.k, dims.v, dims.state)?;
-    let tail = ForwardTensors {
-        initial_state: Some(&h0),
-        a_log: t.a_log,
-        dt_bias: t.dt_bias,
-        ..ForwardTensors::new(&q, &k, &v, &g, &beta)
-    };
-    let op = op.summary();
-    let plan = op.plan(gpu, &tail, None, path)?;
-    let mut ws = plan.alloc_workspace(gpu)?;
-    let mut out = plan.alloc_outputs(gpu)?;
-    plan.run(gpu, &tail, &mut ws, &mut out)?;
-    out.final_state.ok_or_else(|| {
-        Error::missing("final_state", "the summary run's final state", "none").into()
-    })
+/// The summary run of a rank's continuing piece (step 1 for the forwards): the forward itself
+/// on the piece's rows with values `[v | 0]` from `[0 | I]`; the final state's first `V`
+/// columns are the exit state from zero (`b`), the last `K` the product of the piece's
+/// transition maps (`M`).
+#[derive(Debug)]
+struct ForwardSummary {
+    /// The piece's rows of `q, k, g, beta`.
+    rows: PieceRows,
+    /// `[v | 0]`: `[1, len, HV, V + K]`, its last `K` columns zeroed once.
+    v: DeviceTensor,
+    /// `[0 | I]`: `[1, HV, K, V + K]`.
+    h0: DeviceTensor,
+    plan: DeltaFwdPlan,
+    ws: DeltaFwdWorkspace,
+    /// `final_state`: the piece's `[b | M]`, the slot the rank sends.
+    out: DeltaFwdDeviceOutputs,
 }
 
-fn cp_forward(
-    group: &CpGroup,
-    part: &Partition,
-    shards: &[ForwardTensors<'_>],
-    op: Op,
-    path: ForwardPath,
-) -> GpuResult<Vec<DeltaFwdDeviceOutputs>> {
-    let (chunk_size, output_final_state, state_v_first) = op.flags();
-    let named: Vec<Vec<(&str, &DeviceTensor)>> = shards
-        .iter()
-        .map(|t| {
-            vec![
-                ("q", t.q),
-                ("k", t.k),
-                ("v", t.v),
-                ("g", t.g),
-                ("beta", t.beta),
-            ]
+/// The summary's row sources: `q, k, g, beta` of the shard.
+fn summary_sources<'a>(t: &ForwardTensors<'a>) -> [Option<&'a DeviceTensor>; 4] {
+    [Some(t.q), Some(t.k), Some(t.g), Some(t.beta)]
+}
+
+impl ForwardSummary {
+    fn new(
+        gpu: &Gpu,
+        op: Op,
+        t: &ForwardTensors<'_>,
+        piece: &Piece,
+        shard_tokens: usize,
+        dims: Dims,
+        path: ForwardPath,
+    ) -> GpuResult<ForwardSummary> {
+        let rows = PieceRows::new(gpu, piece, shard_tokens, &summary_sources(t))?;
+        let wide = [1, piece.len, dims.hv, dims.v + dims.k];
+        let mut v = DeviceTensor::alloc(gpu, &wide, t.v.dtype())?;
+        zero(gpu, &mut v)?;
+        let h0 = zero_identity(gpu, dims.hv, dims.k, dims.v, dims.state)?;
+        let plan = op
+            .summary()
+            .plan(gpu, &Self::tail(&rows, &v, &h0, t)?, None, path)?;
+        let ws = plan.alloc_workspace(gpu)?;
+        let out = plan.alloc_outputs(gpu)?;
+        Ok(ForwardSummary {
+            rows,
+            v,
+            h0,
+            plan,
+            ws,
+            out,
         })
-        .collect();
-    check_call(group, part, chunk_size, &named)?;
-    let mut plans = Vec::new();
-    for ((r, gpu), t) in group.ranks().zip(shards) {
-        let s: &Shard = part.shard(r);
-        plans.push(match s.pieces.is_empty() {
-            true => None,
-            false => Some(op.plan(gpu, t, Some(&s.cu_seqlens()), path)?),
-        });
     }
-    let Some(dims) = shards.first().map(|t| Dims::of(t.k, t.v)) else {
-        return Ok(Vec::new());
-    };
-    let mut hm = Vec::new();
-    for ((r, gpu), t) in group.ranks().zip(shards) {
-        hm.push(match part.shard(r).continuing() {
-            Some(p) => Some(forward_summary(gpu, op, t, p, dims, path)?),
-            None => None,
-        });
+
+    /// The summary run's inputs.
+    fn tail<'a>(
+        rows: &'a PieceRows,
+        v: &'a DeviceTensor,
+        h0: &'a DeviceTensor,
+        t: &ForwardTensors<'a>,
+    ) -> GpuResult<ForwardTensors<'a>> {
+        let [Some(q), Some(k), Some(g), Some(beta)] = rows.rows(summary_sources(t)) else {
+            return Err(Error::missing("rows", "the piece's q, k, g, beta", "none").into());
+        };
+        Ok(ForwardTensors {
+            initial_state: Some(h0),
+            a_log: t.a_log,
+            dt_bias: t.dt_bias,
+            ..ForwardTensors::new(q, k, v, g, beta)
+        })
     }
-    let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
-    let entering = boundary_states(group, part, dims, hm, &initial, state_v_first)?;
-    let mut outs = Vec::new();
-    for (((_, gpu), t), (plan, h0)) in group.ranks().zip(shards).zip(plans.iter().zip(&entering)) {
-        let mut t = *t;
-        if let Some(h0) = h0 {
-            t.initial_state = Some(h0);
-        }
-        outs.push(match plan {
-            Some(plan) => {
-                let mut ws = plan.alloc_workspace(gpu)?;
-                let mut out = plan.alloc_outputs(gpu)?;
-                plan.run(gpu, &t, &mut ws, &mut out)?;
-                out
-            }
-            None => DeltaFwdDeviceOutputs {
-                o: DeviceTensor::alloc(gpu, &[1, 0, dims.hv, dims.v], t.q.dtype())?,
-                final_state: output_final_state
-                    .then(|| {
-                        DeviceTensor::alloc(gpu, &dims.state_shape(0, state_v_first), dims.state)
-                    })
-                    .transpose()?,
-            },
-        });
+
+    /// Copies the piece's rows of `t` into the buffers and queues the summary run.
+    fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<()> {
+        self.rows.fill(gpu, &summary_sources(t))?;
+        copy_padded_rows(gpu, t.v, self.rows.start, &mut self.v)?;
+        let tail = Self::tail(&self.rows, &self.v, &self.h0, t)?;
+        self.plan.run(gpu, &tail, &mut self.ws, &mut self.out)
     }
-    group.synchronize()?;
-    Ok(outs)
 }
 
-/// Context-parallel `kda_fwd` (`conformance/spec/ops-delta-rule.md` §6): `shards[i]` holds local
-/// rank `i`'s token rows of `q, k, v, g, beta` (`[1, T_r, ...]`), its pieces' rows of
-/// `initial_state` ([`super::scatter_states`]) and `A_log`, `dt_bias` whole. Every option of the
-/// single-GPU op applies. Returns per local rank `o` of its tokens and, with
-/// `output_final_state`, the exit state of each of its pieces (module docs).
+/// One local rank of a [`CpFwdPlan`].
+#[derive(Debug)]
+struct ForwardRank {
+    /// The local op on the shard (`None`: a rank without pieces).
+    local: Option<(DeltaFwdPlan, DeltaFwdWorkspace)>,
+    /// The summary of the rank's continuing piece, where it has one.
+    summary: Option<ForwardSummary>,
+}
+
+/// A persistent context-parallel `kda_fwd` / `gdn_fwd` (module docs): made once for a group, a
+/// partition, the shards' shapes and dtypes, the op's parameters and path; [`CpFwdPlan::run`]
+/// then runs the forward on shards of those shapes into outputs of [`CpFwdPlan::alloc_outputs`]
+/// with no allocation and no plan.
+#[derive(Debug)]
+pub struct CpFwdPlan<'g> {
+    frame: Frame<'g>,
+    op: Op,
+    /// `q`'s dtype (`o`'s).
+    dtype: Dtype,
+    ranks: Vec<ForwardRank>,
+}
+
+impl<'g> CpFwdPlan<'g> {
+    /// The plan of context-parallel `kda_fwd` (`conformance/spec/ops-delta-rule.md` §6):
+    /// `shards[i]` holds local rank `i`'s token rows of `q, k, v, g, beta` (`[1, T_r, ...]`),
+    /// its pieces' rows of `initial_state` ([`super::scatter_states`]) and `A_log`, `dt_bias`
+    /// whole. Every option of the single-GPU op applies. Errors (typed, naming the argument and
+    /// rank) before anything is allocated or launched.
+    pub fn kda(
+        group: &'g CpGroup,
+        part: &Partition,
+        shards: &[ForwardTensors<'_>],
+        p: &KdaFwdParams,
+        path: ForwardPath,
+    ) -> GpuResult<CpFwdPlan<'g>> {
+        Self::new(group, part, shards, Op::Kda(*p), path)
+    }
+
+    /// The plan of context-parallel `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §8), as
+    /// [`CpFwdPlan::kda`].
+    pub fn gdn(
+        group: &'g CpGroup,
+        part: &Partition,
+        shards: &[ForwardTensors<'_>],
+        p: &GdnFwdParams,
+        path: ForwardPath,
+    ) -> GpuResult<CpFwdPlan<'g>> {
+        Self::new(group, part, shards, Op::Gdn(*p), path)
+    }
+
+    fn new(
+        group: &'g CpGroup,
+        part: &Partition,
+        shards: &[ForwardTensors<'_>],
+        op: Op,
+        path: ForwardPath,
+    ) -> GpuResult<CpFwdPlan<'g>> {
+        let (chunk_size, _, state_v_first) = op.flags();
+        let args: Vec<Vec<Arg<'_>>> = shards.iter().map(forward_args).collect();
+        check_call(group, part, chunk_size, &args)?;
+        // every rank's local call validated before anything is allocated
+        let mut locals = Vec::new();
+        for ((r, gpu), t) in group.ranks().zip(shards) {
+            let s = part.shard(r);
+            locals.push(match s.pieces.is_empty() {
+                true => None,
+                false => Some(op.plan(gpu, t, Some(&s.cu_seqlens()), path)?),
+            });
+        }
+        let dims = Frame::first_dims(&args, "k", "v")?;
+        let mut ranks = Vec::new();
+        for (((r, gpu), t), local) in group.ranks().zip(shards).zip(locals) {
+            let s = part.shard(r);
+            let summary = s
+                .continuing()
+                .map(|p| ForwardSummary::new(gpu, op, t, p, s.tokens(), dims, path))
+                .transpose()?;
+            let local = match local {
+                Some(plan) => {
+                    let ws = plan.alloc_workspace(gpu)?;
+                    Some((plan, ws))
+                }
+                None => None,
+            };
+            ranks.push(ForwardRank { local, summary });
+        }
+        let summarises: Vec<bool> = ranks.iter().map(|r| r.summary.is_some()).collect();
+        let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
+        let boundary = Boundary::new(group, part, dims, &summarises, &initial, state_v_first)?;
+        Ok(CpFwdPlan {
+            frame: Frame {
+                group,
+                part: part.clone(),
+                dims,
+                inputs: args.iter().map(|a| Signature::of(a)).collect(),
+                boundary,
+            },
+            op,
+            dtype: shards[0].q.dtype(),
+            ranks,
+        })
+    }
+
+    /// The partition the plan runs.
+    pub fn partition(&self) -> &Partition {
+        &self.frame.part
+    }
+
+    /// Fresh (unwritten) outputs, per local rank: `o` of its tokens and, with
+    /// `output_final_state`, the exit state of each of its pieces (module docs); a rank without
+    /// pieces gets zero-row tensors, which [`CpFwdPlan::run`] neither reads nor writes.
+    pub fn alloc_outputs(&self) -> GpuResult<Vec<DeltaFwdDeviceOutputs>> {
+        let (_, output_final_state, state_v_first) = self.op.flags();
+        let d = self.frame.dims;
+        self.frame
+            .group
+            .ranks()
+            .zip(&self.ranks)
+            .map(|((_, gpu), rank)| match &rank.local {
+                Some((plan, _)) => plan.alloc_outputs(gpu),
+                None => Ok(DeltaFwdDeviceOutputs {
+                    o: DeviceTensor::alloc(gpu, &[1, 0, d.hv, d.v], self.dtype)?,
+                    final_state: output_final_state
+                        .then(|| {
+                            DeviceTensor::alloc(gpu, &d.state_shape(0, state_v_first), d.state)
+                        })
+                        .transpose()?,
+                }),
+            })
+            .collect()
+    }
+
+    /// Queues the forward of `shards` (one per local rank, the shapes and dtypes the plan was
+    /// made for) into `outs` ([`CpFwdPlan::alloc_outputs`]): every rank's call is checked first
+    /// (typed errors naming the argument and rank, before any launch on any GPU); then the
+    /// summaries, the all-gather (which waits for them), the merges and the local ops.
+    /// [`CpGroup::synchronize`] waits for the outputs.
+    pub fn run(
+        &mut self,
+        shards: &[ForwardTensors<'_>],
+        outs: &mut [DeltaFwdDeviceOutputs],
+    ) -> GpuResult<()> {
+        let group = self.frame.group;
+        let args: Vec<Vec<Arg<'_>>> = shards.iter().map(forward_args).collect();
+        self.frame.check(&args, outs.len())?;
+        for (i, ((rank, t), out)) in self.ranks.iter().zip(shards).zip(outs.iter()).enumerate() {
+            if let Some((plan, _)) = &rank.local {
+                let call = ForwardTensors {
+                    initial_state: self.frame.entering(i, t.initial_state),
+                    ..*t
+                };
+                plan.check_call(&call, out)?;
+            }
+        }
+        for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
+            if let Some(s) = &mut rank.summary {
+                s.run(gpu, t)?;
+            }
+        }
+        let sent: Vec<Option<&DeviceTensor>> = self
+            .ranks
+            .iter()
+            .map(|r| r.summary.as_ref().and_then(|s| s.out.final_state.as_ref()))
+            .collect();
+        let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
+        self.frame.exchange(&sent, &initial)?;
+        let each = group
+            .ranks()
+            .zip(shards)
+            .zip(self.ranks.iter_mut().zip(outs));
+        for (i, (((_, gpu), t), (rank, out))) in each.enumerate() {
+            if let Some((plan, ws)) = &mut rank.local {
+                let call = ForwardTensors {
+                    initial_state: self.frame.entering(i, t.initial_state),
+                    ..*t
+                };
+                plan.run(gpu, &call, ws, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// New outputs, one run, the ranks synchronised: what [`cp_kda_fwd`] and [`cp_gdn_fwd`]
+    /// return.
+    fn run_new(&mut self, shards: &[ForwardTensors<'_>]) -> GpuResult<Vec<DeltaFwdDeviceOutputs>> {
+        let mut outs = self.alloc_outputs()?;
+        self.run(shards, &mut outs)?;
+        self.frame.group.synchronize()?;
+        Ok(outs)
+    }
+}
+
+/// Context-parallel `kda_fwd` (`conformance/spec/ops-delta-rule.md` §6) in one call: the
+/// [`CpFwdPlan::kda`] of the shards, new outputs, one run, the ranks synchronised. Returns per
+/// local rank `o` of its tokens and, with `output_final_state`, the exit state of each of its
+/// pieces (module docs).
 pub fn cp_kda_fwd(
     group: &CpGroup,
     part: &Partition,
@@ -473,7 +834,7 @@ pub fn cp_kda_fwd(
     p: &KdaFwdParams,
     path: ForwardPath,
 ) -> GpuResult<Vec<DeltaFwdDeviceOutputs>> {
-    cp_forward(group, part, shards, Op::Kda(*p), path)
+    CpFwdPlan::kda(group, part, shards, p, path)?.run_new(shards)
 }
 
 /// Context-parallel `gdn_fwd` (`conformance/spec/ops-delta-rule.md` §8), as [`cp_kda_fwd`].
@@ -484,5 +845,223 @@ pub fn cp_gdn_fwd(
     p: &GdnFwdParams,
     path: ForwardPath,
 ) -> GpuResult<Vec<DeltaFwdDeviceOutputs>> {
-    cp_forward(group, part, shards, Op::Gdn(*p), path)
+    CpFwdPlan::gdn(group, part, shards, p, path)?.run_new(shards)
+}
+
+/// The summary of a rank's continuing piece for `fwd_h` (step 1): `fwd_h_pre_scan` on the
+/// piece's rows into `hm` (`[1, HV, K, V + K]`, the slot the rank sends).
+#[derive(Debug)]
+struct FwdHSummary {
+    /// The piece's rows of `k, w, u, g, gk`.
+    rows: PieceRows,
+    plan: FwdHPreScanPlan,
+    hm: DeviceTensor,
+}
+
+/// The summary's row sources: `k, w, u, g, gk` of the shard.
+fn prescan_sources<'a>(t: &FwdHTensors<'a>) -> [Option<&'a DeviceTensor>; 5] {
+    [Some(t.k), Some(t.w), Some(t.u), t.g, t.gk]
+}
+
+impl FwdHSummary {
+    fn new(
+        gpu: &Gpu,
+        t: &FwdHTensors<'_>,
+        piece: &Piece,
+        shard_tokens: usize,
+        chunk_size: i64,
+    ) -> GpuResult<FwdHSummary> {
+        let rows = PieceRows::new(gpu, piece, shard_tokens, &prescan_sources(t))?;
+        let params = FwdHPreScanParams { chunk_size };
+        let plan = FwdHPreScanPlan::new(gpu, &Self::tail(&rows, t)?, None, &params)?;
+        let hm = DeviceTensor::alloc(gpu, &plan.hm_shape(), plan.hm_dtype())?;
+        Ok(FwdHSummary { rows, plan, hm })
+    }
+
+    /// The pre-scan's inputs.
+    fn tail<'a>(rows: &'a PieceRows, t: &FwdHTensors<'a>) -> GpuResult<FwdHTensors<'a>> {
+        let [Some(k), Some(w), Some(u), g, gk] = rows.rows(prescan_sources(t)) else {
+            return Err(Error::missing("rows", "the piece's k, w, u", "none").into());
+        };
+        Ok(FwdHTensors {
+            g,
+            gk,
+            ..FwdHTensors::new(k, w, u)
+        })
+    }
+
+    /// Copies the piece's rows of `t` into the buffers and queues the pre-scan.
+    fn run(&mut self, gpu: &Gpu, t: &FwdHTensors<'_>) -> GpuResult<()> {
+        self.rows.fill(gpu, &prescan_sources(t))?;
+        let tail = Self::tail(&self.rows, t)?;
+        self.plan.run(gpu, &tail, &mut self.hm)
+    }
+}
+
+/// One local rank of a [`CpFwdHPlan`].
+#[derive(Debug)]
+struct FwdHRank {
+    /// The local op on the shard (`None`: a rank without pieces).
+    local: Option<FwdHPlan>,
+    summary: Option<FwdHSummary>,
+}
+
+/// A persistent context-parallel `chunk_gated_delta_rule_fwd_h`, as [`CpFwdPlan`].
+#[derive(Debug)]
+pub struct CpFwdHPlan<'g> {
+    frame: Frame<'g>,
+    params: FwdHParams,
+    /// `k`'s dtype (`h`'s and `v_new`'s).
+    dtype: Dtype,
+    ranks: Vec<FwdHRank>,
+}
+
+impl<'g> CpFwdHPlan<'g> {
+    /// The plan of context-parallel `chunk_gated_delta_rule_fwd_h`
+    /// (`conformance/spec/ops-delta-rule.md` §2): `shards[i]` holds local rank `i`'s token rows
+    /// of `k, w, u, g, gk` (`[1, T_r, ...]`) and, as its `initial_state`, the rows
+    /// `[P_r, HV, K, V]` of its pieces' sequences ([`super::scatter_states`]). Errors (typed,
+    /// naming the argument and rank) before anything is allocated or launched.
+    pub fn new(
+        group: &'g CpGroup,
+        part: &Partition,
+        shards: &[FwdHTensors<'_>],
+        params: &FwdHParams,
+    ) -> GpuResult<CpFwdHPlan<'g>> {
+        let args: Vec<Vec<Arg<'_>>> = shards.iter().map(fwd_h_args).collect();
+        check_call(group, part, params.chunk_size, &args)?;
+        let mut locals = Vec::new();
+        for ((r, gpu), t) in group.ranks().zip(shards) {
+            let s = part.shard(r);
+            locals.push(match s.pieces.is_empty() {
+                true => None,
+                false => Some(FwdHPlan::new(gpu, t, Some(&s.cu_seqlens()), params)?),
+            });
+        }
+        let dims = Frame::first_dims(&args, "k", "u")?;
+        let mut ranks = Vec::new();
+        for (((r, gpu), t), local) in group.ranks().zip(shards).zip(locals) {
+            let s = part.shard(r);
+            let summary = s
+                .continuing()
+                .map(|p| FwdHSummary::new(gpu, t, p, s.tokens(), params.chunk_size))
+                .transpose()?;
+            ranks.push(FwdHRank { local, summary });
+        }
+        let summarises: Vec<bool> = ranks.iter().map(|r| r.summary.is_some()).collect();
+        let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
+        let boundary = Boundary::new(
+            group,
+            part,
+            dims,
+            &summarises,
+            &initial,
+            params.state_v_first,
+        )?;
+        Ok(CpFwdHPlan {
+            frame: Frame {
+                group,
+                part: part.clone(),
+                dims,
+                inputs: args.iter().map(|a| Signature::of(a)).collect(),
+                boundary,
+            },
+            params: *params,
+            dtype: shards[0].k.dtype(),
+            ranks,
+        })
+    }
+
+    /// The partition the plan runs.
+    pub fn partition(&self) -> &Partition {
+        &self.frame.part
+    }
+
+    /// Fresh (unwritten) outputs, per local rank: `h` of its chunks, `v_new` of its tokens (with
+    /// `save_new_value`), the exit state of each piece (with `output_final_state`); a rank
+    /// without pieces gets zero-row tensors, which [`CpFwdHPlan::run`] neither reads nor
+    /// writes.
+    pub fn alloc_outputs(&self) -> GpuResult<Vec<FwdHDeviceOutputs>> {
+        let (d, p, dtype) = (self.frame.dims, &self.params, self.dtype);
+        self.frame
+            .group
+            .ranks()
+            .zip(&self.ranks)
+            .map(|((_, gpu), rank)| match &rank.local {
+                Some(plan) => plan.alloc_outputs(gpu),
+                None => Ok(FwdHDeviceOutputs {
+                    h: {
+                        let [_, hv, a, b] = d.state_shape(0, p.state_v_first);
+                        DeviceTensor::alloc(gpu, &[1, 0, hv, a, b], dtype)?
+                    },
+                    v_new: p
+                        .save_new_value
+                        .then(|| DeviceTensor::alloc(gpu, &[1, 0, d.hv, d.v], dtype))
+                        .transpose()?,
+                    final_state: p
+                        .output_final_state
+                        .then(|| {
+                            DeviceTensor::alloc(gpu, &d.state_shape(0, p.state_v_first), d.state)
+                        })
+                        .transpose()?,
+                }),
+            })
+            .collect()
+    }
+
+    /// Queues the recurrence of `shards` into `outs`, as [`CpFwdPlan::run`].
+    pub fn run(
+        &mut self,
+        shards: &[FwdHTensors<'_>],
+        outs: &mut [FwdHDeviceOutputs],
+    ) -> GpuResult<()> {
+        let group = self.frame.group;
+        let args: Vec<Vec<Arg<'_>>> = shards.iter().map(fwd_h_args).collect();
+        self.frame.check(&args, outs.len())?;
+        for (rank, out) in self.ranks.iter().zip(outs.iter()) {
+            if let Some(plan) = &rank.local {
+                plan.check_outputs(out)?;
+            }
+        }
+        for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
+            if let Some(s) = &mut rank.summary {
+                s.run(gpu, t)?;
+            }
+        }
+        let sent: Vec<Option<&DeviceTensor>> = self
+            .ranks
+            .iter()
+            .map(|r| r.summary.as_ref().map(|s| &s.hm))
+            .collect();
+        let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
+        self.frame.exchange(&sent, &initial)?;
+        let each = group.ranks().zip(shards).zip(self.ranks.iter().zip(outs));
+        for (i, (((_, gpu), t), (rank, out))) in each.enumerate() {
+            if let Some(plan) = &rank.local {
+                let call = FwdHTensors {
+                    initial_state: self.frame.entering(i, t.initial_state),
+                    ..*t
+                };
+                plan.run(gpu, &call, out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Context-parallel `chunk_gated_delta_rule_fwd_h` (`conformance/spec/ops-delta-rule.md` §2) in
+/// one call: the [`CpFwdHPlan`] of the shards, new outputs, one run, the ranks synchronised.
+/// Returns per local rank `h` of its chunks, `v_new` of its tokens, and the exit state of each
+/// piece (module docs).
+pub fn cp_chunk_gated_delta_rule_fwd_h(
+    group: &CpGroup,
+    part: &Partition,
+    shards: &[FwdHTensors<'_>],
+    params: &FwdHParams,
+) -> GpuResult<Vec<FwdHDeviceOutputs>> {
+    let mut plan = CpFwdHPlan::new(group, part, shards, params)?;
+    let mut outs = plan.alloc_outputs()?;
+    plan.run(shards, &mut outs)?;
+    group.synchronize()?;
+    Ok(outs)
 }

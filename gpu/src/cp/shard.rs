@@ -1,6 +1,7 @@
 //! Moving sharded tensors: host arrays to each rank's shard ([`scatter_tokens`],
 //! [`scatter_states`]) and back ([`gather_tokens`], [`gather_final_states`]), and the device
-//! copies the context-parallel ops make (rows of a tensor, the summary's padded values).
+//! copies the context-parallel plans make into their buffers at each run (rows of a tensor,
+//! the summary's padded values).
 //!
 //! Layouts: a token tensor is packed varlen `[1, T, ...]`; rank `r` holds the rows
 //! `[c_r, c_{r+1})` of axis 1. A per-chunk tensor (`h` of `fwd_h`, `[1, NT, ...]`) is sharded
@@ -17,69 +18,71 @@ use attn_reference::{Dtype, Error};
 use cudarc::driver::{sys, DevicePtr, DevicePtrMut};
 use ndarray::{concatenate, ArrayD, ArrayViewD, Axis, Slice};
 
-/// Token rows `[start, start + len)` of a packed `[1, T, ...]` tensor, copied into a new
-/// `[1, len, ...]` tensor.
-pub(crate) fn token_rows(
+/// Bytes of one token row of a packed `[1, T, ...]` tensor.
+fn token_row_bytes(t: &DeviceTensor) -> usize {
+    t.shape()[2..].iter().product::<usize>() * t.dtype().size_bytes()
+}
+
+/// Copies the token rows `[start, start + len)` of a packed `[1, T, ...]` tensor `src` into
+/// `dst` (`[1, len, ...]`, the same trailing shape and dtype; the caller checked both shapes).
+pub(crate) fn copy_token_rows(
     gpu: &Gpu,
-    t: &DeviceTensor,
+    src: &DeviceTensor,
     start: usize,
-    len: usize,
-) -> GpuResult<DeviceTensor> {
-    let shape = t.shape();
-    let row: usize = shape[2..].iter().product::<usize>() * t.dtype().size_bytes();
-    let mut new_shape = shape.to_vec();
-    new_shape[1] = len;
-    let mut out = DeviceTensor::alloc(gpu, &new_shape, t.dtype())?;
-    let bytes = row * len;
+    dst: &mut DeviceTensor,
+) -> GpuResult<()> {
+    let row = token_row_bytes(src);
+    let bytes = dst.num_bytes();
     if bytes > 0 {
-        let src = t.buffer().slice(start * row..start * row + bytes);
-        let mut dst = out.buffer_mut().slice_mut(0..bytes);
+        let src = src.buffer().slice(start * row..start * row + bytes);
+        let mut dst = dst.buffer_mut().slice_mut(0..bytes);
         gpu.stream()
             .memcpy_dtod(&src, &mut dst)
             .map_err(GpuError::driver("copy of shard rows"))?;
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Rows `rows` of axis 0 of `t`, in that order, copied into a new tensor.
-pub(crate) fn select_rows(gpu: &Gpu, t: &DeviceTensor, rows: &[usize]) -> GpuResult<DeviceTensor> {
-    let row: usize = t.shape()[1..].iter().product::<usize>() * t.dtype().size_bytes();
-    let mut shape = t.shape().to_vec();
-    shape[0] = rows.len();
-    let mut out = DeviceTensor::alloc(gpu, &shape, t.dtype())?;
+/// Copies rows `rows` of axis 0 of `src`, in that order, into `dst` (`[rows.len(), ...]`, the
+/// same trailing shape and dtype).
+pub(crate) fn copy_rows(
+    gpu: &Gpu,
+    src: &DeviceTensor,
+    rows: &[usize],
+    dst: &mut DeviceTensor,
+) -> GpuResult<()> {
+    let row: usize = src.shape()[1..].iter().product::<usize>() * src.dtype().size_bytes();
     for (i, &r) in rows.iter().enumerate() {
         if row > 0 {
-            let src = t.buffer().slice(r * row..(r + 1) * row);
-            let mut dst = out.buffer_mut().slice_mut(i * row..(i + 1) * row);
+            let src = src.buffer().slice(r * row..(r + 1) * row);
+            let mut dst = dst.buffer_mut().slice_mut(i * row..(i + 1) * row);
             gpu.stream()
                 .memcpy_dtod(&src, &mut dst)
                 .map_err(GpuError::driver("copy of summary rows"))?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// `t` (`[.., W]`) with `extra` zero columns appended to its last axis (`[.., W + extra]`): one
-/// strided 2-D copy after a memset.
-pub(crate) fn pad_last_axis(gpu: &Gpu, t: &DeviceTensor, extra: usize) -> GpuResult<DeviceTensor> {
-    let shape = t.shape();
-    let w = *shape.last().unwrap_or(&1);
-    let mut new_shape = shape.to_vec();
-    if let Some(l) = new_shape.last_mut() {
-        *l += extra;
-    }
-    let mut out = DeviceTensor::alloc(gpu, &new_shape, t.dtype())?;
-    let es = t.dtype().size_bytes();
-    let rows = t.numel() / w.max(1);
+/// Copies the token rows `[start, start + len)` of `src` (`[1, T, .., W]`) into the first `W`
+/// columns of the last axis of `dst` (`[1, len, .., W + extra]`; the caller checked both
+/// shapes): one strided 2-D copy per slab of rows; `dst`'s other columns are left as they are
+/// (the summary's `[v | 0]` is zeroed once when its plan is made).
+pub(crate) fn copy_padded_rows(
+    gpu: &Gpu,
+    src: &DeviceTensor,
+    start: usize,
+    dst: &mut DeviceTensor,
+) -> GpuResult<()> {
+    let w = *src.shape().last().unwrap_or(&1);
+    let wide = *dst.shape().last().unwrap_or(&1);
+    let es = src.dtype().size_bytes();
+    let rows = dst.numel() / wide.max(1);
+    let first = start * (token_row_bytes(src) / (w * es).max(1));
     let stream = gpu.stream();
-    let src_guard = t.buffer().device_ptr(stream);
-    let dst_guard = out.buffer_mut().device_ptr_mut(stream);
+    let src_guard = src.buffer().device_ptr(stream);
+    let dst_guard = dst.buffer_mut().device_ptr_mut(stream);
     let (src, dst) = (src_guard.0, dst_guard.0);
-    // SAFETY: `dst` holds rows · (w + extra) elements, `src` rows · w; the copies stay inside.
-    unsafe {
-        cudarc::driver::result::memset_d8_async(dst, 0, rows * (w + extra) * es, stream.cu_stream())
-    }
-    .map_err(GpuError::driver("memset of padded values"))?;
     // in slabs, well below any limit on the height of a 2-D copy
     let slab = 1 << 20;
     let mut r0 = 0;
@@ -90,27 +93,28 @@ pub(crate) fn pad_last_axis(gpu: &Gpu, t: &DeviceTensor, extra: usize) -> GpuRes
             srcY: 0,
             srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             srcHost: std::ptr::null(),
-            srcDevice: src + (r0 * w * es) as u64,
+            srcDevice: src + ((first + r0) * w * es) as u64,
             srcArray: std::ptr::null_mut(),
             srcPitch: w * es,
             dstXInBytes: 0,
             dstY: 0,
             dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             dstHost: std::ptr::null_mut(),
-            dstDevice: dst + (r0 * (w + extra) * es) as u64,
+            dstDevice: dst + (r0 * wide * es) as u64,
             dstArray: std::ptr::null_mut(),
-            dstPitch: (w + extra) * es,
+            dstPitch: wide * es,
             WidthInBytes: w * es,
             Height: h,
         };
-        // SAFETY: both regions lie inside their buffers (above); the stream is this GPU's.
+        // SAFETY: `dst` holds `rows · wide` elements and `src` at least `(first + rows) · w`
+        // (the shapes the caller checked); the copies stay inside. The stream is this GPU's.
         unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
             .result()
             .map_err(GpuError::driver("2-D copy of padded values"))?;
         r0 += h;
     }
     drop((src_guard, dst_guard));
-    Ok(out)
+    Ok(())
 }
 
 /// Sets every byte of `t` to 0.

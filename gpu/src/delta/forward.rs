@@ -1123,8 +1123,10 @@ impl DeltaFwdPlan {
         })
     }
 
-    /// Re-validates `t` and checks it and `out` against the plan's shapes and dtypes.
-    fn check_call(
+    /// Re-validates `t` and checks it and `out` against the plan's shapes and dtypes (what
+    /// [`DeltaFwdPlan::run`] checks before its first launch; the context-parallel plan checks
+    /// every rank's call with it before any rank launches).
+    pub(crate) fn check_call(
         &self,
         t: &ForwardTensors<'_>,
         out: &DeltaFwdDeviceOutputs,

@@ -1,5 +1,5 @@
 //! The context-parallel rows of `bench_gpu` (`cp_gdn_*`, `cp_kda_*`): the whole forward
-//! (`attn_gpu::cp::cp_gdn_fwd` / `cp_kda_fwd`) over `R` = 1, 2, 4 GPUs of the host (one
+//! (`attn_gpu::cp::CpFwdPlan::run`, GDN or KDA) over `R` = 1, 2, 4 GPUs of the host (one
 //! process, NCCL), on the rows of issue 25: bf16, K = V = 128, H = HV = 4 and 16, one sequence
 //! of 1,048,576 tokens or 524,288 + 64 × 4096, chunk 64, q/k L2-normalised in the kernel,
 //! `initial_state`, final state; the decay `g` given per token (GDN `[T, HV]`, KDA `[T, HV, K]`,
@@ -8,18 +8,20 @@
 //! `tools/cp_anchors.py` times FLA's and FlashQLA's context parallelism on the same rows.
 //!
 //! Method: the inputs are already sharded on the devices ([`Partition::balanced`], the ops'
-//! default minimum piece): the scatter is not timed. One sample is the host wall time of one
-//! call, from its first launch until every rank has synchronised (the call ends with
-//! `CpGroup::synchronize`; all ranks are idle before it); median of `min(--iters, 10)` samples
-//! after 2 warm-up calls. `single_ms` is our best single-GPU time of the same row: the plain
+//! default minimum piece): the scatter is not timed, nor is the plan (`CpFwdPlan`: plans,
+//! tables, workspaces, summary and all-gather buffers, made once per row, outputs allocated
+//! once). One sample is the host wall time of one `CpFwdPlan::run` and `CpGroup::synchronize`,
+//! from its first launch until every rank has synchronised (all ranks are idle before it);
+//! median of `min(--iters, 10)` samples after 2 warm-up calls. `single_ms` is our best single-GPU time of the same row: the plain
 //! `DeltaFwdPlan` forward on GPU 0 on the whole input (its automatic split included), timed the
 //! same way (run + synchronise). Each row reports `speedup_r1` (the `R = 1` row's time over
 //! this one's), `vs_single` (`single_ms` over this one's) and `mem_gib` (per GPU: device
-//! memory in use after the row's calls: inputs, last outputs, the allocator's pool). A row
+//! memory in use after the row's calls: inputs, and the plan's buffers and outputs kept by the
+//! allocator's pool after the plan is dropped). A row
 //! for more GPUs than the host has, or without NCCL, is skipped with a printed reason.
 
 use super::random_tensor;
-use attn_gpu::cp::{cp_gdn_fwd, cp_kda_fwd, CpGroup, Partition, DEFAULT_MIN_PIECE_CHUNKS};
+use attn_gpu::cp::{CpFwdPlan, CpGroup, Partition, DEFAULT_MIN_PIECE_CHUNKS};
 use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{DeviceTensor, Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
@@ -182,7 +184,8 @@ fn bytes(case: &CpCase) -> usize {
     t * (3 * h * K * 2 + h * gk * 4 + h * 4 + h * V * 2) + 2 * n * h * K * V * 4
 }
 
-/// The CP forward of `case` over `group` on its shards; returns the median ms.
+/// The CP forward of `case` over `group` on its shards (its plan made outside the timing);
+/// returns the median ms.
 fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> GpuResult<f64> {
     let shards = group
         .ranks()
@@ -199,14 +202,16 @@ fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> Gp
         .collect::<GpuResult<Vec<_>>>()?;
     group.synchronize()?;
     let tensors: Vec<ForwardTensors<'_>> = shards.iter().map(Inputs::tensors).collect();
+    let mut plan = if case.kda {
+        CpFwdPlan::kda(group, part, &tensors, &kda_params(), ForwardPath::Auto)?
+    } else {
+        CpFwdPlan::gdn(group, part, &tensors, &gdn_params(), ForwardPath::Auto)?
+    };
+    let mut outs = plan.alloc_outputs()?;
+    group.synchronize()?;
     wall_ms(iters, || {
-        let outs = if case.kda {
-            cp_kda_fwd(group, part, &tensors, &kda_params(), ForwardPath::Auto)?
-        } else {
-            cp_gdn_fwd(group, part, &tensors, &gdn_params(), ForwardPath::Auto)?
-        };
-        drop(outs);
-        Ok(())
+        plan.run(&tensors, &mut outs)?;
+        group.synchronize()
     })
 }
 
