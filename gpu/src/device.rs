@@ -191,6 +191,15 @@ impl Gpu {
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
+
+    /// Makes this GPU's context current on the calling thread. Raw driver calls (a 2-D copy, a
+    /// byte fill) act in the current context, which with several GPUs driven from one thread
+    /// (context parallelism) may be another GPU's; cudarc's own calls bind for themselves.
+    pub(crate) fn bind(&self) -> GpuResult<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(GpuError::driver("binding the context"))
+    }
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }

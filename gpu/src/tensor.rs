@@ -155,6 +155,7 @@ impl DeviceTensor {
 
     /// Fills every byte with 0xFF: NaN in every float dtype (poisons an output before a test).
     pub fn poison(&mut self, gpu: &Gpu) -> GpuResult<()> {
+        gpu.bind()?;
         let n = self.buf.len();
         let (ptr, _g) = self.buf.device_ptr_mut(gpu.stream());
         // SAFETY: `ptr` points to `n` bytes owned by this tensor.

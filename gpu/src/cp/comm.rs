@@ -151,8 +151,7 @@ fn keep_freed_memory(gpu: &Gpu) -> GpuResult<()> {
     if !ctx.has_async_alloc() {
         return Ok(());
     }
-    ctx.bind_to_thread()
-        .map_err(GpuError::driver("binding the context"))?;
+    gpu.bind()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut threshold: u64 = u64::MAX;
     // SAFETY: `pool` receives the device's default pool; the attribute takes a pointer to a u64.

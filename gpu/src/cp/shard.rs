@@ -79,6 +79,7 @@ pub(crate) fn copy_padded_rows(
     let es = src.dtype().size_bytes();
     let rows = dst.numel() / wide.max(1);
     let first = start * (token_row_bytes(src) / (w * es).max(1));
+    gpu.bind()?;
     let stream = gpu.stream();
     let src_guard = src.buffer().device_ptr(stream);
     let dst_guard = dst.buffer_mut().device_ptr_mut(stream);
@@ -119,11 +120,8 @@ pub(crate) fn copy_padded_rows(
 
 /// Sets every byte of `t` to 0.
 pub(crate) fn zero(gpu: &Gpu, t: &mut DeviceTensor) -> GpuResult<()> {
-    let stream = gpu.stream();
-    let n = t.buffer().len();
-    let (ptr, _g) = t.buffer_mut().device_ptr_mut(stream);
-    // SAFETY: `ptr` points to the `n` bytes of `t`'s buffer.
-    unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, n, stream.cu_stream()) }
+    gpu.stream()
+        .memset_zeros(t.buffer_mut())
         .map_err(GpuError::driver("memset"))
 }
 
