@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, run on the device machine from the repository root (staged by gpu-suite.sh):
 #
-#   bash STAGE/run.sh STAGE [all|tests|verify|python|sanitizer|bench|tune]...
+#   bash STAGE/run.sh STAGE [all|tests|verify|python|sanitizer|bench|tune|cp|cpbench|ptx|profile]...
 #
 # Writes into $OUT: summary.txt (the short table of everything), tests.log, verify.log, python.log,
 # sanitizer.log, bench.txt, bench_gpu.json, bench_anchors.json, tune.txt. `tune` (not part of
@@ -25,6 +25,11 @@
 # this script links it as /tmp/attn-nccl/libnccl.so and puts that folder on LD_LIBRARY_PATH.
 # `ptx` (not in `all`): ptxas -v register and spill report of the modules in $ATTN_PTX_MODULES
 # (default: the decode kernels).
+# `profile` (not in `all`): Nsight Compute on one launch of each kernel matching the regex
+# $ATTN_PROFILE_KERNELS (default: the intra stages and fused kernels of the delta-rule forward)
+# in bench_gpu's rows $ATTN_PROFILE_ROWS (default fwd_gdn_h32_8x8192,fwd_kda_h32_8x8192), after
+# $ATTN_PROFILE_SKIP launches of it (default 5, past the warm-up): profile.ncu-rep and
+# profile.txt (duration, throughput of memory and SM, occupancy, registers, the stall reasons).
 set -u -o pipefail
 S=${1:?usage: run.sh STAGE_DIR [parts]}
 shift
@@ -152,6 +157,19 @@ if [[ " $PARTS " == *" ptx "* ]]; then
       grep -E "Compiling entry|registers|spill" | paste - - - | sed -E 's/ptxas info *: //g' >"$OUT/ptx_$m.txt"
     say "ptxas $m: $(grep -c . "$OUT/ptx_$m.txt") kernels, $(grep -vc ' 0 bytes spill stores' "$OUT/ptx_$m.txt") with spills"
   done
+fi
+
+if [[ " $PARTS " == *" profile "* ]]; then
+  K=${ATTN_PROFILE_KERNELS:-'regex:^(gdn_intra|kda_intra_mma|delta_fwd_gdn|delta_fwd_mma)'}
+  timeout 500 ncu --clock-control none --kernel-name "$K" --launch-skip "${ATTN_PROFILE_SKIP:-5}" --launch-count 1 \
+    --set full -f -o "$OUT/profile" "$S/bin/bench_gpu" --iters 20 \
+    --filter "${ATTN_PROFILE_ROWS:-fwd_gdn_h32_8x8192,fwd_kda_h32_8x8192}" >"$OUT/profile_run.log" 2>&1
+  say "ncu: exit $?"
+  ncu --import "$OUT/profile.ncu-rep" --page details --print-units base \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    >"$OUT/profile.txt" 2>&1
+  grep -E '^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Stall' \
+    "$OUT/profile.txt" | head -80 >>"$SUM"
 fi
 
 if want bench; then
