@@ -25,11 +25,11 @@
 # this script links it as /tmp/attn-nccl/libnccl.so and puts that folder on LD_LIBRARY_PATH.
 # `ptx` (not in `all`): ptxas -v register and spill report of the modules in $ATTN_PTX_MODULES
 # (default: the decode kernels).
-# `profile` (not in `all`): Nsight Compute on one launch of each kernel matching the regex
-# $ATTN_PROFILE_KERNELS (default: the intra stages and fused kernels of the delta-rule forward)
-# in bench_gpu's rows $ATTN_PROFILE_ROWS (default fwd_gdn_h32_8x8192,fwd_kda_h32_8x8192), after
-# $ATTN_PROFILE_SKIP launches of it (default 5, past the warm-up): profile.ncu-rep and
-# profile.txt (duration, throughput of memory and SM, occupancy, registers, the stall reasons).
+# `profile` (not in `all`): Nsight Compute, per bench_gpu row of $ATTN_PROFILE_ROWS (default
+# fwd_gdn_h32_8x8192,fwd_kda_h32_8x8192), on $ATTN_PROFILE_COUNT (4) launches of the kernels
+# matching $ATTN_PROFILE_KERNELS (default: the delta-rule intra stages and fused kernels) after
+# $ATTN_PROFILE_SKIP (6) of them: profile_ROW.ncu-rep and profile_ROW.txt (duration, memory and SM
+# throughput, occupancy, registers, stall reasons).
 set -u -o pipefail
 S=${1:?usage: run.sh STAGE_DIR [parts]}
 shift
@@ -161,15 +161,18 @@ fi
 
 if [[ " $PARTS " == *" profile "* ]]; then
   K=${ATTN_PROFILE_KERNELS:-'regex:^(gdn_intra|kda_intra_mma|delta_fwd_gdn|delta_fwd_mma)'}
-  timeout 500 ncu --clock-control none --kernel-name "$K" --launch-skip "${ATTN_PROFILE_SKIP:-5}" --launch-count 1 \
-    --set full -f -o "$OUT/profile" "$S/bin/bench_gpu" --iters 20 \
-    --filter "${ATTN_PROFILE_ROWS:-fwd_gdn_h32_8x8192,fwd_kda_h32_8x8192}" >"$OUT/profile_run.log" 2>&1
-  say "ncu: exit $?"
-  ncu --import "$OUT/profile.ncu-rep" --page details --print-units base \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    >"$OUT/profile.txt" 2>&1
-  grep -E '^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Stall' \
-    "$OUT/profile.txt" | head -80 >>"$SUM"
+  rows=${ATTN_PROFILE_ROWS:-fwd_gdn_h32_8x8192,fwd_kda_h32_8x8192}
+  for row in ${rows//,/ }; do
+    timeout 300 ncu --clock-control none --kernel-name "$K" --launch-skip "${ATTN_PROFILE_SKIP:-6}" \
+      --launch-count "${ATTN_PROFILE_COUNT:-4}" --set full -f -o "$OUT/profile_$row" \
+      "$S/bin/bench_gpu" --iters 20 --filter "$row" >"$OUT/profile_$row.log" 2>&1
+    say "ncu $row: exit $?"
+    ncu --import "$OUT/profile_$row.ncu-rep" --page details --print-units base \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      >"$OUT/profile_$row.txt" 2>&1
+    grep -E '^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Stall' \
+      "$OUT/profile_$row.txt" | head -60 >>"$SUM"
+  done
 fi
 
 if want bench; then
