@@ -30,6 +30,36 @@ struct FusedArgs {
     i64 h0_dtype, v_first, npieces, gate_mode;
 };
 
+// A CTA of the fused kernels over the pieces table (conformance/spec/ops-delta-rule.md 5.9-5.10):
+// piece p and value head hv from blockIdx.x. False where there is nothing to run: the verdict
+// (gate_mode 1: the split's launch, 2: the serial one) leaves the (sequence, head) to the other
+// launch, or an earlier piece runs through this one (warm-up -1). Else the rows [row0, end): w
+// warm-up chunks before the piece (state only), the piece, and the later pieces of the sequence
+// marked -1; and the sequence's bounds and index.
+struct PieceRun {
+    i64 hv, seq0, seqend, n, w, row0, end;
+};
+
+template <typename A>
+__device__ __forceinline__ bool piece_run(const A& a, PieceRun& r) {
+    const i64 p = blockIdx.x / a.HV;
+    r.hv = blockIdx.x % a.HV;
+    const i64* pieces = reinterpret_cast<const i64*>(a.pieces);
+    const i64* warm = reinterpret_cast<const i64*>(a.warm);
+    r.seq0 = pieces[p * 5 + 2];
+    r.seqend = pieces[p * 5 + 3];
+    r.n = pieces[p * 5 + 4];
+    if (a.gate_mode != 0 && (reinterpret_cast<const i64*>(a.gate)[r.n * a.HV + r.hv] != 0) != (a.gate_mode == 1)) return false;
+    r.w = warm != nullptr ? warm[p * a.HV + r.hv] : 0;
+    if (r.w < 0) return false;
+    r.end = pieces[p * 5] + pieces[p * 5 + 1];
+    for (i64 q = p + 1; warm != nullptr && q < a.npieces && pieces[q * 5 + 2] == r.seq0 && warm[q * a.HV + r.hv] < 0; ++q)
+        r.end = pieces[q * 5] + pieces[q * 5 + 1];
+    r.row0 = pieces[p * 5] - r.w * a.bt;
+    return true;
+}
+
+
 template <typename T, int KP, int BV> struct FusedSmem {
     static constexpr int KPITCH = KP + 8, VPITCH = BV + 8, APITCH = FWDH_BT + 8;
     static constexpr unsigned KROW = KPITCH * sizeof(T), VROW = VPITCH * sizeof(T), AROW = APITCH * sizeof(T);
@@ -124,20 +154,12 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, t4 = lane & 3;
 
-    const i64 p = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
     const i64 c0 = (i64)blockIdx.y * BV;
     const int nb = (int)min((i64)BV, a.V - c0);
-    const i64* pieces = reinterpret_cast<const i64*>(a.pieces);
-    const i64* warm = reinterpret_cast<const i64*>(a.warm);
-    const i64 seq0 = pieces[p * 5 + 2], seqend = pieces[p * 5 + 3], n = pieces[p * 5 + 4];
-    if (a.gate_mode != 0 && (reinterpret_cast<const i64*>(a.gate)[n * a.HV + hv] != 0) != (a.gate_mode == 1)) return;
-    const i64 w = warm != nullptr ? warm[p * a.HV + hv] : 0;
-    if (w < 0) return;  // an earlier piece runs through this one
-    i64 end = pieces[p * 5] + pieces[p * 5 + 1];
-    for (i64 q = p + 1; warm != nullptr && q < a.npieces && pieces[q * 5 + 2] == seq0 && warm[q * a.HV + hv] < 0; ++q)
-        end = pieces[q * 5] + pieces[q * 5 + 1];
+    PieceRun pr;
+    if (!piece_run(a, pr)) return;
+    const i64 hv = pr.hv, seq0 = pr.seq0, seqend = pr.seqend, n = pr.n, w = pr.w, row0 = pr.row0, end = pr.end;
     const int bt = (int)a.bt;
-    const i64 row0 = pieces[p * 5] - w * bt;  // w warm-up chunks first (state only)
     const i64 len = end - row0;
     const i64 cbase = reinterpret_cast<const i64*>(a.seqs)[n * 3 + 2] + (row0 - seq0) / bt;  // lam row of row0
     const bool from_start = row0 == seq0, to_end = end == seqend;
@@ -447,20 +469,12 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
     const int gid = lane >> 2, t4 = lane & 3;
     const int mt = warp >> 1, nt0 = (warp & 1) * TW;  // this warp's chunk tiles
 
-    const i64 p = blockIdx.x / a.HV, hv = blockIdx.x % a.HV;
     const i64 c0 = (i64)blockIdx.y * BV;
     const int nb = (int)min((i64)BV, a.V - c0);
-    const i64* pieces = reinterpret_cast<const i64*>(a.pieces);
-    const i64* warm = reinterpret_cast<const i64*>(a.warm);
-    const i64 seq0 = pieces[p * 5 + 2], seqend = pieces[p * 5 + 3], n = pieces[p * 5 + 4];
-    if (a.gate_mode != 0 && (reinterpret_cast<const i64*>(a.gate)[n * a.HV + hv] != 0) != (a.gate_mode == 1)) return;
-    const i64 w = warm != nullptr ? warm[p * a.HV + hv] : 0;
-    if (w < 0) return;  // an earlier piece runs through this one
-    i64 end = pieces[p * 5] + pieces[p * 5 + 1];
-    for (i64 q = p + 1; warm != nullptr && q < a.npieces && pieces[q * 5 + 2] == seq0 && warm[q * a.HV + hv] < 0; ++q)
-        end = pieces[q * 5] + pieces[q * 5 + 1];
+    PieceRun pr;
+    if (!piece_run(a, pr)) return;
+    const i64 hv = pr.hv, seq0 = pr.seq0, seqend = pr.seqend, n = pr.n, w = pr.w, row0 = pr.row0, end = pr.end;
     const int bt = (int)a.bt;
-    const i64 row0 = pieces[p * 5] - w * bt;  // w warm-up chunks first (state only)
     const i64 len = end - row0;
     const bool from_start = row0 == seq0, to_end = end == seqend;
     const i64 nchunks = (len + bt - 1) / bt;

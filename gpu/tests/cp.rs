@@ -98,19 +98,19 @@ fn to_f32(a: &ArrayD<f64>) -> ArrayD<f32> {
     a.mapv(|x| x as f32)
 }
 
-/// One forward case over `ranks` GPUs: CP vs reference, CP vs GPU 0 alone, CP twice.
-fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: bool) {
-    let ranks = group.world();
-    let (name, cu, splits) = layouts().swap_remove(lay);
-    let what = format!(
-        "{} R={ranks} {name} {regime:?} h0={h0}",
-        if per_key { "kda" } else { "gdn" }
-    );
-    let gpu0 = group.gpu(0);
-    let t = *cu.last().unwrap() as usize;
-    let draw_spec = Draw {
+/// A bf16 forward case on GPU 0 over the layout `cu` (1 key head, 2 value heads, K = V = 64,
+/// fp32 gates and states), with one `initial_state` row per sequence when `h0`.
+fn draw_forward(
+    gpu0: &Gpu,
+    cu: &[i64],
+    per_key: bool,
+    regime: Regime,
+    h0: bool,
+    seed: u64,
+) -> (ForwardHost, ForwardDev) {
+    let spec = Draw {
         b: 1,
-        t,
+        t: *cu.last().unwrap() as usize,
         h: 1,
         hv: 2,
         k: 64,
@@ -123,8 +123,8 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
         h0,
         v_first: false,
     };
-    let mut rng = Rng::new(0xC0 + lay as u64 + 16 * ranks as u64);
-    let (mut host, mut dev) = draw(gpu0, &mut rng, &draw_spec, Dtype::BF16, Dtype::F32);
+    let mut rng = Rng::new(seed);
+    let (mut host, mut dev) = draw(gpu0, &mut rng, &spec, Dtype::BF16, Dtype::F32);
     set_state_rows(
         gpu0,
         &mut rng,
@@ -133,6 +133,133 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
         cu.len() - 1,
         false,
         Dtype::F32,
+    );
+    (host, dev)
+}
+
+/// The token rows of `a` over the ranks of `part`, in bf16.
+fn scatter_bf16(
+    group: &CpGroup,
+    part: &Partition,
+    arg: &str,
+    a: &ArrayD<f64>,
+) -> Vec<DeviceTensor> {
+    scatter_tokens(group, part, arg, to_bf16(a).view()).unwrap()
+}
+
+/// The token rows of `a` over the ranks of `part`, in fp32.
+fn scatter_f32(group: &CpGroup, part: &Partition, arg: &str, a: &ArrayD<f64>) -> Vec<DeviceTensor> {
+    scatter_tokens(group, part, arg, to_f32(a).view()).unwrap()
+}
+
+/// The initial states `a` (one row per sequence) over the ranks of `part`, in fp32.
+fn scatter_h0(group: &CpGroup, part: &Partition, a: &ArrayD<f64>) -> Vec<DeviceTensor> {
+    scatter_states(group, part, "initial_state", to_f32(a).view()).unwrap()
+}
+
+/// A forward case's inputs scattered over the ranks of a partition (bf16 q, k, v; fp32 g, β
+/// and initial states).
+struct Scattered {
+    q: Vec<DeviceTensor>,
+    k: Vec<DeviceTensor>,
+    v: Vec<DeviceTensor>,
+    g: Vec<DeviceTensor>,
+    beta: Vec<DeviceTensor>,
+    h0: Option<Vec<DeviceTensor>>,
+}
+
+impl Scattered {
+    fn new(group: &CpGroup, part: &Partition, host: &ForwardHost) -> Scattered {
+        let sc = |arg, a: &ArrayD<f64>| scatter_bf16(group, part, arg, a);
+        let sf = |arg, a: &ArrayD<f64>| scatter_f32(group, part, arg, a);
+        Scattered {
+            q: sc("q", &host.q.clone().into_dyn()),
+            k: sc("k", &host.k.clone().into_dyn()),
+            v: sc("v", &host.v.clone().into_dyn()),
+            g: sf("g", &host.g),
+            beta: sf("beta", &host.beta.clone().into_dyn()),
+            h0: host
+                .h0
+                .as_ref()
+                .map(|a| scatter_h0(group, part, &a.clone().into_dyn())),
+        }
+    }
+
+    /// Per rank, its shard's inputs.
+    fn shards(&self) -> Vec<ForwardTensors<'_>> {
+        (0..self.q.len())
+            .map(|i| ForwardTensors {
+                initial_state: self.h0.as_ref().map(|h| &h[i]),
+                ..ForwardTensors::new(
+                    &self.q[i],
+                    &self.k[i],
+                    &self.v[i],
+                    &self.g[i],
+                    &self.beta[i],
+                )
+            })
+            .collect()
+    }
+}
+
+/// A `fwd_h` case's inputs (the exact values of an [`Uploaded`]) scattered over the ranks of a
+/// partition (bf16 k, w, u; fp32 gates and initial states).
+struct ScatteredFwdH {
+    k: Vec<DeviceTensor>,
+    w: Vec<DeviceTensor>,
+    u: Vec<DeviceTensor>,
+    g: Option<Vec<DeviceTensor>>,
+    gk: Option<Vec<DeviceTensor>>,
+    h0: Option<Vec<DeviceTensor>>,
+}
+
+impl ScatteredFwdH {
+    fn new(group: &CpGroup, part: &Partition, up: &Uploaded) -> ScatteredFwdH {
+        let x = &up.exact;
+        let sc = |arg, a: ArrayD<f64>| scatter_bf16(group, part, arg, &a);
+        let sf = |arg, a: ArrayD<f64>| scatter_f32(group, part, arg, &a);
+        ScatteredFwdH {
+            k: sc("k", x.k.clone().into_dyn()),
+            w: sc("w", x.w.clone().into_dyn()),
+            u: sc("u", x.u.clone().into_dyn()),
+            g: x.g.clone().map(|a| sf("g", a.into_dyn())),
+            gk: x.gk.clone().map(|a| sf("gk", a.into_dyn())),
+            h0: up
+                .exact_h0
+                .as_ref()
+                .map(|a| scatter_h0(group, part, &a.clone().into_dyn())),
+        }
+    }
+
+    /// Per rank, its shard's inputs.
+    fn shards(&self) -> Vec<FwdHTensors<'_>> {
+        (0..self.k.len())
+            .map(|r| FwdHTensors {
+                g: self.g.as_ref().map(|x| &x[r]),
+                gk: self.gk.as_ref().map(|x| &x[r]),
+                initial_state: self.h0.as_ref().map(|x| &x[r]),
+                ..FwdHTensors::new(&self.k[r], &self.w[r], &self.u[r])
+            })
+            .collect()
+    }
+}
+
+/// One forward case over `ranks` GPUs: CP vs reference, CP vs GPU 0 alone, CP twice.
+fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: bool) {
+    let ranks = group.world();
+    let (name, cu, splits) = layouts().swap_remove(lay);
+    let what = format!(
+        "{} R={ranks} {name} {regime:?} h0={h0}",
+        if per_key { "kda" } else { "gdn" }
+    );
+    let gpu0 = group.gpu(0);
+    let (host, dev) = draw_forward(
+        gpu0,
+        &cu,
+        per_key,
+        regime,
+        h0,
+        0xC0 + lay as u64 + 16 * ranks as u64,
     );
     let kp = KdaFwdParams {
         output_final_state: true,
@@ -172,30 +299,8 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
             part.cuts()
         );
     }
-    let sc =
-        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_bf16(a).view()).unwrap();
-    let sf =
-        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_f32(a).view()).unwrap();
-    let q = sc("q", &host.q.clone().into_dyn());
-    let k = sc("k", &host.k.clone().into_dyn());
-    let v = sc("v", &host.v.clone().into_dyn());
-    let g = sf("g", &host.g);
-    let beta = sf("beta", &host.beta.clone().into_dyn());
-    let h0s: Option<Vec<DeviceTensor>> = host.h0.as_ref().map(|a| {
-        scatter_states(
-            group,
-            &part,
-            "initial_state",
-            to_f32(&a.clone().into_dyn()).view(),
-        )
-        .unwrap()
-    });
-    let shards: Vec<ForwardTensors> = (0..ranks)
-        .map(|i| ForwardTensors {
-            initial_state: h0s.as_ref().map(|h| &h[i]),
-            ..ForwardTensors::new(&q[i], &k[i], &v[i], &g[i], &beta[i])
-        })
-        .collect();
+    let inputs = Scattered::new(group, &part, &host);
+    let shards = inputs.shards();
     let run = || {
         let outs = if per_key {
             cp_kda_fwd(group, &part, &shards, &kp, ForwardPath::Auto)
@@ -280,37 +385,8 @@ fn fwd_h_all(group: &CpGroup) {
         let mut single = plan.alloc_outputs(gpu0).unwrap();
         plan.run(gpu0, &up.tensors(), &mut single).unwrap();
         let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
-        let e = &up.exact;
-        let sc = |arg: &str, a: ArrayD<f64>| {
-            scatter_tokens(group, &part, arg, to_bf16(&a).view()).unwrap()
-        };
-        let sf = |arg: &str, a: ArrayD<f64>| {
-            scatter_tokens(group, &part, arg, to_f32(&a).view()).unwrap()
-        };
-        let (k, w, u) = (
-            sc("k", e.k.clone().into_dyn()),
-            sc("w", e.w.clone().into_dyn()),
-            sc("u", e.u.clone().into_dyn()),
-        );
-        let g = e.g.clone().map(|a| sf("g", a.into_dyn()));
-        let gk = e.gk.clone().map(|a| sf("gk", a.into_dyn()));
-        let h0s = up.exact_h0.as_ref().map(|a| {
-            scatter_states(
-                group,
-                &part,
-                "initial_state",
-                to_f32(&a.clone().into_dyn()).view(),
-            )
-            .unwrap()
-        });
-        let shards: Vec<FwdHTensors> = (0..ranks)
-            .map(|r| FwdHTensors {
-                g: g.as_ref().map(|x| &x[r]),
-                gk: gk.as_ref().map(|x| &x[r]),
-                initial_state: h0s.as_ref().map(|x| &x[r]),
-                ..FwdHTensors::new(&k[r], &w[r], &u[r])
-            })
-            .collect();
+        let inputs = ScatteredFwdH::new(group, &part, &up);
+        let shards = inputs.shards();
         let run = || {
             let outs = cp_chunk_gated_delta_rule_fwd_h(group, &part, &shards, &p).unwrap();
             let h: ArrayD<bf16> =
@@ -402,50 +478,17 @@ fn plan_case(group: &CpGroup, per_key: bool) {
         if per_key { "kda" } else { "gdn" }
     );
     let gpu0 = group.gpu(0);
-    let spec = Draw {
-        b: 1,
-        t: *cu.last().unwrap() as usize,
-        h: 1,
-        hv: 2,
-        k: 64,
-        v: 64,
-        per_key,
-        regime: Regime::Strong,
-        raw_qk: false,
-        beta_logits: false,
-        gate_input: false,
-        h0: true,
-        v_first: false,
-    };
-    let mut rng = Rng::new(0x9A + ranks as u64);
-    let (mut host, mut dev) = draw(gpu0, &mut rng, &spec, Dtype::BF16, Dtype::F32);
-    set_state_rows(
+    let (host, _) = draw_forward(
         gpu0,
-        &mut rng,
-        &mut host,
-        &mut dev,
-        cu.len() - 1,
-        false,
-        Dtype::F32,
+        &cu,
+        per_key,
+        Regime::Strong,
+        true,
+        0x9A + ranks as u64,
     );
     let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
-    let sc =
-        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_bf16(a).view()).unwrap();
-    let sf =
-        |arg: &str, a: &ArrayD<f64>| scatter_tokens(group, &part, arg, to_f32(a).view()).unwrap();
-    let q = sc("q", &host.q.clone().into_dyn());
-    let k = sc("k", &host.k.clone().into_dyn());
-    let v = sc("v", &host.v.clone().into_dyn());
-    let g = sf("g", &host.g);
-    let beta = sf("beta", &host.beta.clone().into_dyn());
-    let h0 = host.h0.as_ref().unwrap().clone().into_dyn();
-    let h0s = scatter_states(group, &part, "initial_state", to_f32(&h0).view()).unwrap();
-    let shards: Vec<ForwardTensors> = (0..ranks)
-        .map(|i| ForwardTensors {
-            initial_state: Some(&h0s[i]),
-            ..ForwardTensors::new(&q[i], &k[i], &v[i], &g[i], &beta[i])
-        })
-        .collect();
+    let inputs = Scattered::new(group, &part, &host);
+    let shards = inputs.shards();
     let kp = KdaFwdParams {
         output_final_state: true,
         ..KdaFwdParams::default()
@@ -487,7 +530,7 @@ fn plan_case(group: &CpGroup, per_key: bool) {
         );
     }
     let last = ranks - 1;
-    let mut long = v[last].shape().to_vec();
+    let mut long = inputs.v[last].shape().to_vec();
     long[1] += 1;
     let wrong = DeviceTensor::alloc(group.gpu(last), &long, Dtype::BF16).unwrap();
     let mut bad = shards.clone();
@@ -532,33 +575,8 @@ fn fwd_h_plan_case(group: &CpGroup) {
         ..FwdHParams::default()
     };
     let part = Partition::balanced(&cu, 64, ranks, MIN_PIECE).unwrap();
-    let e = &up.exact;
-    let sc =
-        |arg: &str, a: ArrayD<f64>| scatter_tokens(group, &part, arg, to_bf16(&a).view()).unwrap();
-    let (k, w, u) = (
-        sc("k", e.k.clone().into_dyn()),
-        sc("w", e.w.clone().into_dyn()),
-        sc("u", e.u.clone().into_dyn()),
-    );
-    let gk =
-        e.gk.clone()
-            .map(|a| scatter_tokens(group, &part, "gk", to_f32(&a.into_dyn()).view()).unwrap());
-    let h0s = up.exact_h0.as_ref().map(|a| {
-        scatter_states(
-            group,
-            &part,
-            "initial_state",
-            to_f32(&a.clone().into_dyn()).view(),
-        )
-        .unwrap()
-    });
-    let shards: Vec<FwdHTensors> = (0..ranks)
-        .map(|r| FwdHTensors {
-            gk: gk.as_ref().map(|x| &x[r]),
-            initial_state: h0s.as_ref().map(|x| &x[r]),
-            ..FwdHTensors::new(&k[r], &w[r], &u[r])
-        })
-        .collect();
+    let inputs = ScatteredFwdH::new(group, &part, &up);
+    let shards = inputs.shards();
     let gather = |outs: &[attn_gpu::delta::FwdHDeviceOutputs]| {
         let h: ArrayD<bf16> =
             gather_tokens(group, "h", &outs.iter().map(|o| &o.h).collect::<Vec<_>>()).unwrap();

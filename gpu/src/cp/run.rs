@@ -93,6 +93,14 @@ impl Dims {
         }
     }
 
+    /// A rank without pieces: its zero-row final states (`[0, …]` in the state layout) when
+    /// `wanted`.
+    fn no_states(&self, gpu: &Gpu, wanted: bool, v_first: bool) -> GpuResult<Option<DeviceTensor>> {
+        wanted
+            .then(|| DeviceTensor::alloc(gpu, &self.state_shape(0, v_first), self.state))
+            .transpose()
+    }
+
     /// One summary slot `[1, HV, K, V + K]`.
     fn slot(&self) -> [usize; 4] {
         [1, self.hv, self.k, self.v + self.k]
@@ -753,11 +761,7 @@ impl<'g> CpFwdPlan<'g> {
                 Some((plan, _)) => plan.alloc_outputs(gpu),
                 None => Ok(DeltaFwdDeviceOutputs {
                     o: DeviceTensor::alloc(gpu, &[1, 0, d.hv, d.v], self.dtype)?,
-                    final_state: output_final_state
-                        .then(|| {
-                            DeviceTensor::alloc(gpu, &d.state_shape(0, state_v_first), d.state)
-                        })
-                        .transpose()?,
+                    final_state: d.no_states(gpu, output_final_state, state_v_first)?,
                 }),
             })
             .collect()
@@ -998,12 +1002,7 @@ impl<'g> CpFwdHPlan<'g> {
                         .save_new_value
                         .then(|| DeviceTensor::alloc(gpu, &[1, 0, d.hv, d.v], dtype))
                         .transpose()?,
-                    final_state: p
-                        .output_final_state
-                        .then(|| {
-                            DeviceTensor::alloc(gpu, &d.state_shape(0, p.state_v_first), d.state)
-                        })
-                        .transpose()?,
+                    final_state: d.no_states(gpu, p.output_final_state, p.state_v_first)?,
                 }),
             })
             .collect()
