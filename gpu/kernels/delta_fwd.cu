@@ -59,7 +59,6 @@ __device__ __forceinline__ bool piece_run(const A& a, PieceRun& r) {
     return true;
 }
 
-
 template <typename T, int KP, int BV> struct FusedSmem {
     static constexpr int KPITCH = KP + 8, VPITCH = BV + 8, APITCH = FWDH_BT + 8;
     static constexpr unsigned KROW = KPITCH * sizeof(T), VROW = VPITCH * sizeof(T), AROW = APITCH * sizeof(T);
