@@ -34,7 +34,7 @@ for line in sys.stdin:
 ' | while read -r name exe; do cp "$exe" "$DEST/bin/test_$name"; done
 echo "building bench_gpu and attn-conform ..." >&2
 cargo build --release -p attn-tools --bin bench_gpu -p attn-conformance --bin attn-conform 2>&1 | tail -1 >&2
-cp target/release/bench_gpu target/release/attn-conform "$DEST/bin/"
+cp "${CARGO_TARGET_DIR:-target}/release/bench_gpu" "${CARGO_TARGET_DIR:-target}/release/attn-conform" "$DEST/bin/"
 # The fixtures travel with the sent checkout; a copy is staged only when this checkout's differ
 # (a worktree with new cases), since the tree and the carry share one 64 MiB limit.
 if [ -d fixtures ] && [ -n "$(ls -A fixtures 2>/dev/null)" ] && ! diff -rq fixtures "$REPO/fixtures" >/dev/null 2>&1; then
