@@ -20,12 +20,11 @@
 //! allocator's pool after the plan is dropped). A row
 //! for more GPUs than the host has, or without NCCL, is skipped with a printed reason.
 
-use super::random_tensor;
+use super::forward::Set;
 use attn_gpu::cp::{CpFwdPlan, CpGroup, Partition, DEFAULT_MIN_PIECE_CHUNKS};
 use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
-use attn_gpu::{DeviceTensor, Gpu, GpuResult};
+use attn_gpu::{Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
-use attn_reference::Dtype;
 use attn_tools::gates::GateRegime;
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -86,46 +85,10 @@ pub fn cases() -> Vec<CpCase> {
     v
 }
 
-/// The inputs of one rank (or of the whole call on one GPU).
-struct Inputs {
-    q: DeviceTensor,
-    k: DeviceTensor,
-    v: DeviceTensor,
-    g: DeviceTensor,
-    beta: DeviceTensor,
-    h0: DeviceTensor,
-}
-
-impl Inputs {
-    /// Random inputs of `t` tokens and `n` state rows on `gpu`.
-    fn random(gpu: &Gpu, case: &CpCase, t: usize, n: usize, seed: u64) -> GpuResult<Inputs> {
-        let h = case.h;
-        let gshape: Vec<usize> = if case.kda {
-            vec![1, t, h, K]
-        } else {
-            vec![1, t, h]
-        };
-        Ok(Inputs {
-            q: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 1)?,
-            k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 2)?,
-            v: random_tensor(gpu, &[1, t, h, V], Dtype::BF16, -1.0, 1.0, seed + 3)?,
-            g: {
-                let mut g = DeviceTensor::alloc(gpu, &gshape, Dtype::F32)?;
-                let gk = if case.kda { K } else { 1 };
-                g.copy_from_host(gpu, &case.decay.decays(t, h, gk, seed + 4))?;
-                g
-            },
-            beta: random_tensor(gpu, &[1, t, h], Dtype::F32, 0.0, 1.0, seed + 5)?,
-            h0: random_tensor(gpu, &[n, h, K, V], Dtype::F32, -0.1, 0.1, seed + 6)?,
-        })
-    }
-
-    fn tensors(&self) -> ForwardTensors<'_> {
-        ForwardTensors {
-            initial_state: Some(&self.h0),
-            ..ForwardTensors::new(&self.q, &self.k, &self.v, &self.g, &self.beta)
-        }
-    }
+/// Random inputs of `t` tokens and `n` state rows of `case` on `gpu` (one rank's, or the
+/// whole call's on one GPU).
+fn inputs(gpu: &Gpu, case: &CpCase, t: usize, n: usize, seed: u64) -> GpuResult<Set> {
+    Set::random(gpu, case.kda, Some(case.decay), t, case.h, case.h, n, seed)
 }
 
 fn gdn_params() -> GdnFwdParams {
@@ -191,7 +154,7 @@ fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> Gp
         .ranks()
         .map(|(r, gpu)| {
             let s = part.shard(r);
-            Inputs::random(
+            inputs(
                 gpu,
                 case,
                 s.tokens(),
@@ -201,7 +164,7 @@ fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> Gp
         })
         .collect::<GpuResult<Vec<_>>>()?;
     group.synchronize()?;
-    let tensors: Vec<ForwardTensors<'_>> = shards.iter().map(Inputs::tensors).collect();
+    let tensors: Vec<ForwardTensors<'_>> = shards.iter().map(Set::tensors).collect();
     let mut plan = if case.kda {
         CpFwdPlan::kda(group, part, &tensors, &kda_params(), ForwardPath::Auto)?
     } else {
@@ -220,7 +183,7 @@ fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> Gp
 fn time_single(gpu: &Gpu, case: &CpCase, iters: usize) -> GpuResult<f64> {
     let cu = cu_seqlens(&case.seqs);
     let t = case.seqs.iter().sum();
-    let x = Inputs::random(gpu, case, t, case.seqs.len(), 7)?;
+    let x = inputs(gpu, case, t, case.seqs.len(), 7)?;
     let plan = if case.kda {
         DeltaFwdPlan::kda(
             gpu,

@@ -91,8 +91,8 @@ const K: usize = 128;
 const V: usize = 128;
 const BT: usize = 64;
 
-/// One input set of a row.
-struct Set {
+/// One input set of a row (the context-parallel rows draw theirs alike).
+pub struct Set {
     q: DeviceTensor,
     k: DeviceTensor,
     v: DeviceTensor,
@@ -104,7 +104,57 @@ struct Set {
 }
 
 impl Set {
-    fn tensors(&self) -> ForwardTensors<'_> {
+    /// Random inputs of `t` tokens, `h` key and `hv` value heads and `n` state rows (bf16 q, k,
+    /// v; fp32 g, β, initial state), seeds `seed + 1 ..= seed + 8`. `g`: the decay of `regime`
+    /// (natural log, per token and value head, and key for KDA); without a regime, KDA's gate
+    /// input with `A_log` and `dt_bias` for the gate in the kernel, or GDN's `U[−1.5, −0.05]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn random(
+        gpu: &Gpu,
+        kda: bool,
+        regime: Option<GateRegime>,
+        t: usize,
+        h: usize,
+        hv: usize,
+        n: usize,
+        seed: u64,
+    ) -> GpuResult<Set> {
+        let gk = if kda { K } else { 1 };
+        let gshape: Vec<usize> = if kda {
+            vec![1, t, hv, K]
+        } else {
+            vec![1, t, hv]
+        };
+        let g = match regime {
+            Some(r) => {
+                let mut g = DeviceTensor::alloc(gpu, &gshape, Dtype::F32)?;
+                g.copy_from_host(gpu, &r.decays(t, hv, gk, seed + 4))?;
+                g
+            }
+            // KDA: the gate's input
+            None if kda => random_tensor(gpu, &gshape, Dtype::F32, -2.0, 2.0, seed + 4)?,
+            None => random_tensor(gpu, &gshape, Dtype::F32, -1.5, -0.05, seed + 4)?,
+        };
+        let gate = if kda && regime.is_none() {
+            Some((
+                random_tensor(gpu, &[hv], Dtype::F32, 0.0, 2.7, seed + 7)?,
+                random_tensor(gpu, &[hv * K], Dtype::F32, -7.0, -2.3, seed + 8)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Set {
+            q: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 1)?,
+            k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, seed + 2)?,
+            v: random_tensor(gpu, &[1, t, hv, V], Dtype::BF16, -1.0, 1.0, seed + 3)?,
+            g,
+            beta: random_tensor(gpu, &[1, t, hv], Dtype::F32, 0.0, 1.0, seed + 5)?,
+            h0: random_tensor(gpu, &[n, hv, K, V], Dtype::F32, -0.1, 0.1, seed + 6)?,
+            gate,
+        })
+    }
+
+    pub fn tensors(&self) -> ForwardTensors<'_> {
         ForwardTensors {
             initial_state: Some(&self.h0),
             a_log: self.gate.as_ref().map(|g| &g.0),
@@ -144,43 +194,9 @@ impl SplitSummary {
 
 /// The input sets of `case` (`nsets` rotated copies, seeds `20 i + …`).
 fn input_sets(gpu: &Gpu, case: &FwdCase, t: usize, nsets: usize) -> GpuResult<Vec<Set>> {
-    let (h, hv, n) = (case.h, case.hv, case.seqs.len());
-    let gk = if case.kda { K } else { 1 };
-    let gshape: Vec<usize> = if case.kda {
-        vec![1, t, hv, K]
-    } else {
-        vec![1, t, hv]
-    };
+    let n = case.seqs.len();
     (0..nsets as u64)
-        .map(|i| {
-            let g = match case.regime {
-                Some(r) => {
-                    let mut g = DeviceTensor::alloc(gpu, &gshape, Dtype::F32)?;
-                    g.copy_from_host(gpu, &r.decays(t, hv, gk, 20 * i + 4))?;
-                    g
-                }
-                // KDA: the gate's input
-                None if case.kda => random_tensor(gpu, &gshape, Dtype::F32, -2.0, 2.0, 20 * i + 4)?,
-                None => random_tensor(gpu, &gshape, Dtype::F32, -1.5, -0.05, 20 * i + 4)?,
-            };
-            let gate = if case.kda && case.regime.is_none() {
-                Some((
-                    random_tensor(gpu, &[hv], Dtype::F32, 0.0, 2.7, 20 * i + 7)?,
-                    random_tensor(gpu, &[hv * K], Dtype::F32, -7.0, -2.3, 20 * i + 8)?,
-                ))
-            } else {
-                None
-            };
-            Ok(Set {
-                q: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, 20 * i + 1)?,
-                k: random_tensor(gpu, &[1, t, h, K], Dtype::BF16, -1.0, 1.0, 20 * i + 2)?,
-                v: random_tensor(gpu, &[1, t, hv, V], Dtype::BF16, -1.0, 1.0, 20 * i + 3)?,
-                g,
-                beta: random_tensor(gpu, &[1, t, hv], Dtype::F32, 0.0, 1.0, 20 * i + 5)?,
-                h0: random_tensor(gpu, &[n, hv, K, V], Dtype::F32, -0.1, 0.1, 20 * i + 6)?,
-                gate,
-            })
-        })
+        .map(|i| Set::random(gpu, case.kda, case.regime, t, case.h, case.hv, n, 20 * i))
         .collect()
 }
 
