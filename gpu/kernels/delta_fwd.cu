@@ -699,12 +699,74 @@ __device__ __forceinline__ i64 warm_choice(const double* lam, i64 c0, i64 wmax, 
     return c0 <= wmax ? c0 : -1;
 }
 
-// The warm-up of every piece and value head (conformance/spec/ops-delta-rule.md 5.10), for the
-// pieces of gdn_fwd's fused path: one CTA per (piece, head); thread i sums over chunk c0 - 1 - i
-// of the sequence (c0: the piece's first chunk) the bound's terms
+// The warm-up policies' common core (conformance/spec/ops-delta-rule.md 5.10): one CTA of
+// WARM_THREADS per (piece, value head) computes the bounds lam[j] of chunks c0 - 1 - j
+// (j < min(wmax, c0); c0: the piece's first chunk in its sequence) as Σ over the chunk's tokens
+// of a per-token term λ_t (from `term`, with its magnitude μ_t), plus margin · Σ μ_t. Token
+// parallel: thread = slot · bt + token takes one token of chunk j0 + slot, WARM_THREADS / bt
+// chunks a pass; a chunk's terms are summed by a fixed xor tree over its lanes (and, for
+// bt = 64, its two warps in order): deterministic. After each pass thread 0 accumulates the
+// bounds in warm_choice's order and the CTA stops once they reach log_eps (strong decay needs a
+// few chunks, not wmax). Then warm_choice. The chunks before c0 are whole (only a sequence's last
+// chunk is short). A bt outside {16, 32, 64} gets -1 (not warmable).
+#define WARM_THREADS 256
+template <typename Term>
+__device__ void warm_policy(const Term& term, const i64* pc, i64 bt, i64 wmax, double log_eps, double margin, i64* out) {
+    __shared__ double lam[64];
+    __shared__ double part[WARM_THREADS / 32][2];
+    __shared__ int stop;
+    if (bt != 16 && bt != 32 && bt != 64) {
+        if (threadIdx.x == 0) *out = -1;
+        return;
+    }
+    const i64 row0 = pc[0], seq0 = pc[2];
+    const i64 c0 = (row0 - seq0) / bt;
+    const i64 n = min(min(wmax, c0), (i64)64);
+    const int slots = WARM_THREADS / (int)bt, slot = threadIdx.x / (int)bt, tok = threadIdx.x % (int)bt;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double acc = 0.0;  // thread 0's running bound
+    if (threadIdx.x == 0) stop = 0;
+    __syncthreads();
+    for (i64 j0 = 0; j0 < n; j0 += slots) {
+        const i64 j = j0 + slot;
+        double v = 0.0, m = 0.0;
+        if (j < n) term(seq0 + (c0 - 1 - j) * bt + tok, v, m);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            if (o < bt) {
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+                m += __shfl_xor_sync(0xffffffffu, m, o);
+            }
+        }
+        if (bt == 64) {
+            if (lane == 0) {
+                part[warp][0] = v;
+                part[warp][1] = m;
+            }
+            __syncthreads();
+            if (tok == 0 && j < n)
+                lam[j] = (part[2 * slot][0] + part[2 * slot + 1][0]) + margin * (part[2 * slot][1] + part[2 * slot + 1][1]);
+        } else if (tok == 0 && j < n) {
+            lam[j] = v + margin * m;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (i64 i = j0; i < min(j0 + slots, n); ++i) {
+                acc += lam[i];
+                if (acc <= log_eps) stop = 1;
+            }
+        }
+        __syncthreads();
+        if (stop) break;
+    }
+    if (threadIdx.x == 0) *out = warm_choice(lam, c0, wmax, log_eps);
+}
+
+// The warm-up of every piece and value head for gdn_fwd's fused path: warm_policy with the
+// per-token term
 //   λ_t = g_t + ln max(1, |1 - β_t ‖k_t‖²|)       (fp64; ‖k_t‖² bounded above and below: with
 //                                                   l2norm [0.99, 1.01], the rounded unit keys)
-// plus a margin of 1e-9 Σ|terms|; then warm = the least w <= wmax with Σ_{i<w} Λ_i <= log_eps
+// and a margin of 1e-9 Σ|terms|; warm = the least w <= wmax with Σ_{i<w} Λ_i <= log_eps
 // (a truncation error below exp(log_eps) ‖S‖), or the piece's chunk offset when the warm-up
 // reaches the sequence's start first (exact), else -1: not warmable (the previous piece runs
 // through it). The first piece of a sequence gets 0.
@@ -715,43 +777,36 @@ struct WarmArgs {
 };
 
 template <typename T>
-__device__ void gdn_warm_policy(const WarmArgs& a) {
-    __shared__ double lam[64];
-    const i64 p = blockIdx.x, hv = blockIdx.y;
-    const i64* pc = reinterpret_cast<const i64*>(a.pieces) + p * 5;
-    const i64 row0 = pc[0], seq0 = pc[2];
-    const i64 c0 = (row0 - seq0) / a.bt;
-    const int i = threadIdx.x;
-    const i64 kh = hv / (a.HV / a.H);
-    if (i < a.wmax && c0 - 1 - i >= 0) {
-        const i64 r0 = seq0 + (c0 - 1 - i) * a.bt;
-        double sum = 0.0, mag = 0.0;
-        for (i64 r = r0; r < r0 + a.bt; ++r) {
-            const double g = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, r * a.HV + hv);
-            const double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
-            double klo = 0.99, khi = 1.01;
-            if (!a.l2norm) {
-                const T* kp = reinterpret_cast<const T*>(a.k) + (r * a.H + kh) * a.K;
-                double n2 = 0.0;
-                for (i64 d = 0; d < a.K; ++d) n2 += (double)widen(kp[d]) * (double)widen(kp[d]);
-                klo = n2 * (1.0 - 1e-12);
-                khi = n2 * (1.0 + 1e-12);
-            }
-            const double grow = fmax(1.0, fmax(fabs(1.0 - b * klo), fabs(1.0 - b * khi)));
-            const double t = log(grow);
-            sum += g + t;
-            mag += fabs(g) + t;
+struct GdnTerm {
+    const WarmArgs& a;
+    i64 hv, kh;
+    __device__ void operator()(i64 r, double& v, double& m) const {
+        const double g = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, r * a.HV + hv);
+        const double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
+        double klo = 0.99, khi = 1.01;
+        if (!a.l2norm) {
+            const T* kp = reinterpret_cast<const T*>(a.k) + (r * a.H + kh) * a.K;
+            double n2 = 0.0;
+            for (i64 d = 0; d < a.K; ++d) n2 = fma((double)widen(kp[d]), (double)widen(kp[d]), n2);
+            klo = n2 * (1.0 - 1e-12);
+            khi = n2 * (1.0 + 1e-12);
         }
-        lam[i] = sum + 1e-9 * mag;
+        const double t = log(fmax(1.0, fmax(fabs(1.0 - b * klo), fabs(1.0 - b * khi))));
+        v = g + t;
+        m = fabs(g) + t;
     }
-    __syncthreads();
-    if (i == 0) reinterpret_cast<i64*>(a.warm)[p * a.HV + hv] = warm_choice(lam, c0, a.wmax, a.log_eps);
+};
+
+template <typename T>
+__device__ void gdn_warm_policy(const WarmArgs& a) {
+    const i64 p = blockIdx.x, hv = blockIdx.y;
+    const GdnTerm<T> term{a, hv, hv / (a.HV / a.H)};
+    warm_policy(term, reinterpret_cast<const i64*>(a.pieces) + p * 5, a.bt, a.wmax, a.log_eps, 1e-9,
+                reinterpret_cast<i64*>(a.warm) + p * a.HV + hv);
 }
 
-// The warm-up of every piece and value head for kda_fwd's fused path (per-key gates; 5.10): one
-// CTA of KWARM_THREADS per (piece, head), warp j summing chunks c0 - 1 - j, c0 - 1 - j - 8, ..
-// token by token (lanes over the keys, reductions by xor shuffles: every lane holds the same
-// value, in a fixed order: deterministic), then warm_choice. Per token t the term is
+// The warm-up of every piece and value head for kda_fwd's fused path (per-key gates): warm_policy
+// with the per-token term (each thread its token's K keys in order)
 //   λ_t = max_i y_{t,i} + ln max(1, |1 - β_t ‖k_t‖²|)
 // with y the per-step natural-log decay the intra stage applies: g itself (gate_mode 1) or the
 // KDA gate of g (gate.cuh, gate_mode 2: softplus or lower-bound form with A_log, dt_bias), here
@@ -766,7 +821,6 @@ __device__ void gdn_warm_policy(const WarmArgs& a) {
 // gate (multi-function unit exp2 / log2, relative error below 1e-6) and its fp32 chunk-local
 // cumsum (at most 64 roundings of 2^-24 of Σ|y|); β is widened by 1e-6 relative (its fp32
 // sigmoid). A NaN input makes the chunk's bound NaN (never warmable).
-#define KWARM_THREADS 256
 struct KdaWarmArgs {
     u64 pieces, g, beta, k, warm;
     GateArgs gate;  // the in-kernel gate (gate_mode 2)
@@ -784,57 +838,46 @@ template <int FORM> __device__ __forceinline__ double kda_gate64(const GateArgs&
 }
 
 template <typename T>
-__device__ void kda_warm_policy(const KdaWarmArgs& a) {
-    __shared__ double lam[64];
-    const i64 p = blockIdx.x, hv = blockIdx.y;
-    const i64* pc = reinterpret_cast<const i64*>(a.pieces) + p * 5;
-    const i64 row0 = pc[0], seq0 = pc[2];
-    const i64 c0 = (row0 - seq0) / a.bt;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const i64 kh = hv / (a.HV / a.H);
-    const double qnan = __longlong_as_double(0x7ff8000000000000ll);
-    for (i64 j = warp; j < min(a.wmax, c0); j += KWARM_THREADS / 32) {
-        const i64 r0 = seq0 + (c0 - 1 - j) * a.bt;
-        double sum = 0.0, mag = 0.0;
-        for (i64 r = r0; r < r0 + a.bt; ++r) {
-            double gmax = -__longlong_as_double(0x7ff0000000000000ll), n2 = 0.0;
-            int nan = 0;
-            for (i64 i = lane; i < a.K; i += 32) {
-                double y = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, (r * a.HV + hv) * a.K + i);
-                if (a.gate_mode == 2)
-                    y = a.gate.has_lower_bound ? kda_gate64<GATE_BOUNDED>(a.gate, hv * a.K + i, y)
-                                               : kda_gate64<GATE_SOFTPLUS>(a.gate, hv * a.K + i, y);
-                nan |= y != y;
-                gmax = fmax(gmax, y);
-                if (!a.l2norm) {
-                    const double x = (double)widen(reinterpret_cast<const T*>(a.k)[(r * a.H + kh) * a.K + i]);
-                    n2 = fma(x, x, n2);
-                }
+struct KdaTerm {
+    const KdaWarmArgs& a;
+    i64 hv, kh;
+    __device__ void operator()(i64 r, double& v, double& m) const {
+        double gmax = -__longlong_as_double(0x7ff0000000000000ll), n2 = 0.0;
+        bool nan = false;
+        for (i64 i = 0; i < a.K; ++i) {
+            double y = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, (r * a.HV + hv) * a.K + i);
+            if (a.gate_mode == 2)
+                y = a.gate.has_lower_bound ? kda_gate64<GATE_BOUNDED>(a.gate, hv * a.K + i, y)
+                                           : kda_gate64<GATE_SOFTPLUS>(a.gate, hv * a.K + i, y);
+            nan |= y != y;
+            gmax = fmax(gmax, y);
+            if (!a.l2norm) {
+                const double x = (double)widen(reinterpret_cast<const T*>(a.k)[(r * a.H + kh) * a.K + i]);
+                n2 = fma(x, x, n2);
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                gmax = fmax(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
-                n2 += __shfl_xor_sync(0xffffffffu, n2, o);
-                nan |= __shfl_xor_sync(0xffffffffu, nan, o);
-            }
-            double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
-            if (a.beta_mode != 0) b = (a.beta_mode == 2 ? 2.0 : 1.0) / (1.0 + exp(-b));
-            const double blo = b * (1.0 - 1e-6), bhi = b * (1.0 + 1e-6);
-            const double klo = a.l2norm ? 0.99 : n2 * (1.0 - 1e-12), khi = a.l2norm ? 1.01 : n2 * (1.0 + 1e-12);
-            const double grow = fmax(fmax(1.0, fmax(fabs(1.0 - blo * klo), fabs(1.0 - blo * khi))),
-                                     fmax(fabs(1.0 - bhi * klo), fabs(1.0 - bhi * khi)));
-            const double t = log(grow);
-            sum += (nan || b != b) ? qnan : gmax + t;
-            mag += fabs(gmax) + t;
         }
-        if (lane == 0) lam[j] = sum + 1e-5 * mag;
+        double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
+        if (a.beta_mode != 0) b = (a.beta_mode == 2 ? 2.0 : 1.0) / (1.0 + exp(-b));
+        const double blo = b * (1.0 - 1e-6), bhi = b * (1.0 + 1e-6);
+        const double klo = a.l2norm ? 0.99 : n2 * (1.0 - 1e-12), khi = a.l2norm ? 1.01 : n2 * (1.0 + 1e-12);
+        const double grow = fmax(fmax(1.0, fmax(fabs(1.0 - blo * klo), fabs(1.0 - blo * khi))),
+                                 fmax(fabs(1.0 - bhi * klo), fabs(1.0 - bhi * khi)));
+        const double t = log(grow);
+        v = (nan || b != b) ? __longlong_as_double(0x7ff8000000000000ll) : gmax + t;
+        m = fabs(gmax) + t;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) reinterpret_cast<i64*>(a.warm)[p * a.HV + hv] = warm_choice(lam, c0, a.wmax, a.log_eps);
+};
+
+template <typename T>
+__device__ void kda_warm_policy(const KdaWarmArgs& a) {
+    const i64 p = blockIdx.x, hv = blockIdx.y;
+    const KdaTerm<T> term{a, hv, hv / (a.HV / a.H)};
+    warm_policy(term, reinterpret_cast<const i64*>(a.pieces) + p * 5, a.bt, a.wmax, a.log_eps, 1e-5,
+                reinterpret_cast<i64*>(a.warm) + p * a.HV + hv);
 }
 
-extern "C" __global__ void __launch_bounds__(KWARM_THREADS) kda_warm_policy_bf16(const KdaWarmArgs a) { kda_warm_policy<bf16>(a); }
-extern "C" __global__ void __launch_bounds__(KWARM_THREADS) kda_warm_policy_f16(const KdaWarmArgs a) { kda_warm_policy<f16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_policy_bf16(const KdaWarmArgs a) { kda_warm_policy<bf16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_policy_f16(const KdaWarmArgs a) { kda_warm_policy<f16>(a); }
 
 // The verdict of a split launched at a wider column block than the serial run: per (sequence,
 // value head), from the first piece's thread, the longest chain of chunks one CTA of the split
@@ -862,8 +905,8 @@ extern "C" __global__ void __launch_bounds__(128) gdn_split_decide(const DecideA
     reinterpret_cast<i64*>(a.gate)[pc[p * 5 + 4] * a.HV + hv] = longest <= a.max_chain ? 1 : 0;
 }
 
-extern "C" __global__ void __launch_bounds__(64) gdn_warm_policy_bf16(const WarmArgs a) { gdn_warm_policy<bf16>(a); }
-extern "C" __global__ void __launch_bounds__(64) gdn_warm_policy_f16(const WarmArgs a) { gdn_warm_policy<f16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) gdn_warm_policy_bf16(const WarmArgs a) { gdn_warm_policy<bf16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) gdn_warm_policy_f16(const WarmArgs a) { gdn_warm_policy<f16>(a); }
 
 #define GDN_KERNEL(T, TAG, KP, BV) \
     extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) delta_fwd_gdn_##TAG##_k##KP##_v##BV(const GdnFusedArgs a) { \

@@ -342,8 +342,8 @@ impl Default for SplitRule {
     }
 }
 
-/// Threads of `kda_warm_policy` (`KWARM_THREADS`).
-const KDA_WARM_THREADS: u32 = 256;
+/// Threads of `gdn_warm_policy` and `kda_warm_policy` (`WARM_THREADS`).
+const WARM_THREADS: u32 = 256;
 
 /// `ln 2^-30`: the truncation error the warm-ups allow, relative to the state's norm.
 const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
@@ -475,23 +475,26 @@ fn makespan(steps: &[usize], heads: usize, blocks: usize, resident: usize) -> us
     end
 }
 
-/// Relative cost of one chunk step of the lean fused kernel by its column width (H100, K = 128,
-/// S6 runs of NOTES.md: about 2.9, 3.4 and 4.6 µs per step for 16, 32 and 64 columns). The KDA
-/// kernel (`delta_fused`) uses the same ratios: an assumption, its steps by width are not
-/// measured yet.
-fn lean_step_cost(bv: usize) -> f64 {
-    match bv {
-        16 => 1.0,
-        32 => 1.15,
-        _ => 1.6,
+/// Relative cost of one chunk step of a fused kernel by its column width, in steps of the same
+/// kernel at 16 columns (H100, K = 128). The lean GDN kernel: about 2.9, 3.4 and 4.6 µs per step
+/// for 16, 32 and 64 columns (S6 runs of NOTES.md). The KDA kernel (`delta_fused`): about 2.6,
+/// 3.6 and 7.3 µs (S8: the serial rows at 16 and 32 columns, the split rows at 64 less their
+/// warm-up policy), its wide tiles costlier than GDN's.
+fn step_cost(c: FusedChoice) -> f64 {
+    match (c.lean, c.bv) {
+        (_, 16) => 1.0,
+        (true, 32) => 1.15,
+        (true, _) => 1.6,
+        (false, 32) => 1.4,
+        (false, _) => 2.8,
     }
 }
 
-/// The estimated time (in 16-column steps) of the lean kernel at width `bv` over `per_seq`
-/// pieces of the sequences' chunks: `lean_step_cost(bv) ·` the [`makespan`] of its grid (the
+/// The estimated time (in 16-column steps) of a fused kernel at `choice`'s width over `per_seq`
+/// pieces of the sequences' chunks: `step_cost(choice) ·` the [`makespan`] of its grid (the
 /// pieces table's rows, one warm-up chunk for each later piece, `HV` heads, the column blocks,
 /// the CTAs resident at once), at least the longest piece and all CTA-steps / resident CTAs.
-fn lean_estimate(
+fn fused_estimate(
     choice: FusedChoice,
     v: usize,
     seq_chunks: &[usize],
@@ -502,12 +505,12 @@ fn lean_estimate(
     let steps = piece_steps(seq_chunks, per_seq);
     let blocks = v.div_ceil(choice.bv);
     let span = makespan(&steps, hv, blocks, choice.resident_ctas(sm_count));
-    lean_step_cost(choice.bv) * span as f64
+    step_cost(choice) * span as f64
 }
 
 /// The split of a fused path (GDN's lean kernel or KDA's) under `rule`: the serial run (one piece per sequence at the
 /// `serial` width) against, per allowed column width, the pieces of [`split_pieces`] and their
-/// [`lean_estimate`]; a split (some sequence in more than one piece) wins only with a strictly
+/// [`fused_estimate`]; a split (some sequence in more than one piece) wins only with a strictly
 /// lower estimate than the serial run and every earlier candidate. A wider width than
 /// `serial`'s runs fewer CTAs per piece, so more pieces fill the GPU when the gates let them
 /// warm up.
@@ -520,7 +523,7 @@ pub fn split_choice(
     rule: &SplitRule,
 ) -> (FusedChoice, Vec<usize>) {
     let ones = vec![1; seq_chunks.len()];
-    let est = lean_estimate(serial, v, seq_chunks, &ones, hv, sm_count);
+    let est = fused_estimate(serial, v, seq_chunks, &ones, hv, sm_count);
     let mut best = (serial, ones, est);
     let forced = crate::knobs::fwd_bv().is_some();
     let widths = fused_widths(v)
@@ -533,7 +536,7 @@ pub fn split_choice(
         if per.iter().all(|&m| m <= 1) {
             continue;
         }
-        let est = lean_estimate(c, v, seq_chunks, &per, hv, sm_count);
+        let est = fused_estimate(c, v, seq_chunks, &per, hv, sm_count);
         if est < best.2 {
             best = (c, per, est);
         }
@@ -948,8 +951,8 @@ impl DeltaFwdPlan {
         let (tab, n) = table(&per_seq)?;
         let split = per_seq.iter().any(|&m| m > 1);
         let serial_run = if choice != serial {
-            let est = lean_estimate(serial, geo.v, &chunks, &ones, geo.hv, gpu.sm_count());
-            let max_chain = (est / lean_step_cost(choice.bv)).floor() as i64;
+            let est = fused_estimate(serial, geo.v, &chunks, &ones, geo.hv, gpu.sm_count());
+            let max_chain = (est / step_cost(choice)).floor() as i64;
             Some((table(&ones)?.0, max_chain))
         } else {
             None
@@ -1570,7 +1573,7 @@ impl DeltaFwdPlan {
                 Module::DeltaFwd,
                 &format!("kda_warm_policy_{}", tag(self.dtype)),
                 (grid, g.hv as u32, 1),
-                KDA_WARM_THREADS,
+                WARM_THREADS,
                 0,
                 &args,
             );
@@ -1596,7 +1599,7 @@ impl DeltaFwdPlan {
             Module::DeltaFwd,
             &format!("gdn_warm_policy_{}", tag(self.dtype)),
             (grid, g.hv as u32, 1),
-            64,
+            WARM_THREADS,
             0,
             &args,
         )
@@ -1835,8 +1838,8 @@ mod tests {
         let (wide, per) = split_choice(128, &c4, 4, 132, s4, &rule);
         assert_eq!((wide.bv, per.as_slice()), (64, &[16][..]));
         assert!(
-            lean_estimate(wide, 128, &c4, &per, 4, 132)
-                < lean_estimate(s4, 128, &c4, &[1], 4, 132) / 3.0
+            fused_estimate(wide, 128, &c4, &per, 4, 132)
+                < fused_estimate(s4, 128, &c4, &[1], 4, 132) / 3.0
         );
         let c32 = [512];
         let s32 = serial(&c32, 32);
@@ -1875,9 +1878,9 @@ mod tests {
         assert_eq!(per, [&[16][..], &[1; 10]].concat());
         let rows = piece_rows(&mixed, &per);
         assert!(rows[..16].iter().all(|&(s, _, _)| s == 0), "{rows:?}");
-        let est = lean_estimate(wm, 128, &mixed, &per, 4, 132);
+        let est = fused_estimate(wm, 128, &mixed, &per, 4, 132);
         assert_eq!(est, 1.6 * 145.0);
-        let one_wave = lean_estimate(wm, 128, &mixed, &[&[5][..], &[1; 10]].concat(), 4, 132);
+        let one_wave = fused_estimate(wm, 128, &mixed, &[&[5][..], &[1; 10]].concat(), 4, 132);
         assert_eq!(one_wave, 1.6 * 411.0);
         // the GPU test's case (gdn_auto_split: HV 2, 128 chunks, pieces of at least 4 chunks):
         // split at a wider block than the serial run
@@ -1896,7 +1899,7 @@ mod tests {
 
     #[test]
     fn split_choice_splits_kda_too() {
-        // the KDA kernel's tiles (`lean: false`), the lean step costs (an assumption)
+        // the KDA kernel's tiles (`lean: false`) and step costs
         let rule = SplitRule::default();
         let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, false);
         let c4 = [2048];
@@ -1905,8 +1908,8 @@ mod tests {
         let (wide, per) = split_choice(128, &c4, 4, 132, s4, &rule);
         assert!(!wide.lean && per[0] >= 8, "{wide:?} {per:?}");
         let (est, est1) = (
-            lean_estimate(wide, 128, &c4, &per, 4, 132),
-            lean_estimate(s4, 128, &c4, &[1], 4, 132),
+            fused_estimate(wide, 128, &c4, &per, 4, 132),
+            fused_estimate(s4, 128, &c4, &[1], 4, 132),
         );
         assert!(est < est1 / 3.0, "{est} {est1}");
         // the GPU test's cases (kda_auto_split)
