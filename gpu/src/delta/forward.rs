@@ -18,7 +18,7 @@
 //! `Tb = Akk diag(β)` (hi + lo halves), `Aqk` and `G`, and the fused kernel reads `q, k, v`
 //! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm). Both fused kernels split
 //! long sequences into pieces with exact warm-ups when the GPU would otherwise idle
-//! ([`SplitRule`], §5.9–5.10): GDN's by default, KDA's when asked ([`DeltaFwdPlan::with_split`]).
+//! ([`SplitRule`], §5.9–5.10).
 //! Float32 runs IEEE fp32 FMAs throughout, float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
@@ -901,9 +901,7 @@ impl DeltaFwdPlan {
             .map(|_| seq_table(gpu, &geo, varlen))
             .transpose()?;
         let (output_final_state, state_v_first) = call.state_flags();
-        // the automatic split for the lean GDN kernel; KDA's (`delta_fused`) only through
-        // `with_split`: its warm-up policy costs ~0.58 ms a call (NOTES.md, Session 8)
-        let split_rule = fused.filter(|f| f.lean).map(|_| SplitRule::default());
+        let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
