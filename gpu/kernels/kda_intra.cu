@@ -966,9 +966,10 @@ __device__ void gdn_intra(const IntraArgs& a) {
             }
             *reinterpret_cast<Vec<T, 8>*>(&t.q[r][v * 8]) = x;
             *reinterpret_cast<Vec<T, 8>*>(&t.k[r][v * 8]) = y;
-            // the normalised rows for the fused kernel ([rows][HV][K])
-            if (a.kg != 0 && r < nc) {
-                const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.K + v * 8;
+            // the normalised rows for the fused kernel ([rows][H][K]: per key head, by the
+            // first of its value heads)
+            if (a.kg != 0 && r < nc && c.hv % (a.HV / a.H) == 0) {
+                const i64 o = ((c.row0 + r) * a.H + c.kh) * a.K + v * 8;
                 const int n = (int)min((i64)8, a.K - v * 8);
                 if (n > 0) {
                     store_some<T, 8>(reinterpret_cast<T*>(a.qg) + o, x, a.K % 8 == 0, n);

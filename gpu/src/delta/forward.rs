@@ -819,6 +819,8 @@ struct LeanTiles {
     tbh: DeviceTensor,
     tbl: DeviceTensor,
     g: DeviceTensor,
+    /// With l2norm: `q, k` normalised by the intra stage, `[B, T, H, K]` (per key head: the
+    /// fused kernel maps value heads onto them as onto the raw ones).
     qk: Option<(DeviceTensor, DeviceTensor)>,
 }
 
@@ -1060,7 +1062,10 @@ impl DeltaFwdPlan {
                     qk: self
                         .prep
                         .l2norm
-                        .then(|| Ok::<_, crate::error::GpuError>((tok(g.k)?, tok(g.k)?)))
+                        .then(|| {
+                            let qk = || DeviceTensor::alloc(gpu, &[g.b, g.t, g.h, g.k], d);
+                            Ok::<_, crate::error::GpuError>((qk()?, qk()?))
+                        })
                         .transpose()?,
                 })),
                 warm,
@@ -1434,7 +1439,7 @@ impl DeltaFwdPlan {
             return Ok(());
         }
         let (q, k, qk_heads) = match &l.qk {
-            Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.hv),
+            Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.h),
             None => (t.q.ptr(gpu), t.k.ptr(gpu), g.h),
         };
         let args = GdnFusedArgs {
