@@ -1042,8 +1042,18 @@ __device__ void gdn_intra(const IntraArgs& a) {
     intra_store_lean<T>(a, c, sv.X, sm.beta, sm.gs);
 }
 
+// Resident CTAs per multiprocessor the register allocator must allow: gdn_intra 4 (64
+// registers, no spill; 3 gave 76 registers, 5 spills), the KDA mma intra 2 (128 registers, a
+// few spilled bytes). Knobs for measurement (ATTN_NVRTC_OPTS=-DGDN_INTRA_MIN_BLOCKS=3).
+#ifndef GDN_INTRA_MIN_BLOCKS
+#define GDN_INTRA_MIN_BLOCKS 4
+#endif
+#ifndef KDA_INTRA_MIN_BLOCKS
+#define KDA_INTRA_MIN_BLOCKS 2
+#endif
+
 #define GDN_INTRA_KERNEL(T, TAG, KP) \
-    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, 3) gdn_intra_##TAG##_k##KP(const IntraArgs a) { \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, GDN_INTRA_MIN_BLOCKS) gdn_intra_##TAG##_k##KP(const IntraArgs a) { \
         gdn_intra<T, KP>(a); \
     }
 GDN_INTRA_KERNEL(bf16, bf16, 64)
@@ -1146,10 +1156,10 @@ __device__ void delta_output(const OutArgs& a) {
     }
 
 #define INTRA_MMA_KERNEL(T, TAG) \
-    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, 2) kda_intra_mma_##TAG(const IntraArgs a) { \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, KDA_INTRA_MIN_BLOCKS) kda_intra_mma_##TAG(const IntraArgs a) { \
         GATE_DISPATCH(a, (intra_mma<T, FORM, false>(a))) \
     } \
-    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, 2) kda_intra_mma_scalar_##TAG(const IntraArgs a) { \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, KDA_INTRA_MIN_BLOCKS) kda_intra_mma_scalar_##TAG(const IntraArgs a) { \
         intra_mma<T, GATE_NONE, true>(a); \
     }
 
