@@ -148,8 +148,13 @@ fn bytes(case: &CpCase) -> usize {
 }
 
 /// The CP forward of `case` over `group` on its shards (its plan made outside the timing);
-/// returns the median ms.
-fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> GpuResult<f64> {
+/// returns the median ms and, per rank, whether the last run sent its tail's summary.
+fn time_cp(
+    group: &CpGroup,
+    part: &Partition,
+    case: &CpCase,
+    iters: usize,
+) -> GpuResult<(f64, Vec<Option<bool>>)> {
     let shards = group
         .ranks()
         .map(|(r, gpu)| {
@@ -172,10 +177,11 @@ fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> Gp
     };
     let mut outs = plan.alloc_outputs()?;
     group.synchronize()?;
-    wall_ms(iters, || {
+    let ms = wall_ms(iters, || {
         plan.run(&tensors, &mut outs)?;
         group.synchronize()
-    })
+    })?;
+    Ok((ms, plan.tail_summaries()))
 }
 
 /// The plain single-GPU forward of `case` on `gpu` (the whole input, its automatic split):
@@ -264,7 +270,15 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 *ranks,
                 DEFAULT_MIN_PIECE_CHUNKS,
             )?;
-            let ms = time_cp(group, &part, case, iters)?;
+            let (ms, tails) = time_cp(group, &part, case, iters)?;
+            let tails: Vec<&str> = tails
+                .iter()
+                .map(|t| match t {
+                    Some(true) => "tail",
+                    Some(false) => "whole",
+                    None => "-",
+                })
+                .collect();
             let mem = group
                 .ranks()
                 .map(|(_, gpu)| used_gib(gpu))
@@ -276,7 +290,7 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
             let vs_single = single_ms.map(|s| s / ms);
             let gbps = b as f64 / (ms * 1e-3) / 1e9;
             println!(
-                "{name:<40} {ms:>10.3} ms  x{:.2} vs R=1, x{:.2} vs single GPU, GiB per GPU {:?}",
+                "{name:<40} {ms:>10.3} ms  x{:.2} vs R=1, x{:.2} vs single GPU, GiB per GPU {:?}, summaries {tails:?}",
                 speedup.unwrap_or(f64::NAN),
                 vs_single.unwrap_or(f64::NAN),
                 mem.iter()
@@ -288,7 +302,7 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 "seqs": case.seqs, "bytes": b, "median_ms": ms, "gbps": gbps,
                 "share": gbps / (ceiling * *ranks as f64), "ranks": ranks, "path": "cp",
                 "decay": case.decay.name(), "cuts": part.cuts(), "speedup_r1": speedup,
-                "single_ms": single_ms, "vs_single": vs_single, "mem_gib": mem,
+                "single_ms": single_ms, "vs_single": vs_single, "mem_gib": mem, "summaries": tails,
             }));
         }
     }
