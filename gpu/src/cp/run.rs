@@ -701,7 +701,10 @@ impl ForwardSummary {
                     ..*piece
                 };
                 let run = SummaryRun::new(gpu, op, t, &rows, shard_tokens, dims, &h0, path)?;
-                let table = [end, 0, piece.start, end, 0].map(|x| x as i64);
+                // the sequence as the policy sees it starts a whole number of chunks before the
+                // end, so that the chunks it bounds are the piece's last ones
+                let seq0 = end - piece.len / bt * bt;
+                let table = [end, 0, seq0, end, 0].map(|x| x as i64);
                 let check = TailCheck {
                     table: DeviceTensor::from_slice(gpu, &table)?,
                     warm: DeviceTensor::alloc(gpu, &[dims.hv], Dtype::I64)?,
