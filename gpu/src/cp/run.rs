@@ -40,8 +40,9 @@
 //! the all-gather buffers and the merge's plan. Its `run` checks the call against the plan
 //! (every rank, before any launch), checks the tails' bounds, copies the continuing pieces'
 //! rows into the summary buffers (device-to-device), launches the summaries, all-gathers,
-//! merges and queues the local ops: no allocation, no plan, no host synchronisation but the
-//! tails' verdicts and the collective's own. [`cp_kda_fwd`],
+//! merges and queues the local ops: no allocation and no plan (but a rank's whole-piece summary,
+//! made by the first run whose tail bound fails), no host synchronisation but the tails'
+//! verdicts and the collective's own. [`cp_kda_fwd`],
 //! [`cp_gdn_fwd`] and [`cp_chunk_gated_delta_rule_fwd_h`] are a plan, new outputs and one run.
 //!
 //! Not yet done: rank `r`'s summary beside its local op (on a second stream). Only a rank whose
@@ -661,6 +662,16 @@ struct TailCheck {
     chunks: usize,
 }
 
+/// What a rank's whole-piece summary run is made of.
+#[derive(Debug, Clone, Copy)]
+struct FullSpec {
+    op: Op,
+    piece: Piece,
+    shard_tokens: usize,
+    dims: Dims,
+    path: ForwardPath,
+}
+
 /// The summary of a rank's continuing piece: the whole piece's run and, where the piece is
 /// longer than the tail, the tail's run with its bound check. When every value head's bound
 /// over the tail's chunks reaches `ln 2^-30` (§5.10), the tail's `[b | M]` is sent: the state
@@ -671,7 +682,12 @@ struct TailCheck {
 struct ForwardSummary {
     /// `[0 | I]`: `[1, HV, K, V + K]`.
     h0: DeviceTensor,
-    full: SummaryRun,
+    /// The whole piece's run: made with the plan where there is no tail, else by the first run
+    /// whose tail bound fails. It holds the piece's inputs at `V + K` columns and a forward's
+    /// workspace, about the local op's memory again: a rank whose tails always suffice never
+    /// allocates it.
+    full: Option<SummaryRun>,
+    spec: FullSpec,
     tail: Option<(SummaryRun, TailCheck)>,
     /// Whether the last run sent the tail's summary.
     used_tail: bool,
@@ -690,7 +706,6 @@ impl ForwardSummary {
         tail: Option<(usize, usize)>,
     ) -> GpuResult<ForwardSummary> {
         let h0 = zero_identity(gpu, dims.hv, dims.k, dims.v, dims.state)?;
-        let full = SummaryRun::new(gpu, op, t, piece, shard_tokens, dims, &h0, path)?;
         let tail = match tail {
             Some((chunks, bt)) if piece.len > chunks * bt => {
                 let len = chunks * bt;
@@ -714,9 +729,21 @@ impl ForwardSummary {
             }
             _ => None,
         };
+        let spec = FullSpec {
+            op,
+            piece: *piece,
+            shard_tokens,
+            dims,
+            path,
+        };
+        let full = match tail {
+            Some(_) => None,
+            None => Some(spec.make(gpu, t, &h0)?),
+        };
         Ok(ForwardSummary {
             h0,
             full,
+            spec,
             tail,
             used_tail: false,
         })
@@ -742,9 +769,15 @@ impl ForwardSummary {
             Some((_, c)) => c.warm.to_array::<i64>(gpu)?.iter().all(|&w| w >= 0),
             None => false,
         };
-        match (&mut self.tail, self.used_tail) {
-            (Some((run, _)), true) => run.run(gpu, t, &self.h0),
-            _ => self.full.run(gpu, t, &self.h0),
+        if let (Some((run, _)), true) = (&mut self.tail, self.used_tail) {
+            return run.run(gpu, t, &self.h0);
+        }
+        if self.full.is_none() {
+            self.full = Some(self.spec.make(gpu, t, &self.h0)?);
+        }
+        match &mut self.full {
+            Some(full) => full.run(gpu, t, &self.h0),
+            None => Err(Error::missing("summary", "the whole piece's run", "none").into()),
         }
     }
 
@@ -752,8 +785,24 @@ impl ForwardSummary {
     fn sent(&self) -> Option<&DeviceTensor> {
         match (&self.tail, self.used_tail) {
             (Some((run, _)), true) => run.out.final_state.as_ref(),
-            _ => self.full.out.final_state.as_ref(),
+            _ => self.full.as_ref().and_then(|f| f.out.final_state.as_ref()),
         }
+    }
+}
+
+impl FullSpec {
+    /// The whole piece's summary run on the shard `t`, from `h0`.
+    fn make(&self, gpu: &Gpu, t: &ForwardTensors<'_>, h0: &DeviceTensor) -> GpuResult<SummaryRun> {
+        SummaryRun::new(
+            gpu,
+            self.op,
+            t,
+            &self.piece,
+            self.shard_tokens,
+            self.dims,
+            h0,
+            self.path,
+        )
     }
 }
 
@@ -769,7 +818,8 @@ struct ForwardRank {
 /// A persistent context-parallel `kda_fwd` / `gdn_fwd` (module docs): made once for a group, a
 /// partition, the shards' shapes and dtypes, the op's parameters and path; [`CpFwdPlan::run`]
 /// then runs the forward on shards of those shapes into outputs of [`CpFwdPlan::alloc_outputs`]
-/// with no allocation and no plan.
+/// with no allocation and no plan (but a whole-piece summary, made by the first run whose tail
+/// bound fails on a rank: module docs).
 #[derive(Debug)]
 pub struct CpFwdPlan<'g> {
     frame: Frame<'g>,
