@@ -244,12 +244,22 @@ impl ScatteredFwdH {
     }
 }
 
-/// One forward case over `ranks` GPUs: CP vs reference, CP vs GPU 0 alone, CP twice.
-fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: bool) {
+/// One forward case over `ranks` GPUs: CP vs reference, CP vs GPU 0 alone, CP twice. With
+/// `tail = Some(c)`, through a plan whose summaries may cover the last `c` chunks only
+/// (`with_tail_chunks`): every rank whose continuing piece is longer sends its tail's summary
+/// under strong decay and the whole piece's under long memory.
+fn forward_case(
+    group: &CpGroup,
+    per_key: bool,
+    lay: usize,
+    regime: Regime,
+    h0: bool,
+    tail: Option<usize>,
+) {
     let ranks = group.world();
     let (name, cu, splits) = layouts().swap_remove(lay);
     let what = format!(
-        "{} R={ranks} {name} {regime:?} h0={h0}",
+        "{} R={ranks} {name} {regime:?} h0={h0} tail={tail:?}",
         if per_key { "kda" } else { "gdn" }
     );
     let gpu0 = group.gpu(0);
@@ -301,13 +311,30 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
     }
     let inputs = Scattered::new(group, &part, &host);
     let shards = inputs.shards();
-    let run = || {
-        let outs = if per_key {
-            cp_kda_fwd(group, &part, &shards, &kp, ForwardPath::Auto)
+    let mut plan = tail.map(|c| {
+        if per_key {
+            CpFwdPlan::kda(group, &part, &shards, &kp, ForwardPath::Auto)
         } else {
-            cp_gdn_fwd(group, &part, &shards, &gp, ForwardPath::Auto)
+            CpFwdPlan::gdn(group, &part, &shards, &gp, ForwardPath::Auto)
         }
-        .unwrap();
+        .and_then(|p| p.with_tail_chunks(&shards, Some(c)))
+        .unwrap()
+    });
+    let mut run = || {
+        let outs = match plan.as_mut() {
+            Some(p) => {
+                let mut outs = p.alloc_outputs().unwrap();
+                p.run(&shards, &mut outs).unwrap();
+                group.synchronize().unwrap();
+                outs
+            }
+            None => if per_key {
+                cp_kda_fwd(group, &part, &shards, &kp, ForwardPath::Auto)
+            } else {
+                cp_gdn_fwd(group, &part, &shards, &gp, ForwardPath::Auto)
+            }
+            .unwrap(),
+        };
         let o: ArrayD<bf16> =
             gather_tokens(group, "o", &outs.iter().map(|o| &o.o).collect::<Vec<_>>()).unwrap();
         let fins: Vec<&DeviceTensor> = outs
@@ -341,6 +368,29 @@ fn forward_case(group: &CpGroup, per_key: bool, lay: usize, regime: Regime, h0: 
     let (o2, f2) = run();
     assert_bit_identical(&format!("{what}: o repeated"), &o, &o2);
     assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
+    if let (Some(c), Some(p)) = (tail, &plan) {
+        let want = match regime {
+            Regime::Strong => Some(true),
+            Regime::Long => Some(false),
+            _ => None,
+        };
+        let mut checked = 0;
+        for (r, used) in p.tail_summaries().into_iter().enumerate() {
+            let continuing = part.shard(r).continuing();
+            assert_eq!(used.is_some(), continuing.is_some(), "{what}: rank {r}");
+            let long = continuing.is_some_and(|q| q.len > c * 64);
+            if let (Some(used), Some(want), true) = (used, want, long) {
+                assert_eq!(used, want, "{what}: rank {r} sent its tail's summary");
+                checked += 1;
+            }
+        }
+        if ranks > 1 && splits && want.is_some() {
+            assert!(
+                checked > 0,
+                "{what}: no rank's continuing piece is longer than the tail"
+            );
+        }
+    }
 }
 
 /// Every layout, the three gate regimes in turn, with and without `initial_state`.
@@ -348,8 +398,12 @@ fn forward_all(group: &CpGroup, per_key: bool) {
     let regimes = [Regime::Strong, Regime::Trained, Regime::Long];
     for lay in 0..layouts().len() {
         for (j, h0) in [true, false].into_iter().enumerate() {
-            forward_case(group, per_key, lay, regimes[(lay + j) % 3], h0);
+            forward_case(group, per_key, lay, regimes[(lay + j) % 3], h0, None);
         }
+    }
+    // summaries over 8-chunk tails where the decay allows (the one long sequence, 40 chunks)
+    for regime in [Regime::Strong, Regime::Long] {
+        forward_case(group, per_key, 0, regime, true, Some(8));
     }
 }
 

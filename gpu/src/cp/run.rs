@@ -21,10 +21,16 @@
 //! of each of its pieces (`final_state`, `[P_r, …]`); a piece ending its sequence holds that
 //! sequence's final state ([`super::gather_final_states`], [`super::gather_tokens`]).
 //!
-//! The boundary stage (1-3) is the summaries and `Boundary` (the all-gather and the merges): a
-//! warm-up variant (`conformance/spec/ops-delta-rule.md` §5.9-5.10: the preceding rank's last
-//! chunks fetched instead of summaries, where the decay bound allows) replaces it and nothing
-//! else.
+//! **Tail summaries** (the forwards, bf16 and f16): where the gates forget, a summary need not
+//! cover the whole continuing piece. Over its last `c` chunks ([`TAIL_CHUNKS`] by default,
+//! [`CpFwdPlan::with_tail_chunks`]) the transition maps' product `M_t` has `‖M_t‖ ≤ exp Λ` with
+//! §5.10's bound `Λ`; when `Λ ≤ ln 2^-30` for every value head (the split's warm-up policy, run
+//! on the piece's end), the rank sends the tail's `[b_t | M_t]`, and the merge's
+//! `M_t X + b_t` differs from the exact `M_t S + b_t` (S: the state entering the tail) by at
+//! most `2^-30 (‖X‖ + ‖S‖)`: the split's own truncation. Under strong decay the summary then
+//! costs `c` chunks, not the shard, and leaves the critical path. Otherwise (long memory, a
+//! slow head, fp32 / fp64) the whole piece's summary is sent. The check is one host read of
+//! `HV` integers per rank per run.
 //!
 //! A [`CpFwdPlan`] / [`CpFwdHPlan`] is made once per call shape (group, partition, shards'
 //! shapes and dtypes, parameters): it validates everything (ranks against the group, each
@@ -32,9 +38,11 @@
 //! every rank's local call) and builds per local rank the local op's plan and workspace, the
 //! summary run's plan, workspace and input buffers (`[v | 0]`, `[0 | I]`, the piece's rows),
 //! the all-gather buffers and the merge's plan. Its `run` checks the call against the plan
-//! (every rank, before any launch), copies the continuing pieces' rows into the summary buffers
-//! (device-to-device), launches the summaries, all-gathers, merges and queues the local ops:
-//! no allocation, no plan, no host synchronisation but the collective's own. [`cp_kda_fwd`],
+//! (every rank, before any launch), checks the tails' bounds, copies the continuing pieces'
+//! rows into the summary buffers (device-to-device), launches the summaries, all-gathers,
+//! merges and queues the local ops: no allocation and no plan (but a rank's whole-piece summary,
+//! made by the first run whose tail bound fails), no host synchronisation but the tails'
+//! verdicts and the collective's own. [`cp_kda_fwd`],
 //! [`cp_gdn_fwd`] and [`cp_chunk_gated_delta_rule_fwd_h`] are a plan, new outputs and one run.
 //!
 //! Not yet done: rank `r`'s summary beside its local op (on a second stream). Only a rank whose
@@ -559,21 +567,23 @@ impl Op {
     }
 }
 
-/// The summary run of a rank's continuing piece (step 1 for the forwards): the forward itself
-/// on the piece's rows with values `[v | 0]` from `[0 | I]`; the final state's first `V`
-/// columns are the exit state from zero (`b`), the last `K` the product of the piece's
+/// Chunks of a summary's tail by default ([`CpFwdPlan::with_tail_chunks`]): the split's
+/// `max_warmup_chunks`.
+pub const TAIL_CHUNKS: usize = 32;
+
+/// One summary run (step 1 for the forwards) over rows of a rank's continuing piece: the
+/// forward itself on those rows with values `[v | 0]` from `[0 | I]`; the final state's first
+/// `V` columns are the exit state from zero (`b`), the last `K` the product of the rows'
 /// transition maps (`M`).
 #[derive(Debug)]
-struct ForwardSummary {
-    /// The piece's rows of `q, k, g, beta`.
+struct SummaryRun {
+    /// The rows' `q, k, g, beta`.
     rows: PieceRows,
     /// `[v | 0]`: `[1, len, HV, V + K]`, its last `K` columns zeroed once.
     v: DeviceTensor,
-    /// `[0 | I]`: `[1, HV, K, V + K]`.
-    h0: DeviceTensor,
     plan: DeltaFwdPlan,
     ws: DeltaFwdWorkspace,
-    /// `final_state`: the piece's `[b | M]`, the slot the rank sends.
+    /// `final_state`: the rows' `[b | M]`, the slot the rank sends.
     out: DeltaFwdDeviceOutputs,
 }
 
@@ -582,7 +592,10 @@ fn summary_sources<'a>(t: &ForwardTensors<'a>) -> [Option<&'a DeviceTensor>; 4] 
     [Some(t.q), Some(t.k), Some(t.g), Some(t.beta)]
 }
 
-impl ForwardSummary {
+impl SummaryRun {
+    /// The run over the rows of `piece` (local to the shard of `shard_tokens` rows of `t`),
+    /// from `h0` (`[0 | I]`).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         gpu: &Gpu,
         op: Op,
@@ -590,30 +603,29 @@ impl ForwardSummary {
         piece: &Piece,
         shard_tokens: usize,
         dims: Dims,
+        h0: &DeviceTensor,
         path: ForwardPath,
-    ) -> GpuResult<ForwardSummary> {
+    ) -> GpuResult<SummaryRun> {
         let rows = PieceRows::new(gpu, piece, shard_tokens, &summary_sources(t))?;
         let wide = [1, piece.len, dims.hv, dims.v + dims.k];
         let mut v = DeviceTensor::alloc(gpu, &wide, t.v.dtype())?;
         zero(gpu, &mut v)?;
-        let h0 = zero_identity(gpu, dims.hv, dims.k, dims.v, dims.state)?;
         let plan = op
             .summary()
-            .plan(gpu, &Self::tail(&rows, &v, &h0, t)?, None, path)?;
+            .plan(gpu, &Self::inputs(&rows, &v, h0, t)?, None, path)?;
         let ws = plan.alloc_workspace(gpu)?;
         let out = plan.alloc_outputs(gpu)?;
-        Ok(ForwardSummary {
+        Ok(SummaryRun {
             rows,
             v,
-            h0,
             plan,
             ws,
             out,
         })
     }
 
-    /// The summary run's inputs.
-    fn tail<'a>(
+    /// The run's inputs.
+    fn inputs<'a>(
         rows: &'a PieceRows,
         v: &'a DeviceTensor,
         h0: &'a DeviceTensor,
@@ -630,12 +642,167 @@ impl ForwardSummary {
         })
     }
 
-    /// Copies the piece's rows of `t` into the buffers and queues the summary run.
-    fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<()> {
+    /// Copies the rows of `t` into the buffers and queues the run.
+    fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>, h0: &DeviceTensor) -> GpuResult<()> {
         self.rows.fill(gpu, &summary_sources(t))?;
         copy_padded_rows(gpu, t.v, self.rows.start, &mut self.v)?;
-        let tail = Self::tail(&self.rows, &self.v, &self.h0, t)?;
-        self.plan.run(gpu, &tail, &mut self.ws, &mut self.out)
+        let inputs = Self::inputs(&self.rows, &self.v, h0, t)?;
+        self.plan.run(gpu, &inputs, &mut self.ws, &mut self.out)
+    }
+}
+
+/// The bound check of a summary's tail (`conformance/spec/ops-delta-rule.md` §11): one row of
+/// the split's pieces table placing a piece at the continuing piece's end, its sequence
+/// starting at the piece's start, so that the warm-up policy of §5.10 bounds the last
+/// `chunks` chunks; the warm-ups per value head land in `warm`.
+#[derive(Debug)]
+struct TailCheck {
+    table: DeviceTensor,
+    warm: DeviceTensor,
+    chunks: usize,
+}
+
+/// What a rank's whole-piece summary run is made of.
+#[derive(Debug, Clone, Copy)]
+struct FullSpec {
+    op: Op,
+    piece: Piece,
+    shard_tokens: usize,
+    dims: Dims,
+    path: ForwardPath,
+}
+
+/// The summary of a rank's continuing piece: the whole piece's run and, where the piece is
+/// longer than the tail, the tail's run with its bound check. When every value head's bound
+/// over the tail's chunks reaches `ln 2^-30` (§5.10), the tail's `[b | M]` is sent: the state
+/// entering the tail differs from the one the merge applies `M` to by a state of norm at most
+/// the tail's `‖M‖ ≤ 2^-30` times the states' norms, the split's own truncation; else the whole
+/// piece's. Decided per run (one host read of `HV` integers per rank).
+#[derive(Debug)]
+struct ForwardSummary {
+    /// `[0 | I]`: `[1, HV, K, V + K]`.
+    h0: DeviceTensor,
+    /// The whole piece's run: made with the plan where there is no tail, else by the first run
+    /// whose tail bound fails. It holds the piece's inputs at `V + K` columns and a forward's
+    /// workspace, about the local op's memory again: a rank whose tails always suffice never
+    /// allocates it.
+    full: Option<SummaryRun>,
+    spec: FullSpec,
+    tail: Option<(SummaryRun, TailCheck)>,
+    /// Whether the last run sent the tail's summary.
+    used_tail: bool,
+}
+
+impl ForwardSummary {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        gpu: &Gpu,
+        op: Op,
+        t: &ForwardTensors<'_>,
+        piece: &Piece,
+        shard_tokens: usize,
+        dims: Dims,
+        path: ForwardPath,
+        tail: Option<(usize, usize)>,
+    ) -> GpuResult<ForwardSummary> {
+        let h0 = zero_identity(gpu, dims.hv, dims.k, dims.v, dims.state)?;
+        let tail = match tail {
+            Some((chunks, bt)) if piece.len > chunks * bt => {
+                let len = chunks * bt;
+                let end = piece.start + piece.len;
+                let rows = Piece {
+                    start: end - len,
+                    len,
+                    ..*piece
+                };
+                let run = SummaryRun::new(gpu, op, t, &rows, shard_tokens, dims, &h0, path)?;
+                // the sequence as the policy sees it starts a whole number of chunks before the
+                // end, so that the chunks it bounds are the piece's last ones
+                let seq0 = end - piece.len / bt * bt;
+                let table = [end, 0, seq0, end, 0].map(|x| x as i64);
+                let check = TailCheck {
+                    table: DeviceTensor::from_slice(gpu, &table)?,
+                    warm: DeviceTensor::alloc(gpu, &[dims.hv], Dtype::I64)?,
+                    chunks,
+                };
+                Some((run, check))
+            }
+            _ => None,
+        };
+        let spec = FullSpec {
+            op,
+            piece: *piece,
+            shard_tokens,
+            dims,
+            path,
+        };
+        let full = match tail {
+            Some(_) => None,
+            None => Some(spec.make(gpu, t, &h0)?),
+        };
+        Ok(ForwardSummary {
+            h0,
+            full,
+            spec,
+            tail,
+            used_tail: false,
+        })
+    }
+
+    /// Queues the tail's bound check (where there is a tail) with `local`, the rank's plan.
+    fn check_tail(
+        &mut self,
+        gpu: &Gpu,
+        local: &DeltaFwdPlan,
+        t: &ForwardTensors<'_>,
+    ) -> GpuResult<()> {
+        match &mut self.tail {
+            Some((_, c)) => local.run_warm_policy(gpu, t, &c.table, 1, &mut c.warm, c.chunks),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads the bound check's verdict (waiting for it), then queues the tail's summary run
+    /// where every head's warm-up fits the tail, else the whole piece's.
+    fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<()> {
+        self.used_tail = match &self.tail {
+            Some((_, c)) => c.warm.to_array::<i64>(gpu)?.iter().all(|&w| w >= 0),
+            None => false,
+        };
+        if let (Some((run, _)), true) = (&mut self.tail, self.used_tail) {
+            return run.run(gpu, t, &self.h0);
+        }
+        if self.full.is_none() {
+            self.full = Some(self.spec.make(gpu, t, &self.h0)?);
+        }
+        match &mut self.full {
+            Some(full) => full.run(gpu, t, &self.h0),
+            None => Err(Error::missing("summary", "the whole piece's run", "none").into()),
+        }
+    }
+
+    /// The slot the last run filled.
+    fn sent(&self) -> Option<&DeviceTensor> {
+        match (&self.tail, self.used_tail) {
+            (Some((run, _)), true) => run.out.final_state.as_ref(),
+            _ => self.full.as_ref().and_then(|f| f.out.final_state.as_ref()),
+        }
+    }
+}
+
+impl FullSpec {
+    /// The whole piece's summary run on the shard `t`, from `h0`.
+    fn make(&self, gpu: &Gpu, t: &ForwardTensors<'_>, h0: &DeviceTensor) -> GpuResult<SummaryRun> {
+        SummaryRun::new(
+            gpu,
+            self.op,
+            t,
+            &self.piece,
+            self.shard_tokens,
+            self.dims,
+            h0,
+            self.path,
+        )
     }
 }
 
@@ -651,11 +818,13 @@ struct ForwardRank {
 /// A persistent context-parallel `kda_fwd` / `gdn_fwd` (module docs): made once for a group, a
 /// partition, the shards' shapes and dtypes, the op's parameters and path; [`CpFwdPlan::run`]
 /// then runs the forward on shards of those shapes into outputs of [`CpFwdPlan::alloc_outputs`]
-/// with no allocation and no plan.
+/// with no allocation and no plan (but a whole-piece summary, made by the first run whose tail
+/// bound fails on a rank: module docs).
 #[derive(Debug)]
 pub struct CpFwdPlan<'g> {
     frame: Frame<'g>,
     op: Op,
+    path: ForwardPath,
     /// `q`'s dtype (`o`'s).
     dtype: Dtype,
     ranks: Vec<ForwardRank>,
@@ -712,9 +881,13 @@ impl<'g> CpFwdPlan<'g> {
         let mut ranks = Vec::new();
         for (((r, gpu), t), local) in group.ranks().zip(shards).zip(locals) {
             let s = part.shard(r);
+            let tail = local
+                .as_ref()
+                .filter(|l| l.has_warm_policy())
+                .map(|_| (TAIL_CHUNKS, part.chunk_size()));
             let summary = s
                 .continuing()
-                .map(|p| ForwardSummary::new(gpu, op, t, p, s.tokens(), dims, path))
+                .map(|p| ForwardSummary::new(gpu, op, t, p, s.tokens(), dims, path, tail))
                 .transpose()?;
             let local = match local {
                 Some(plan) => {
@@ -737,9 +910,50 @@ impl<'g> CpFwdPlan<'g> {
                 boundary,
             },
             op,
+            path,
             dtype: shards[0].q.dtype(),
             ranks,
         })
+    }
+
+    /// The plan with its summaries' tail at `chunks` chunks (1 to 64; `None`: every summary
+    /// over the whole continuing piece); [`TAIL_CHUNKS`] by default. A rank whose continuing
+    /// piece is longer than the tail sends the tail's summary when the bound allows it (module
+    /// docs); bf16 and f16 only (the bound's kernels). `shards`: as for the plan (their shapes
+    /// are checked; nothing is read).
+    pub fn with_tail_chunks(
+        mut self,
+        shards: &[ForwardTensors<'_>],
+        chunks: Option<usize>,
+    ) -> GpuResult<CpFwdPlan<'g>> {
+        if let Some(c) = chunks.filter(|c| !(1..=64).contains(c)) {
+            return Err(Error::param("tail_chunks", "1 to 64 chunks (the bound's most)", c).into());
+        }
+        let args: Vec<Vec<Arg<'_>>> = shards.iter().map(forward_args).collect();
+        self.frame.check(&args, self.ranks.len())?;
+        let (group, part, dims) = (self.frame.group, &self.frame.part, self.frame.dims);
+        for (((r, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
+            let s = part.shard(r);
+            if let (Some(sum), Some(piece)) = (&mut rank.summary, s.continuing()) {
+                let bound = rank
+                    .local
+                    .as_ref()
+                    .is_some_and(|(l, _)| l.has_warm_policy());
+                let tail = chunks.filter(|_| bound).map(|c| (c, part.chunk_size()));
+                *sum =
+                    ForwardSummary::new(gpu, self.op, t, piece, s.tokens(), dims, self.path, tail)?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// Per local rank: whether its last run sent its tail's summary (`Some(true)`) or the
+    /// whole continuing piece's (`Some(false)`); `None` for a rank that sends none.
+    pub fn tail_summaries(&self) -> Vec<Option<bool>> {
+        self.ranks
+            .iter()
+            .map(|r| r.summary.as_ref().map(|s| s.used_tail))
+            .collect()
     }
 
     /// The partition the plan runs.
@@ -789,6 +1003,12 @@ impl<'g> CpFwdPlan<'g> {
                 plan.check_call(&call, out)?;
             }
         }
+        // the tails' bound checks on every rank, then each rank's summary (tail or whole)
+        for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
+            if let (Some(s), Some((local, _))) = (&mut rank.summary, &rank.local) {
+                s.check_tail(gpu, local, t)?;
+            }
+        }
         for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
             if let Some(s) = &mut rank.summary {
                 s.run(gpu, t)?;
@@ -797,7 +1017,7 @@ impl<'g> CpFwdPlan<'g> {
         let sent: Vec<Option<&DeviceTensor>> = self
             .ranks
             .iter()
-            .map(|r| r.summary.as_ref().and_then(|s| s.out.final_state.as_ref()))
+            .map(|r| r.summary.as_ref().and_then(ForwardSummary::sent))
             .collect();
         let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
         self.frame.exchange(&sent, &initial)?;

@@ -1484,7 +1484,10 @@ impl DeltaFwdPlan {
         let check = format!("delta_fwd_{kind}");
         let warm = match split.warm {
             Some(w) => {
-                self.run_warm_policy(gpu, t, &pc.table, pc.n, w)?;
+                let Some(rule) = self.split_rule else {
+                    return Err(Error::missing("plan", "a split rule", "none").into());
+                };
+                self.run_warm_policy(gpu, t, &pc.table, pc.n, w, rule.max_warmup_chunks)?;
                 Some(&*w)
             }
             None => None,
@@ -1536,19 +1539,32 @@ impl DeltaFwdPlan {
         gpu.wait_if_checked(&check)
     }
 
-    /// The split's warm-up chunks per (piece, value head) of `pieces` (`npieces` rows) into
-    /// `warm`: `gdn_warm_policy` (scalar gate) or `kda_warm_policy` (per-key gates).
-    fn run_warm_policy(
+    /// Whether [`Self::run_warm_policy`] has kernels for this plan's dtype (bf16, f16).
+    pub(crate) fn has_warm_policy(&self) -> bool {
+        matches!(self.dtype, Dtype::BF16 | Dtype::F16)
+    }
+
+    /// The warm-up chunks (at most `wmax`) per (piece, value head) of `pieces` (`npieces` rows
+    /// of the `[P, 5]` table, rows of `t`) into `warm` (`[P · HV]` i64), by §5.10's bound:
+    /// `gdn_warm_policy` (scalar gate) or `kda_warm_policy` (per-key gates). The split's
+    /// warm-ups; the context-parallel summaries use it for the tail of a shard.
+    pub(crate) fn run_warm_policy(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
         pieces: &DeviceTensor,
         npieces: usize,
         warm: &mut DeviceTensor,
+        wmax: usize,
     ) -> GpuResult<()> {
-        let Some(rule) = self.split_rule else {
-            return Err(Error::missing("plan", "a split rule", "none").into());
-        };
+        if !self.has_warm_policy() {
+            return Err(Error::dtype(
+                "q",
+                "bfloat16 or float16 (the bound's kernels)",
+                self.dtype.name(),
+            )
+            .into());
+        }
         let g = &self.geo;
         let grid = grid_x(npieces, "v", "fewer than 2^31 pieces")?;
         if let Call::Kda(_) = self.call {
@@ -1564,7 +1580,7 @@ impl DeltaFwdPlan {
                 k_dim: g.k as i64,
                 bt: g.bt as i64,
                 npieces: npieces as i64,
-                wmax: rule.max_warmup_chunks as i64,
+                wmax: wmax as i64,
                 g_dtype: dtype_code(t.g.dtype()),
                 beta_dtype: dtype_code(t.beta.dtype()),
                 l2norm: self.prep.l2norm as i64,
@@ -1592,7 +1608,7 @@ impl DeltaFwdPlan {
             k_dim: g.k as i64,
             bt: g.bt as i64,
             npieces: npieces as i64,
-            wmax: rule.max_warmup_chunks as i64,
+            wmax: wmax as i64,
             g_dtype: dtype_code(t.g.dtype()),
             beta_dtype: dtype_code(t.beta.dtype()),
             l2norm: self.prep.l2norm as i64,

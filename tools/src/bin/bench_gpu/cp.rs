@@ -19,6 +19,12 @@
 //! memory in use after the row's calls: inputs, and the plan's buffers and outputs kept by the
 //! allocator's pool after the plan is dropped). A row
 //! for more GPUs than the host has, or without NCCL, is skipped with a printed reason.
+//!
+//! `cp_gdn_h32_4194304_strong`: H = 32, 4,194,304 tokens, whose q, k, v alone exceed one GPU
+//! (the row for "does not fit one GPU"): only `R = 4` runs (the others are skipped with the
+//! sizes), and after its timing GPU 0 runs rank 0's shard alone, whose `o` must equal rank 0's
+//! (`first_vs_one`, largest |difference| over largest |o|; rank 0 merges nothing, so the same
+//! kernels see the same inputs). The other ranks' outputs at that size have no check here.
 
 use super::forward::Set;
 use attn_gpu::cp::{CpFwdPlan, CpGroup, Partition, DEFAULT_MIN_PIECE_CHUNKS};
@@ -26,6 +32,7 @@ use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
 use attn_tools::gates::GateRegime;
+use half::bf16;
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -39,13 +46,15 @@ const BT: usize = 64;
 const MAX_ITERS: usize = 10;
 const WARMUP: usize = 2;
 
-/// One row family: its name without the `_r{R}` suffix, heads (H = HV), sequences, op, decay.
+/// One row family: its name without the `_r{R}` suffix, heads (H = HV), sequences, op, decay,
+/// and the fewest GPUs it fits (1, or 4 for the row whose inputs exceed one GPU).
 pub struct CpCase {
     pub name: String,
     pub h: usize,
     pub seqs: Vec<usize>,
     pub kda: bool,
     pub decay: GateRegime,
+    pub min_ranks: usize,
 }
 
 impl CpCase {
@@ -55,7 +64,8 @@ impl CpCase {
     }
 }
 
-/// Every row family: GDN and KDA × H 4, 16 × the two layouts × the two decays.
+/// Every row family: GDN and KDA × H 4, 16 × the two layouts × the two decays; and GDN H 32 ×
+/// 4,194,304 tokens, strong decay, whose q, k, v alone (103 GB) exceed one GPU: 4 GPUs only.
 pub fn cases() -> Vec<CpCase> {
     let layouts: [(&str, Vec<usize>); 2] = [
         ("1048576", vec![1 << 20]),
@@ -77,11 +87,20 @@ pub fn cases() -> Vec<CpCase> {
                         seqs: seqs.clone(),
                         kda,
                         decay,
+                        min_ranks: 1,
                     });
                 }
             }
         }
     }
+    v.push(CpCase {
+        name: "cp_gdn_h32_4194304_strong".into(),
+        h: 32,
+        seqs: vec![1 << 22],
+        kda: false,
+        decay: GateRegime::Strong,
+        min_ranks: 4,
+    });
     v
 }
 
@@ -147,9 +166,25 @@ fn bytes(case: &CpCase) -> usize {
     t * (3 * h * K * 2 + h * gk * 4 + h * 4 + h * V * 2) + 2 * n * h * K * V * 4
 }
 
-/// The CP forward of `case` over `group` on its shards (its plan made outside the timing);
-/// returns the median ms.
-fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> GpuResult<f64> {
+/// What a CP row measured: the median ms, per rank whether the last run sent its tail's
+/// summary, and for a row too large for one GPU, rank 0's `o` against one GPU (largest
+/// |difference| / largest |o|).
+struct CpTiming {
+    ms: f64,
+    tails: Vec<Option<bool>>,
+    first_vs_one: Option<f64>,
+}
+
+/// The CP forward of `case` over `group` on its shards (its plan made outside the timing).
+/// With `check_first`, after the timing, GPU 0 runs rank 0's shard alone (the same inputs, its
+/// `cu_seqlens`, the same initial state: rank 0 merges nothing) for [`CpTiming::first_vs_one`].
+fn time_cp(
+    group: &CpGroup,
+    part: &Partition,
+    case: &CpCase,
+    iters: usize,
+    check_first: bool,
+) -> GpuResult<CpTiming> {
     let shards = group
         .ranks()
         .map(|(r, gpu)| {
@@ -172,9 +207,43 @@ fn time_cp(group: &CpGroup, part: &Partition, case: &CpCase, iters: usize) -> Gp
     };
     let mut outs = plan.alloc_outputs()?;
     group.synchronize()?;
-    wall_ms(iters, || {
+    let ms = wall_ms(iters, || {
         plan.run(&tensors, &mut outs)?;
         group.synchronize()
+    })?;
+    let tails = plan.tail_summaries();
+    drop(plan);
+    let first_vs_one = match (check_first, tensors.first(), outs.first()) {
+        (true, Some(t), Some(cp)) => {
+            let gpu = group.gpu(0);
+            let cu = part.shard(0).cu_seqlens();
+            let plan = if case.kda {
+                DeltaFwdPlan::kda(gpu, t, Some(&cu), &kda_params(), ForwardPath::Auto)?
+            } else {
+                DeltaFwdPlan::gdn(gpu, t, Some(&cu), &gdn_params(), ForwardPath::Auto)?
+            };
+            let mut ws = plan.alloc_workspace(gpu)?;
+            let mut one = plan.alloc_outputs(gpu)?;
+            plan.run(gpu, t, &mut ws, &mut one)?;
+            let (a, b) = (cp.o.to_array::<bf16>(gpu)?, one.o.to_array::<bf16>(gpu)?);
+            let (mut diff, mut top) = (0f64, 0f64);
+            for (x, y) in a.iter().zip(b.iter()) {
+                let (x, y) = (f64::from(*x), f64::from(*y));
+                diff = diff.max((x - y).abs());
+                top = top.max(y.abs());
+            }
+            Some(if diff.is_nan() || top.is_nan() {
+                f64::NAN
+            } else {
+                diff / top.max(f64::MIN_POSITIVE)
+            })
+        }
+        _ => None,
+    };
+    Ok(CpTiming {
+        ms,
+        tails,
+        first_vs_one,
     })
 }
 
@@ -243,6 +312,26 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                     continue;
                 }
             };
+            if *ranks < case.min_ranks {
+                let (_, total) = group
+                    .gpu(0)
+                    .context()
+                    .mem_get_info()
+                    .map_err(attn_gpu::GpuError::driver_ctx("memory info"))?;
+                let gib = |x: usize| x as f64 / (1u64 << 30) as f64;
+                let what = if *ranks == 1 {
+                    format!("{}_single and {name}", case.name)
+                } else {
+                    name.clone()
+                };
+                println!(
+                    "{what} skipped: {:.0} GiB of inputs and outputs, {:.0} GiB a GPU: {} GPUs at least",
+                    gib(b),
+                    gib(total),
+                    case.min_ranks
+                );
+                continue;
+            }
             if *ranks == 1 {
                 let ms = time_single(group.gpu(0), case, iters)?;
                 let mem = used_gib(group.gpu(0))?;
@@ -264,7 +353,19 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 *ranks,
                 DEFAULT_MIN_PIECE_CHUNKS,
             )?;
-            let ms = time_cp(group, &part, case, iters)?;
+            let CpTiming {
+                ms,
+                tails,
+                first_vs_one,
+            } = time_cp(group, &part, case, iters, case.min_ranks > 1)?;
+            let tails: Vec<&str> = tails
+                .iter()
+                .map(|t| match t {
+                    Some(true) => "tail",
+                    Some(false) => "whole",
+                    None => "-",
+                })
+                .collect();
             let mem = group
                 .ranks()
                 .map(|(_, gpu)| used_gib(gpu))
@@ -276,19 +377,23 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
             let vs_single = single_ms.map(|s| s / ms);
             let gbps = b as f64 / (ms * 1e-3) / 1e9;
             println!(
-                "{name:<40} {ms:>10.3} ms  x{:.2} vs R=1, x{:.2} vs single GPU, GiB per GPU {:?}",
+                "{name:<40} {ms:>10.3} ms  x{:.2} vs R=1, x{:.2} vs single GPU, GiB per GPU {:?}, summaries {tails:?}{}",
                 speedup.unwrap_or(f64::NAN),
                 vs_single.unwrap_or(f64::NAN),
                 mem.iter()
                     .map(|m| (m * 10.0).round() / 10.0)
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>(),
+                first_vs_one
+                    .map(|d| format!(", rank 0's o vs GPU 0 alone: {d:.2e} of max |o|"))
+                    .unwrap_or_default()
             );
             rows.push(json!({
                 "name": name, "shape": shape, "in_dtype": "bfloat16", "out_dtype": "bfloat16",
                 "seqs": case.seqs, "bytes": b, "median_ms": ms, "gbps": gbps,
                 "share": gbps / (ceiling * *ranks as f64), "ranks": ranks, "path": "cp",
                 "decay": case.decay.name(), "cuts": part.cuts(), "speedup_r1": speedup,
-                "single_ms": single_ms, "vs_single": vs_single, "mem_gib": mem,
+                "single_ms": single_ms, "vs_single": vs_single, "mem_gib": mem, "summaries": tails,
+                "first_vs_one": first_vs_one,
             }));
         }
     }
