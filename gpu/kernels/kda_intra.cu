@@ -50,12 +50,19 @@ template <typename Acc> __device__ __forceinline__ Acc exp2_acc(Acc x);
 template <> __device__ __forceinline__ float exp2_acc(float x) { return exp2f(x); }
 template <> __device__ __forceinline__ double exp2_acc(double x) { return exp2(x); }
 
-// Stores the N elements of v at p in pieces of at most 16 bytes (p aligned to them).
+// Stores the N elements of v at p in pieces of at most 16 bytes (p aligned to them). Each piece
+// is assembled element by element: reading v through a cast pointer would put it in local memory
+// (S9: the stores of the intra kernels went through a 32-byte stack frame).
 template <typename T, int N>
 __device__ __forceinline__ void store_pieces(T* p, const Vec<T, N>& v) {
     constexpr int P = N < Piece<T>::N ? N : Piece<T>::N;
 #pragma unroll
-    for (int k = 0; k < N; k += P) *reinterpret_cast<Vec<T, P>*>(p + k) = *reinterpret_cast<const Vec<T, P>*>(&v.v[k]);
+    for (int k = 0; k < N; k += P) {
+        Vec<T, P> q;
+#pragma unroll
+        for (int j = 0; j < P; ++j) q.v[j] = v.v[k + j];
+        *reinterpret_cast<Vec<T, P>*>(p + k) = q;
+    }
 }
 
 // Stores the first n of the N elements of v at p: in whole pieces when `aligned` (p aligned
@@ -65,7 +72,9 @@ __device__ __forceinline__ void store_some(T* p, const Vec<T, N>& v, bool aligne
     if (aligned && n == N) {
         store_pieces<T, N>(p, v);
     } else {
-        for (int e = 0; e < n; ++e) p[e] = v.v[e];
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+            if (e < n) p[e] = v.v[e];  // unrolled: a runtime bound would index v in local memory
     }
 }
 
