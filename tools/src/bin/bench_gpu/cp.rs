@@ -377,9 +377,9 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
             let vs_single = single_ms.map(|s| s / ms);
             let gbps = b as f64 / (ms * 1e-3) / 1e9;
             println!(
-                "{name:<40} {ms:>10.3} ms  x{:.2} vs R=1, x{:.2} vs single GPU, GiB per GPU {:?}, summaries {tails:?}{}",
-                speedup.unwrap_or(f64::NAN),
-                vs_single.unwrap_or(f64::NAN),
+                "{name:<40} {ms:>10.3} ms  {} vs R=1, {} vs single GPU, GiB per GPU {:?}, summaries {tails:?}{}",
+                ratio(speedup),
+                ratio(vs_single),
                 mem.iter()
                     .map(|m| (m * 10.0).round() / 10.0)
                     .collect::<Vec<_>>(),
@@ -398,4 +398,9 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
         }
     }
     Ok(rows)
+}
+
+/// A speedup as `x1.23`, or `-` where its baseline did not run (it did not fit).
+fn ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("x{r:.2}"))
 }
