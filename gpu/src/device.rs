@@ -237,14 +237,14 @@ impl Gpu {
         opts
     }
 
-    /// Compiles (once per process and device) and loads `module`.
+    /// Compiles (once per process and option set: GPUs of one architecture share the PTX) and
+    /// loads (once per device) `module`.
     pub fn module(&self, module: Module) -> GpuResult<Arc<CudaModule>> {
         let mut cache = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = cache.get(&module) {
             return Ok(m.clone());
         }
-        let options = self.compile_options();
-        let ptx = compile(module, &options)?;
+        let ptx = compiled(module, self.compile_options())?;
         let m = self.ctx.load_module(ptx).map_err(GpuError::driver(format!(
             "loading module `{}`",
             module.name()
@@ -402,6 +402,26 @@ fn cuda_include_dir() -> Option<String> {
     candidates
         .into_iter()
         .find(|d| std::path::Path::new(d).is_dir())
+}
+
+/// PTX by module and NVRTC options, for the whole process: a context-parallel group's GPUs
+/// compile each module once (S9: two ranks spent 70 s compiling `kda_fwd`'s modules twice).
+type PtxCache = Mutex<HashMap<(Module, Vec<String>), cudarc::nvrtc::Ptx>>;
+static PTX: OnceLock<PtxCache> = OnceLock::new();
+
+/// `module` compiled with `options`, from [`PTX`] or by NVRTC (then kept there).
+fn compiled(module: Module, options: Vec<String>) -> GpuResult<cudarc::nvrtc::Ptx> {
+    let mut cache = PTX
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let key = (module, options);
+    if let Some(ptx) = cache.get(&key) {
+        return Ok(ptx.clone());
+    }
+    let ptx = compile(module, &key.1)?;
+    cache.insert(key, ptx.clone());
+    Ok(ptx)
 }
 
 /// NVRTC-compiles one module; the error carries the compiler log.

@@ -728,7 +728,10 @@ fn all_ops(ranks: usize) -> TestResult {
         let start = std::time::Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(&group)));
         // progress on stderr: a collective that never returns shows which op it was in
-        eprintln!("{ranks} ranks: {name} ended in {:.1} s", start.elapsed().as_secs_f64());
+        eprintln!(
+            "{ranks} ranks: {name} ended in {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
         if let Err(p) = outcome {
             let msg = p
                 .downcast_ref::<String>()
