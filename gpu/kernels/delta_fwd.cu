@@ -22,8 +22,8 @@
 struct FusedArgs {
     u64 kg, w, qg, qf, u, aqk, lam, h0;  // inputs (h0: 0 when absent)
     u64 pieces;                      // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
-    u64 warm;                        // i64 [P][HV] warm-up chunks (kda_warm_policy), or 0: none
-    u64 gate;                        // i64 [N][HV] 1: split, 0: serial (gdn_split_decide), or 0: none
+    u64 warm;                        // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
+    u64 gate;                        // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
     u64 seqs;                        // i64 [N][3] (seq_table): first packed row, length, lam row of the first chunk
     u64 o, ht;                       // outputs (ht: 0 when absent)
     i64 HV, K, V, bt;
@@ -369,8 +369,8 @@ FUSED_KERNELS(f16, f16)
 struct GdnFusedArgs {
     u64 q, k, v, tbh, tbl, aqk, g, h0;  // q, k [rows][QH][K]; v [rows][HV][V]; tb*, aqk [rows][HV][bt]; g = G [rows][HV] f32
     u64 pieces;                         // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
-    u64 warm;                           // i64 [P][HV] warm-up chunks (gdn_warm_policy), or 0: none
-    u64 gate;                           // i64 [N][HV] 1: split, 0: serial (gdn_split_decide), or 0: none
+    u64 warm;                           // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
+    u64 gate;                           // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
     u64 o, ht;
     i64 QH, HV, K, V, bt;
     i64 h0_dtype, v_first, npieces, gate_mode;
@@ -685,112 +685,165 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
     }
 }
 
-// The warm-up of a piece at chunk c0 of its sequence from the bounds lam[j] of chunks c0 - 1 - j
-// (j < min(c0, wmax)): the least w with lam[0] + .. + lam[w - 1] <= log_eps, else c0 when c0 <=
-// wmax (the warm-up reaches the sequence's start: exact), else -1 (not warmable); 0 for a first
-// piece. A NaN bound never passes.
-__device__ __forceinline__ i64 warm_choice(const double* lam, i64 c0, i64 wmax, double log_eps) {
+// The warm-up policies (conformance/spec/ops-delta-rule.md 5.10), in two launches:
+//
+// 1. {gdn,kda}_warm_bounds: one CTA of WARM_THREADS per (piece p, window chunk j, value head):
+//    the bound lam[p, j, hv] of chunk c0 - 1 - j of the piece's sequence (j < min(wmax, c0); c0:
+//    the piece's first chunk in its sequence) as Σ over the chunk's tokens of a per-token term
+//    λ_t (from `term`, with its magnitude μ_t), plus margin · Σ μ_t. A token is taken by a group
+//    of WARM_THREADS / bt consecutive threads (keys i = sub, sub + group, … of it), whose
+//    partials a fixed xor tree combines; the chunk's terms are then summed by warp 0 with the
+//    token at lane t (t < 32) and 32 + t (bt = 64) in a fixed xor tree per warp, the two warps'
+//    sums added in order: deterministic. Every CTA of every window runs at once (no early stop:
+//    the walk below stops for free), so the cost is one pass over the windows' inputs however
+//    few pieces there are. The chunks before c0 are whole (only a sequence's last chunk is
+//    short). CTAs with no chunk (first pieces, j beyond the window) return at once.
+// 2. warm_walk: one warp per (sequence, value head) of the table (the warp of its first piece),
+//    a lane per piece: warm_choice over the piece's bounds; with a verdict tensor, also the
+//    verdict of a split launched at a wider column block than the serial run (below).
+// A bt outside {16, 32, 64} gets -1 (not warmable) for every piece.
+#define WARM_THREADS 256
+
+// The bound tensor's chunks per piece: min(wmax, 64) (the host keeps wmax <= 64).
+__device__ __forceinline__ i64 warm_window(i64 wmax) { return min(wmax, (i64)64); }
+
+__device__ __forceinline__ bool warm_bt_ok(i64 bt) { return bt == 16 || bt == 32 || bt == 64; }
+
+// Sum of x over the aligned group of `group` (a power of two <= 16) consecutive lanes, by a xor
+// tree: every lane of the group gets the same bits (each step adds commuted pairs).
+__device__ __forceinline__ double group_sum(double x, int group) {
+    for (int o = group >> 1; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+template <typename Term>
+__device__ void warm_bounds(const Term& term, const i64* pieces, i64 bt, i64 wmax, i64 HV, double margin, double* lam) {
+    __shared__ double tv[64], tm[64];
+    const i64 win = warm_window(wmax);
+    const i64 p = blockIdx.x / win, j = blockIdx.x % win, hv = blockIdx.y;
+    if (!warm_bt_ok(bt)) return;
+    const i64* pc = pieces + p * 5;
+    const i64 seq0 = pc[2], c0 = (pc[0] - seq0) / bt;
+    if (j >= min(win, c0)) return;
+    const int group = WARM_THREADS / (int)bt, tok = threadIdx.x / group, sub = threadIdx.x % group;
+    double v, m;
+    term(seq0 + (c0 - 1 - j) * bt + tok, sub, group, v, m);
+    if (sub == 0) {
+        tv[tok] = v;
+        tm[tok] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    double v0 = lane < bt ? tv[lane] : 0.0, m0 = lane < bt ? tm[lane] : 0.0;
+    double v1 = bt == 64 ? tv[32 + lane] : 0.0, m1 = bt == 64 ? tm[32 + lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (o < bt) {
+            v0 += __shfl_xor_sync(0xffffffffu, v0, o);
+            m0 += __shfl_xor_sync(0xffffffffu, m0, o);
+            v1 += __shfl_xor_sync(0xffffffffu, v1, o);
+            m1 += __shfl_xor_sync(0xffffffffu, m1, o);
+        }
+    }
+    if (lane == 0) lam[(p * win + j) * HV + hv] = bt == 64 ? (v0 + v1) + margin * (m0 + m1) : v0 + margin * m0;
+}
+
+// The warm-up of a piece at chunk c0 of its sequence from the bounds lam[j · stride] of chunks
+// c0 - 1 - j (j < min(c0, wmax)): the least w with lam[0] + .. + lam[w - 1] <= log_eps, else c0
+// when c0 <= wmax (the warm-up reaches the sequence's start: exact), else -1 (not warmable); 0
+// for a first piece. A NaN bound never passes.
+__device__ __forceinline__ i64 warm_choice(const double* lam, i64 stride, i64 c0, i64 wmax, double log_eps) {
     if (c0 == 0) return 0;
     double acc = 0.0;
     for (i64 j = 0; j < min(c0, wmax); ++j) {
-        acc += lam[j];
+        acc += lam[j * stride];
         if (acc <= log_eps) return j + 1;
     }
     return c0 <= wmax ? c0 : -1;
 }
 
-// The warm-up policies' common core (conformance/spec/ops-delta-rule.md 5.10): one CTA of
-// WARM_THREADS per (piece, value head) computes the bounds lam[j] of chunks c0 - 1 - j
-// (j < min(wmax, c0); c0: the piece's first chunk in its sequence) as Σ over the chunk's tokens
-// of a per-token term λ_t (from `term`, with its magnitude μ_t), plus margin · Σ μ_t. Token
-// parallel: thread = slot · bt + token takes one token of chunk j0 + slot, WARM_THREADS / bt
-// chunks a pass; a chunk's terms are summed by a fixed xor tree over its lanes (and, for
-// bt = 64, its two warps in order): deterministic. After each pass thread 0 accumulates the
-// bounds in warm_choice's order and the CTA stops once they reach log_eps (strong decay needs a
-// few chunks, not wmax). Then warm_choice. The chunks before c0 are whole (only a sequence's last
-// chunk is short). A bt outside {16, 32, 64} gets -1 (not warmable).
-#define WARM_THREADS 256
-template <typename Term>
-__device__ void warm_policy(const Term& term, const i64* pc, i64 bt, i64 wmax, double log_eps, double margin, i64* out) {
-    __shared__ double lam[64];
-    __shared__ double part[WARM_THREADS / 32][2];
-    __shared__ int stop;
-    if (bt != 16 && bt != 32 && bt != 64) {
-        if (threadIdx.x == 0) *out = -1;
-        return;
+// The warm-ups of every piece and value head from warm_bounds' lam ([P][min(wmax, 64)][HV]),
+// into warm ([P][HV]). With gate != 0, also the verdict of a split launched at a wider column
+// block than the serial run: per (sequence, value head) the longest chain of chunks one CTA of
+// the split runs (its warm-up, its piece, and the pieces after it marked -1, in the table's
+// order); gate = 1 (split) when that chain is at most max_chain (the chunks the wide kernel runs
+// in the serial run's time), else 0. A sequence's pieces are contiguous in the table; its warp
+// is the one of its first row there.
+struct WalkArgs {
+    u64 pieces, lam, warm, gate;
+    i64 HV, bt, npieces, wmax, max_chain;
+    double log_eps;
+};
+
+#define WALK_THREADS 128
+extern "C" __global__ void __launch_bounds__(WALK_THREADS) warm_walk(const WalkArgs a) {
+    const i64 wid = ((i64)blockIdx.x * WALK_THREADS + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (wid >= a.npieces * a.HV) return;
+    const i64 p = wid / a.HV, hv = wid % a.HV;
+    const i64* pc = reinterpret_cast<const i64*>(a.pieces);
+    const i64 seq = pc[p * 5 + 4];
+    if (p > 0 && pc[(p - 1) * 5 + 4] == seq) return;  // not the sequence's first row
+    const i64 win = warm_window(a.wmax);
+    const double* lam = reinterpret_cast<const double*>(a.lam);
+    i64* warm = reinterpret_cast<i64*>(a.warm);
+    i64 chain = 0, longest = 0;
+    for (i64 q0 = p;; q0 += 32) {
+        const i64 q = q0 + lane;
+        const bool in = q < a.npieces && pc[q * 5 + 4] == seq;
+        i64 w = 0, c = 0;
+        if (in) {
+            const i64 c0 = (pc[q * 5] - pc[q * 5 + 2]) / a.bt;
+            w = warm_bt_ok(a.bt) ? warm_choice(lam + q * win * a.HV + hv, a.HV, c0, a.wmax, a.log_eps) : -1;
+            warm[q * a.HV + hv] = w;
+            c = (pc[q * 5 + 1] + a.bt - 1) / a.bt;
+        }
+        if (a.gate != 0) {
+            for (int l = 0; l < 32; ++l) {
+                const i64 wl = __shfl_sync(0xffffffffu, w, l), cl = __shfl_sync(0xffffffffu, c, l);
+                if (__shfl_sync(0xffffffffu, (int)in, l)) {
+                    chain = wl < 0 ? chain + cl : wl + cl;
+                    longest = max(longest, chain);
+                }
+            }
+        }
+        if (!__all_sync(0xffffffffu, in)) break;
     }
-    const i64 row0 = pc[0], seq0 = pc[2];
-    const i64 c0 = (row0 - seq0) / bt;
-    const i64 n = min(min(wmax, c0), (i64)64);
-    const int slots = WARM_THREADS / (int)bt, slot = threadIdx.x / (int)bt, tok = threadIdx.x % (int)bt;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double acc = 0.0;  // thread 0's running bound
-    if (threadIdx.x == 0) stop = 0;
-    __syncthreads();
-    for (i64 j0 = 0; j0 < n; j0 += slots) {
-        const i64 j = j0 + slot;
-        double v = 0.0, m = 0.0;
-        if (j < n) term(seq0 + (c0 - 1 - j) * bt + tok, v, m);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            if (o < bt) {
-                v += __shfl_xor_sync(0xffffffffu, v, o);
-                m += __shfl_xor_sync(0xffffffffu, m, o);
-            }
-        }
-        if (bt == 64) {
-            if (lane == 0) {
-                part[warp][0] = v;
-                part[warp][1] = m;
-            }
-            __syncthreads();
-            if (tok == 0 && j < n)
-                lam[j] = (part[2 * slot][0] + part[2 * slot + 1][0]) + margin * (part[2 * slot][1] + part[2 * slot + 1][1]);
-        } else if (tok == 0 && j < n) {
-            lam[j] = v + margin * m;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (i64 i = j0; i < min(j0 + slots, n); ++i) {
-                acc += lam[i];
-                if (acc <= log_eps) stop = 1;
-            }
-        }
-        __syncthreads();
-        if (stop) break;
-    }
-    if (threadIdx.x == 0) *out = warm_choice(lam, c0, wmax, log_eps);
+    if (a.gate != 0 && lane == 0) reinterpret_cast<i64*>(a.gate)[seq * a.HV + hv] = longest <= a.max_chain ? 1 : 0;
 }
 
-// The warm-up of every piece and value head for gdn_fwd's fused path: warm_policy with the
-// per-token term
+// gdn_fwd's fused path: warm_bounds with the per-token term
 //   λ_t = g_t + ln max(1, |1 - β_t ‖k_t‖²|)       (fp64; ‖k_t‖² bounded above and below: with
-//                                                   l2norm [0.99, 1.01], the rounded unit keys)
-// and a margin of 1e-9 Σ|terms|; warm = the least w <= wmax with Σ_{i<w} Λ_i <= log_eps
-// (a truncation error below exp(log_eps) ‖S‖), or the piece's chunk offset when the warm-up
-// reaches the sequence's start first (exact), else -1: not warmable (the previous piece runs
-// through it). The first piece of a sequence gets 0.
+//                                                   l2norm [0.99, 1.01], the rounded unit keys,
+//                                                   else the fp64 Σ k² (each thread of the token's
+//                                                   group its keys in order, then group_sum)
+//                                                   ± 1e-12 relative)
+// and a margin of 1e-9 Σ|terms|; with warm_walk: warm = the least w <= wmax with
+// Σ_{i<w} Λ_i <= log_eps (a truncation error below exp(log_eps) ‖S‖), or the piece's chunk
+// offset when the warm-up reaches the sequence's start first (exact), else -1: not warmable
+// (the previous piece runs through it). The first piece of a sequence gets 0.
 struct WarmArgs {
-    u64 pieces, g, beta, k, warm;
+    u64 pieces, g, beta, k, lam;
     i64 H, HV, K, bt, npieces, wmax, g_dtype, beta_dtype, l2norm;
-    double log_eps;
 };
 
 template <typename T>
 struct GdnTerm {
     const WarmArgs& a;
     i64 hv, kh;
-    __device__ void operator()(i64 r, double& v, double& m) const {
-        const double g = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, r * a.HV + hv);
-        const double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
+    __device__ void operator()(i64 r, int sub, int group, double& v, double& m) const {
         double klo = 0.99, khi = 1.01;
         if (!a.l2norm) {
             const T* kp = reinterpret_cast<const T*>(a.k) + (r * a.H + kh) * a.K;
             double n2 = 0.0;
-            for (i64 d = 0; d < a.K; ++d) n2 = fma((double)widen(kp[d]), (double)widen(kp[d]), n2);
+            for (i64 d = sub; d < a.K; d += group) n2 = fma((double)widen(kp[d]), (double)widen(kp[d]), n2);
+            n2 = group_sum(n2, group);
             klo = n2 * (1.0 - 1e-12);
             khi = n2 * (1.0 + 1e-12);
         }
+        const double g = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, r * a.HV + hv);
+        const double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
         const double t = log(fmax(1.0, fmax(fabs(1.0 - b * klo), fabs(1.0 - b * khi))));
         v = g + t;
         m = fabs(g) + t;
@@ -798,41 +851,48 @@ struct GdnTerm {
 };
 
 template <typename T>
-__device__ void gdn_warm_policy(const WarmArgs& a) {
-    const i64 p = blockIdx.x, hv = blockIdx.y;
+__device__ void gdn_warm_bounds(const WarmArgs& a) {
+    const i64 hv = blockIdx.y;
     const GdnTerm<T> term{a, hv, hv / (a.HV / a.H)};
-    warm_policy(term, reinterpret_cast<const i64*>(a.pieces) + p * 5, a.bt, a.wmax, a.log_eps, 1e-9,
-                reinterpret_cast<i64*>(a.warm) + p * a.HV + hv);
+    warm_bounds(term, reinterpret_cast<const i64*>(a.pieces), a.bt, a.wmax, a.HV, 1e-9, reinterpret_cast<double*>(a.lam));
 }
 
-// The warm-up of every piece and value head for kda_fwd's fused path (per-key gates): warm_policy
-// with the per-token term (each thread its token's K keys in order)
+// kda_fwd's fused path (per-key gates): warm_bounds with the per-token term
 //   λ_t = max_i y_{t,i} + ln max(1, |1 - β_t ‖k_t‖²|)
 // with y the per-step natural-log decay the intra stage applies: g itself (gate_mode 1) or the
 // KDA gate of g (gate.cuh, gate_mode 2: softplus or lower-bound form with A_log, dt_bias), here
 // in fp64; β after the kernel's sigmoid (beta_mode 1, 2 · sigmoid for 2); ‖k‖² in [0.99, 1.01]
-// for keys normalised in the kernel, else the raw keys' fp64 norm ± 1e-12. The state map of a
-// token is (I - β k kᵀ) diag(exp(y_t)) and ‖diag(exp(y_t))‖₂ = exp(max_i y_{t,i}): the bound
-// takes the largest decay per token. A per-chunk bound from the intra stage's lam =
-// exp2(G_l) (max_i of the chunk's per-key cumulative gate) would not be one: the diagonal
-// factors do not commute with the I - β k kᵀ between them, which move the state between keys
-// (a key that decays at one step can receive the mass of a key that decays at the next), so
-// Σ_t max_i y_{t,i} (larger) is the bound. Margin: 1e-5 Σ|terms| covers the intra stage's fp32
-// gate (multi-function unit exp2 / log2, relative error below 1e-6) and its fp32 chunk-local
-// cumsum (at most 64 roundings of 2^-24 of Σ|y|); β is widened by 1e-6 relative (its fp32
-// sigmoid). A NaN input makes the chunk's bound NaN (never warmable).
+// for keys normalised in the kernel, else the raw keys' fp64 norm ± 1e-12 (summed as GdnTerm's).
+// The gate of a head is monotone in a = g + dt_bias (y = -exp(A_log) softplus(a), or
+// lb · sigmoid(exp(A_log) a): one sign per head), so max_i y_{t,i} is the larger of y at the
+// least and at the greatest a of the token (exact min / max over its keys): two fp64 gates a
+// token, not K. That is the same real number as the gate of every key; the fp64 library
+// functions are monotone to within their last-place error (and softplus's switch to a at
+// a > 20 moves it by < 1e-9 relative), far inside the margin. NaN: any a NaN, either end's y
+// NaN, or exp(A_log) infinite (where an inner key could be NaN alone) make the token NaN.
+// The state map of a token is (I - β k kᵀ) diag(exp(y_t)) and ‖diag(exp(y_t))‖₂ =
+// exp(max_i y_{t,i}): the bound takes the largest decay per token. A per-chunk bound from the
+// intra stage's lam = exp2(G_l) (max_i of the chunk's per-key cumulative gate) would not be
+// one: the diagonal factors do not commute with the I - β k kᵀ between them, which move the
+// state between keys (a key that decays at one step can receive the mass of a key that decays
+// at the next), so Σ_t max_i y_{t,i} (larger) is the bound. Margin: 1e-5 Σ|terms| covers the
+// intra stage's fp32 gate (multi-function unit exp2 / log2, relative error below 1e-6) and its
+// fp32 chunk-local cumsum (at most 64 roundings of 2^-24 of Σ|y|); β is widened by 1e-6
+// relative (its fp32 sigmoid). A NaN input makes the chunk's bound NaN (never warmable).
 struct KdaWarmArgs {
-    u64 pieces, g, beta, k, warm;
+    u64 pieces, g, beta, k, lam;
     GateArgs gate;  // the in-kernel gate (gate_mode 2)
     i64 H, HV, K, bt, npieces, wmax, g_dtype, beta_dtype, l2norm, gate_mode, beta_mode;
-    double log_eps;
 };
 
-// The KDA gate of g at column c = hv * K + i in fp64 (gate.cuh's fp64 formulas).
-template <int FORM> __device__ __forceinline__ double kda_gate64(const GateArgs& ga, i64 c, double x) {
+// The KDA gate of a head (its constants from column c) at a = g + dt_bias, in fp64 (gate.cuh's
+// fp64 formulas); nan when exp(A_log) is not finite.
+template <int FORM> __device__ __forceinline__ double kda_gate64(const GateArgs& ga, i64 c, double a, bool& nan) {
     Gate<double, 1, FORM> gt;
     gt.init(ga, c);
-    double v[1] = {x};
+    gt.bias[0] = 0.0;  // a includes dt_bias
+    nan |= isinf(gt.coef);
+    double v[1] = {a};
     gt.apply(v);
     return v[0];
 }
@@ -841,20 +901,40 @@ template <typename T>
 struct KdaTerm {
     const KdaWarmArgs& a;
     i64 hv, kh;
-    __device__ void operator()(i64 r, double& v, double& m) const {
-        double gmax = -__longlong_as_double(0x7ff0000000000000ll), n2 = 0.0;
+    __device__ void operator()(i64 r, int sub, int group, double& v, double& m) const {
+        const double inf = __longlong_as_double(0x7ff0000000000000ll);
+        const bool gated = a.gate_mode == 2, bias = gated && a.gate.dt_bias_dtype >= 0;
+        double lo = inf, hi = -inf, n2 = 0.0;
         bool nan = false;
-        for (i64 i = 0; i < a.K; ++i) {
+        for (i64 i = sub; i < a.K; i += group) {
             double y = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, (r * a.HV + hv) * a.K + i);
-            if (a.gate_mode == 2)
-                y = a.gate.has_lower_bound ? kda_gate64<GATE_BOUNDED>(a.gate, hv * a.K + i, y)
-                                           : kda_gate64<GATE_SOFTPLUS>(a.gate, hv * a.K + i, y);
+            if (gated) {
+                double b[1] = {0.0};
+                if (bias) load_side(reinterpret_cast<const void*>(a.gate.dt_bias), (int)a.gate.dt_bias_dtype, hv * a.K + i, b);
+                y += b[0];
+            }
             nan |= y != y;
-            gmax = fmax(gmax, y);
+            lo = fmin(lo, y);
+            hi = fmax(hi, y);
             if (!a.l2norm) {
                 const double x = (double)widen(reinterpret_cast<const T*>(a.k)[(r * a.H + kh) * a.K + i]);
                 n2 = fma(x, x, n2);
             }
+        }
+        for (int o = group >> 1; o > 0; o >>= 1) {
+            lo = fmin(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+            hi = fmax(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+            nan |= __shfl_xor_sync(0xffffffffu, (int)nan, o) != 0;
+        }
+        if (!a.l2norm) n2 = group_sum(n2, group);
+        double gmax = hi;
+        if (gated) {
+            const i64 c = hv * a.K;
+            const bool lb = a.gate.has_lower_bound;
+            const double ylo = lb ? kda_gate64<GATE_BOUNDED>(a.gate, c, lo, nan) : kda_gate64<GATE_SOFTPLUS>(a.gate, c, lo, nan);
+            const double yhi = lb ? kda_gate64<GATE_BOUNDED>(a.gate, c, hi, nan) : kda_gate64<GATE_SOFTPLUS>(a.gate, c, hi, nan);
+            nan |= ylo != ylo || yhi != yhi;
+            gmax = fmax(ylo, yhi);
         }
         double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
         if (a.beta_mode != 0) b = (a.beta_mode == 2 ? 2.0 : 1.0) / (1.0 + exp(-b));
@@ -869,44 +949,16 @@ struct KdaTerm {
 };
 
 template <typename T>
-__device__ void kda_warm_policy(const KdaWarmArgs& a) {
-    const i64 p = blockIdx.x, hv = blockIdx.y;
+__device__ void kda_warm_bounds(const KdaWarmArgs& a) {
+    const i64 hv = blockIdx.y;
     const KdaTerm<T> term{a, hv, hv / (a.HV / a.H)};
-    warm_policy(term, reinterpret_cast<const i64*>(a.pieces) + p * 5, a.bt, a.wmax, a.log_eps, 1e-5,
-                reinterpret_cast<i64*>(a.warm) + p * a.HV + hv);
+    warm_bounds(term, reinterpret_cast<const i64*>(a.pieces), a.bt, a.wmax, a.HV, 1e-5, reinterpret_cast<double*>(a.lam));
 }
 
-extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_policy_bf16(const KdaWarmArgs a) { kda_warm_policy<bf16>(a); }
-extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_policy_f16(const KdaWarmArgs a) { kda_warm_policy<f16>(a); }
-
-// The verdict of a split launched at a wider column block than the serial run: per (sequence,
-// value head), from the first piece's thread, the longest chain of chunks one CTA of the split
-// runs (its warm-up, its piece, and the pieces after it marked -1); gate = 1 (split) when that
-// chain is at most max_chain (the chunks the wide kernel runs in the serial run's time), else 0.
-struct DecideArgs {
-    u64 pieces, warm, gate;
-    i64 HV, bt, npieces, max_chain;
-};
-
-extern "C" __global__ void __launch_bounds__(128) gdn_split_decide(const DecideArgs a) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= a.npieces * a.HV) return;
-    const i64 p = i / a.HV, hv = i % a.HV;
-    const i64* pc = reinterpret_cast<const i64*>(a.pieces);
-    const i64* warm = reinterpret_cast<const i64*>(a.warm);
-    const i64 seq0 = pc[p * 5 + 2];
-    if (pc[p * 5] != seq0) return;  // not the sequence's first piece
-    i64 chain = 0, longest = 0;
-    for (i64 q = p; q < a.npieces && pc[q * 5 + 4] == pc[p * 5 + 4]; ++q) {
-        const i64 w = warm[q * a.HV + hv], c = (pc[q * 5 + 1] + a.bt - 1) / a.bt;
-        chain = w < 0 ? chain + c : w + c;
-        longest = max(longest, chain);
-    }
-    reinterpret_cast<i64*>(a.gate)[pc[p * 5 + 4] * a.HV + hv] = longest <= a.max_chain ? 1 : 0;
-}
-
-extern "C" __global__ void __launch_bounds__(WARM_THREADS) gdn_warm_policy_bf16(const WarmArgs a) { gdn_warm_policy<bf16>(a); }
-extern "C" __global__ void __launch_bounds__(WARM_THREADS) gdn_warm_policy_f16(const WarmArgs a) { gdn_warm_policy<f16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_bounds_bf16(const KdaWarmArgs a) { kda_warm_bounds<bf16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_bounds_f16(const KdaWarmArgs a) { kda_warm_bounds<f16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) gdn_warm_bounds_bf16(const WarmArgs a) { gdn_warm_bounds<bf16>(a); }
+extern "C" __global__ void __launch_bounds__(WARM_THREADS) gdn_warm_bounds_f16(const WarmArgs a) { gdn_warm_bounds<f16>(a); }
 
 #define GDN_KERNEL(T, TAG, KP, BV) \
     extern "C" __global__ void __launch_bounds__(FWDH_THREADS, 1) delta_fwd_gdn_##TAG##_k##KP##_v##BV(const GdnFusedArgs a) { \

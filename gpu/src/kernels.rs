@@ -115,7 +115,7 @@ impl Module {
             Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
             Module::ReadStream => {}
             Module::KdaIntra | Module::DeltaFwd => {
-                // the gate of gate.cuh (DeltaFwd: kda_warm_policy) and the dtype-coded loads of
+                // the gate of gate.cuh (DeltaFwd: kda_warm_bounds) and the dtype-coded loads of
                 // fwd_h.cuh
                 s.push_str(GATE);
                 s.push_str(FWD_H);

@@ -716,7 +716,7 @@ fn gdn_auto_split(gpu: &Gpu) {
     auto_split(gpu, false);
 }
 
-/// `kda_fwd`'s automatic split (per-key gates, `kda_warm_policy`), with the assertions of
+/// `kda_fwd`'s automatic split (per-key gates, `kda_warm_bounds`), with the assertions of
 /// [`gdn_auto_split`]; the varlen layout in the trained-like regime runs the in-kernel gate and
 /// β sigmoid. Strong decay: every later piece warms up within `max_warmup_chunks` (a token's
 /// largest per-key decay is about −0.07, so some 5 chunks), and every warm-up of the 8192-token
@@ -876,6 +876,162 @@ fn auto_split(gpu: &Gpu, per_key: bool) {
     }
 }
 
+/// The warm-up policy (spec 5.10: `gdn_warm_bounds` / `kda_warm_bounds`, then `warm_walk`)
+/// against the same bound computed on the host in float64: per token the largest per-key decay
+/// (the KDA gate of `g` in the trained-like regime, with `A_log`, `dt_bias` and, with the
+/// in-kernel L2 norm, a lower bound; else `g` itself) plus `ln max(1, |1 − β‖k‖²|)` over β's and
+/// ‖k‖²'s ranges (`[0.99, 1.01]` for keys normalised in the kernel, the raw keys' norm ± 1e-12;
+/// KDA: β ± 1e-6), the margins `1e-9` (GDN) and `1e-5` (KDA) of Σ|terms|; the least warm-up
+/// within `max_warmup_chunks` whose running sum is at most `ln 2^-30`, else the sequence's start
+/// or -1. Every (piece, head) of an 8192-token split must agree, in the strong, trained-like and
+/// long-memory regimes, with raw and in-kernel normalised keys, except where a running sum lies
+/// within `1e-6 · Σ|terms|` of the threshold (the device sums in another order and takes the
+/// gate at the extreme keys): those must be few.
+fn warm_ups_match_a_host_bound(gpu: &Gpu) {
+    let rule = SplitRule {
+        min_piece_chunks: 4,
+        max_warmup_chunks: 8,
+    };
+    let mut row = 0;
+    for per_key in [false, true] {
+        for regime in [Regime::Strong, Regime::Trained, Regime::Long] {
+            for l2 in [false, true] {
+                row += 1;
+                if !table_row_runs(row - 1, 12) {
+                    continue;
+                }
+                let mut c = base(per_key, Dtype::BF16);
+                c.draw.regime = regime;
+                c.draw.t = 8192;
+                c.draw.k = 128;
+                c.draw.v = 128;
+                c.draw.raw_qk = l2;
+                c.path = ForwardPath::Fused;
+                if per_key && regime == Regime::Trained {
+                    c.draw.gate_input = true;
+                    c.draw.beta_logits = true;
+                    c.lower_bound = l2.then_some(-5.0);
+                }
+                let what = format!(
+                    "{} {regime:?} l2norm {l2}",
+                    ["gdn", "kda"][per_key as usize]
+                );
+                let (host, dev) = draw_case(gpu, &c, 4242 + row as u64);
+                let p = plan(gpu, &c, &dev, ForwardPath::Fused)
+                    .with_split(gpu, Some(rule))
+                    .unwrap();
+                assert!(p.splits(), "{what}: the plan splits");
+                let mut ws = p.alloc_workspace(gpu).unwrap();
+                let mut out = p.alloc_outputs(gpu).unwrap();
+                p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+                let warm = p.chosen_warmups(gpu, &ws).unwrap().unwrap();
+                let starts = piece_chunk_offsets(gpu, &c, rule, p.split_choice().unwrap());
+                let terms = host_terms(&c, &host);
+                let hv = c.draw.hv;
+                let bt = c.bt as usize;
+                let margin = if per_key { 1e-5 } else { 1e-9 };
+                let wmax = rule.max_warmup_chunks;
+                let (mut near, mut warmed) = (0, 0);
+                for (pi, &c0) in starts.iter().enumerate() {
+                    for h in 0..hv {
+                        let got = warm[pi * hv + h];
+                        let (mut acc, mut mag, mut want, mut close) = (0.0, 0.0, None, false);
+                        for j in 0..c0.min(wmax) {
+                            let ch = c0 - 1 - j;
+                            let (v, m) = terms[h][ch * bt..(ch + 1) * bt]
+                                .iter()
+                                .fold((0.0, 0.0), |(a, b), &(v, m)| (a + v, b + m));
+                            acc += v + margin * m;
+                            mag += m;
+                            close |= (acc - LOG_EPS).abs() <= 1e-6 * mag + 1e-12;
+                            if acc <= LOG_EPS {
+                                want = Some(j as i64 + 1);
+                                break;
+                            }
+                        }
+                        let want = match (c0, want) {
+                            (0, _) => 0,
+                            (_, Some(w)) => w,
+                            _ if c0 <= wmax => c0 as i64,
+                            _ => -1,
+                        };
+                        warmed += usize::from(got >= 1 && (got as usize) < c0);
+                        if close {
+                            near += 1;
+                            continue;
+                        }
+                        assert_eq!(got, want, "{what}: piece {pi} (chunk {c0}) head {h}");
+                    }
+                }
+                let pairs = starts.len() * hv;
+                assert!(
+                    near * 20 <= pairs,
+                    "{what}: {near} of {pairs} near the threshold"
+                );
+                if regime == Regime::Strong {
+                    assert!(warmed * 2 >= pairs, "{what}: {warmed} of {pairs} warm up");
+                }
+            }
+        }
+    }
+}
+
+/// Per value head and token of `c` (one sequence), the bound's term `λ_t` and its magnitude
+/// `μ_t` (spec 5.10, as the device policy defines them; see [`warm_ups_match_a_host_bound`]).
+fn host_terms(c: &Case, host: &ForwardHost) -> Vec<Vec<(f64, f64)>> {
+    let (t, hv, hh, kd) = (c.draw.t, c.draw.hv, c.draw.h, c.draw.k);
+    let per_key = c.draw.per_key;
+    let gates = match (per_key, c.draw.gate_input) {
+        (true, true) => {
+            let g = host.g.view().into_dimensionality::<Ix4>().unwrap();
+            let y = attn_reference::gate::kda_gate(
+                g,
+                host.a_log.as_ref().map(|a| a.view()),
+                host.dt_bias.as_ref().map(|d| d.view()),
+                c.lower_bound,
+            )
+            .unwrap();
+            y.into_dyn()
+        }
+        _ => host.g.clone(),
+    };
+    (0..hv)
+        .map(|h| {
+            let kh = h / (hv / hh);
+            (0..t)
+                .map(|i| {
+                    let gmax = match per_key {
+                        true => (0..kd)
+                            .map(|j| gates[[0, i, h, j]])
+                            .fold(f64::NEG_INFINITY, f64::max),
+                        false => gates[[0, i, h]],
+                    };
+                    let mut b = host.beta[[0, i, h]];
+                    if c.draw.beta_logits {
+                        let two = if c.allow_neg_eigval { 2.0 } else { 1.0 };
+                        b = two / (1.0 + (-b).exp());
+                    }
+                    let (blo, bhi) = match per_key {
+                        true => (b * (1.0 - 1e-6), b * (1.0 + 1e-6)),
+                        false => (b, b),
+                    };
+                    let (klo, khi) = if c.draw.raw_qk {
+                        (0.99, 1.01)
+                    } else {
+                        let n2: f64 = (0..kd).map(|j| host.k[[0, i, kh, j]].powi(2)).sum();
+                        (n2 * (1.0 - 1e-12), n2 * (1.0 + 1e-12))
+                    };
+                    let grow = [blo * klo, blo * khi, bhi * klo, bhi * khi]
+                        .iter()
+                        .fold(1.0f64, |a, &x| a.max((1.0 - x).abs()));
+                    let lt = grow.ln();
+                    (gmax + lt, gmax.abs() + lt)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// The first chunk (within its sequence) of every piece `split_pieces` makes for `c` on this
 /// GPU's plan at the split's tiles `choice`, in the pieces table's order (`piece_rows`):
 /// recomputed from the public rule.
@@ -901,6 +1057,7 @@ fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule, choice: FusedChoice
 gpu_tests!(
     gdn_auto_split,
     kda_auto_split,
+    warm_ups_match_a_host_bound,
     kda_fwd_matches_the_reference,
     gdn_fwd_matches_the_reference,
     fused_and_staged_agree,

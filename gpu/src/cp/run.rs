@@ -57,6 +57,7 @@ use super::partition::{Partition, Piece};
 use super::shard::{copy_padded_rows, copy_rows, copy_token_rows, zero, zero_identity};
 use crate::delta::forward::{
     DeltaFwdDeviceOutputs, DeltaFwdPlan, DeltaFwdWorkspace, ForwardPath, ForwardTensors,
+    PolicyTensors,
 };
 use crate::delta::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
 use crate::delta::merge::{FwdHMergeDeviceOutputs, FwdHMergePlan};
@@ -654,11 +655,12 @@ impl SummaryRun {
 /// The bound check of a summary's tail (`conformance/spec/ops-delta-rule.md` §11): one row of
 /// the split's pieces table placing a piece at the continuing piece's end, its sequence
 /// starting at the piece's start, so that the warm-up policy of §5.10 bounds the last
-/// `chunks` chunks; the warm-ups per value head land in `warm`.
+/// `chunks` chunks; the bounds of those chunks and the warm-ups per value head land in
+/// `policy`.
 #[derive(Debug)]
 struct TailCheck {
     table: DeviceTensor,
-    warm: DeviceTensor,
+    policy: PolicyTensors,
     chunks: usize,
 }
 
@@ -722,7 +724,7 @@ impl ForwardSummary {
                 let table = [end, 0, seq0, end, 0].map(|x| x as i64);
                 let check = TailCheck {
                     table: DeviceTensor::from_slice(gpu, &table)?,
-                    warm: DeviceTensor::alloc(gpu, &[dims.hv], Dtype::I64)?,
+                    policy: PolicyTensors::alloc(gpu, 1, chunks, dims.hv)?,
                     chunks,
                 };
                 Some((run, check))
@@ -757,7 +759,9 @@ impl ForwardSummary {
         t: &ForwardTensors<'_>,
     ) -> GpuResult<()> {
         match &mut self.tail {
-            Some((_, c)) => local.run_warm_policy(gpu, t, &c.table, 1, &mut c.warm, c.chunks),
+            Some((_, c)) => {
+                local.run_warm_policy(gpu, t, &c.table, 1, c.chunks, &mut c.policy, None)
+            }
             None => Ok(()),
         }
     }
@@ -766,7 +770,7 @@ impl ForwardSummary {
     /// where every head's warm-up fits the tail, else the whole piece's.
     fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<()> {
         self.used_tail = match &self.tail {
-            Some((_, c)) => c.warm.to_array::<i64>(gpu)?.iter().all(|&w| w >= 0),
+            Some((_, c)) => c.policy.warm.to_array::<i64>(gpu)?.iter().all(|&w| w >= 0),
             None => false,
         };
         if let (Some((run, _)), true) = (&mut self.tail, self.used_tail) {

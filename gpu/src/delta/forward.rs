@@ -212,7 +212,7 @@ struct WarmArgs {
     g: u64,
     beta: u64,
     k: u64,
-    warm: u64,
+    lam: u64,
     heads: i64,
     value_heads: i64,
     k_dim: i64,
@@ -222,7 +222,6 @@ struct WarmArgs {
     g_dtype: i64,
     beta_dtype: i64,
     l2norm: i64,
-    log_eps: f64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for WarmArgs {}
@@ -235,7 +234,7 @@ struct KdaWarmArgs {
     g: u64,
     beta: u64,
     k: u64,
-    warm: u64,
+    lam: u64,
     gate: GateArgs,
     heads: i64,
     value_heads: i64,
@@ -248,7 +247,6 @@ struct KdaWarmArgs {
     l2norm: i64,
     gate_mode: i64,
     beta_mode: i64,
-    log_eps: f64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for KdaWarmArgs {}
@@ -301,20 +299,23 @@ impl PieceArgs for GdnFusedArgs {
     }
 }
 
-/// Mirror of `DecideArgs` (delta_fwd.cu).
+/// Mirror of `WalkArgs` (delta_fwd.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct DecideArgs {
+struct WalkArgs {
     pieces: u64,
+    lam: u64,
     warm: u64,
     gate: u64,
     value_heads: i64,
     bt: i64,
     npieces: i64,
+    wmax: i64,
     max_chain: i64,
+    log_eps: f64,
 }
 // SAFETY: as above.
-unsafe impl DeviceRepr for DecideArgs {}
+unsafe impl DeviceRepr for WalkArgs {}
 
 /// The automatic split of the fused paths of `gdn_fwd` and `kda_fwd`
 /// (`conformance/spec/ops-delta-rule.md` §5.9–5.10):
@@ -342,8 +343,14 @@ impl Default for SplitRule {
     }
 }
 
-/// Threads of `gdn_warm_policy` and `kda_warm_policy` (`WARM_THREADS`).
+/// Threads of `gdn_warm_bounds` and `kda_warm_bounds` (`WARM_THREADS`).
 const WARM_THREADS: u32 = 256;
+
+/// Threads of `warm_walk` (`WALK_THREADS`: a warp per (piece, value head)).
+const WALK_THREADS: u32 = 128;
+
+/// Most chunks a warm-up spans (the bound tensor's window per piece: `warm_window`).
+const MAX_WARMUP_CHUNKS: usize = 64;
 
 /// `ln 2^-30`: the truncation error the warm-ups allow, relative to the state's norm.
 const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
@@ -412,7 +419,7 @@ pub fn split_pieces(
 /// `seq_chunks[s]` chunks): `(sequence, first chunk, end chunk)`, the sequences with the longest
 /// pieces first (ties in sequence order; the grid dispatches rows in order, so the longest
 /// chains start in the first wave), each sequence's pieces contiguous and in order (the
-/// run-through scans of the kernel and of `gdn_split_decide` read `p + 1, p + 2, …`).
+/// run-through scans of the kernel and of `warm_walk` read `p + 1, p + 2, …`).
 pub fn piece_rows(seq_chunks: &[usize], per_seq: &[usize]) -> Vec<(usize, usize, usize)> {
     let mut order: Vec<usize> = (0..seq_chunks.len().min(per_seq.len())).collect();
     order.sort_by_key(|&s| std::cmp::Reverse(piece_len(seq_chunks[s], per_seq[s])));
@@ -771,7 +778,7 @@ pub struct DeltaFwdPlan {
 
 /// The fused path's launches (either kernel): the pieces of the (split) launch and, when the
 /// split runs at a wider column block than the serial run, the serial launch it falls back to
-/// per (sequence, value head) where the warm-ups do not shorten the chains (`gdn_split_decide`,
+/// per (sequence, value head) where the warm-ups do not shorten the chains (`warm_walk`'s verdict,
 /// gate-agnostic).
 #[derive(Debug)]
 struct Pieces {
@@ -792,16 +799,37 @@ struct Pieces {
 pub struct DeltaFwdWorkspace {
     aqk: DeviceTensor,
     tiles: Tiles,
-    /// The split's warm-ups per (piece, value head) (`[P · HV]` i64), when the plan splits.
-    warm: Option<DeviceTensor>,
+    /// The split's policy, when the plan splits.
+    policy: Option<PolicyTensors>,
     /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
     verdict: Option<DeviceTensor>,
 }
 
-/// The split's device tensors of a workspace, borrowed for one run.
+/// The warm-up policy's tensors (§5.10; [`DeltaFwdPlan::run_warm_policy`]).
+#[derive(Debug)]
+pub(crate) struct PolicyTensors {
+    /// The bound of each chunk of each piece's window and value head
+    /// (`[P · min(wmax, 64) · HV]` f64; the chunks the window does not reach are not written).
+    pub(crate) lam: DeviceTensor,
+    /// The warm-ups per (piece, value head) (`[P · HV]` i64).
+    pub(crate) warm: DeviceTensor,
+}
+
+impl PolicyTensors {
+    /// The tensors for `npieces` pieces of warm-ups up to `wmax` chunks and `hv` value heads.
+    pub(crate) fn alloc(gpu: &Gpu, npieces: usize, wmax: usize, hv: usize) -> GpuResult<Self> {
+        let win = wmax.clamp(1, MAX_WARMUP_CHUNKS);
+        Ok(PolicyTensors {
+            lam: DeviceTensor::alloc(gpu, &[npieces * win * hv], Dtype::F64)?,
+            warm: DeviceTensor::alloc(gpu, &[npieces * hv], Dtype::I64)?,
+        })
+    }
+}
+
+/// The split's device tensors of a workspace for one run: the policy's warm-ups and verdict.
 struct SplitTensors<'a> {
-    warm: Option<&'a mut DeviceTensor>,
-    verdict: Option<&'a mut DeviceTensor>,
+    warm: Option<&'a DeviceTensor>,
+    verdict: Option<&'a DeviceTensor>,
 }
 
 /// The intra stage's other outputs, by path.
@@ -971,7 +999,7 @@ impl DeltaFwdPlan {
     /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1.
     pub fn with_split(mut self, gpu: &Gpu, rule: Option<SplitRule>) -> GpuResult<DeltaFwdPlan> {
         if let Some(r) = rule {
-            if !(1..=64).contains(&r.max_warmup_chunks) || r.min_piece_chunks == 0 {
+            if !(1..=MAX_WARMUP_CHUNKS).contains(&r.max_warmup_chunks) || r.min_piece_chunks == 0 {
                 return Err(Error::param(
                     "rule",
                     "max_warmup_chunks in 1..=64 and min_piece_chunks >= 1",
@@ -996,9 +1024,9 @@ impl DeltaFwdPlan {
     /// a sequence's first piece, `-1` for a piece run through by the one before it), when the
     /// plan splits; the debug query of the automatic split.
     pub fn chosen_warmups(&self, gpu: &Gpu, ws: &DeltaFwdWorkspace) -> GpuResult<Option<Vec<i64>>> {
-        ws.warm
+        ws.policy
             .as_ref()
-            .map(|w| Ok(w.to_array::<i64>(gpu)?.iter().copied().collect()))
+            .map(|p| Ok(p.warm.to_array::<i64>(gpu)?.iter().copied().collect()))
             .transpose()
     }
 
@@ -1042,8 +1070,13 @@ impl DeltaFwdPlan {
         let g = &self.geo;
         let d = self.dtype;
         let tok = |w: usize| DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, w], d);
-        let warm = match &self.pieces {
-            Some(p) if p.split => Some(DeviceTensor::alloc(gpu, &[p.n * g.hv], Dtype::I64)?),
+        let policy = match (&self.pieces, self.split_rule) {
+            (Some(p), Some(rule)) if p.split => Some(PolicyTensors::alloc(
+                gpu,
+                p.n,
+                rule.max_warmup_chunks,
+                g.hv,
+            )?),
             _ => None,
         };
         let verdict = match &self.pieces {
@@ -1068,7 +1101,7 @@ impl DeltaFwdPlan {
                         })
                         .transpose()?,
                 })),
-                warm,
+                policy,
                 verdict,
             });
         }
@@ -1108,7 +1141,7 @@ impl DeltaFwdPlan {
         Ok(DeltaFwdWorkspace {
             aqk: tok(g.bt)?,
             tiles: Tiles::Full(Box::new(ws)),
-            warm,
+            policy,
             verdict,
         })
     }
@@ -1186,18 +1219,20 @@ impl DeltaFwdPlan {
             )
             .into());
         }
-        self.intra(gpu, t, ws)
+        self.intra(gpu, t, &mut ws.aqk, &mut ws.tiles)
     }
 
+    /// The intra stage of `t` into `aqk` and `tiles` (a workspace's).
     fn intra(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        ws: &mut DeltaFwdWorkspace,
+        aqk: &mut DeviceTensor,
+        tiles: &mut Tiles,
     ) -> GpuResult<()> {
         let mut args = self.intra_args(gpu, t)?;
-        args.aqk = ws.aqk.ptr_mut(gpu);
-        match &mut ws.tiles {
+        args.aqk = aqk.ptr_mut(gpu);
+        match tiles {
             Tiles::Lean(l) => {
                 args.tbh = l.tbh.ptr_mut(gpu);
                 args.tbl = l.tbl.ptr_mut(gpu);
@@ -1236,7 +1271,7 @@ impl DeltaFwdPlan {
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         self.check_call(t, out)?;
-        if self.splits() != ws.warm.is_some()
+        if self.splits() != ws.policy.is_some()
             || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
         {
             return Err(Error::missing(
@@ -1246,16 +1281,30 @@ impl DeltaFwdPlan {
             )
             .into());
         }
-        self.intra(gpu, t, ws)?;
         let DeltaFwdWorkspace {
             aqk,
             tiles,
-            warm,
+            policy,
             verdict,
         } = ws;
+        match (&self.pieces, self.split_rule, policy.as_mut()) {
+            (Some(pc), Some(rule), Some(pt)) => {
+                let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
+                // the policy reads only t's g, β and k: on the second stream, beside the intra
+                // stage (the fused launches wait for both)
+                gpu.beside(
+                    |side| {
+                        let w = rule.max_warmup_chunks;
+                        self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v)
+                    },
+                    |main| self.intra(main, t, aqk, tiles),
+                )?;
+            }
+            _ => self.intra(gpu, t, aqk, tiles)?,
+        }
         let split = SplitTensors {
-            warm: warm.as_mut(),
-            verdict: verdict.as_mut(),
+            warm: policy.as_ref().map(|p| &p.warm),
+            verdict: verdict.as_ref(),
         };
         let full = match (self.fused, tiles) {
             (Some(choice), Tiles::Lean(l)) if choice.lean => {
@@ -1311,7 +1360,7 @@ impl DeltaFwdPlan {
         }
     }
 
-    /// `gate_mode` of the intra kernel and of `kda_warm_policy` (1: decay, 2: in-kernel gate).
+    /// `gate_mode` of the intra kernel and of `kda_warm_bounds` (1: decay, 2: in-kernel gate).
     fn gate_mode(&self) -> i64 {
         match self.prep.gate {
             GateInput::Decay => 1,
@@ -1388,7 +1437,7 @@ impl DeltaFwdPlan {
             v_first: self.state_v_first as i64,
             ..FusedArgs::default()
         };
-        self.launch_pieces(gpu, t, "mma", pc, split, args)
+        self.launch_pieces(gpu, "mma", pc, split, args)
     }
 
     /// One launch of the fused kernel `delta_fwd_{kind}_{dtype}_k{kp}_v{bv}` over `tasks`
@@ -1463,18 +1512,17 @@ impl DeltaFwdPlan {
             scale: self.prep.scale,
             ..GdnFusedArgs::default()
         };
-        self.launch_pieces(gpu, t, "gdn", pc, split, args)
+        self.launch_pieces(gpu, "gdn", pc, split, args)
     }
 
-    /// The fused kernel `kind` over the pieces `pc` with `args` (their piece fields set here):
-    /// the split's warm-up policy when it splits; then the kernel over the pieces, or, where the
-    /// split is wider than the serial run, the verdict (`gdn_split_decide`), the split launch
-    /// and the serial launch for the (sequence, head) pairs the verdict leaves to it, the serial
-    /// one on a second stream beside the split's.
+    /// The fused kernel `kind` over the pieces `pc` with `args` (their piece fields set here),
+    /// after the split's warm-up policy ([`Self::run`] queues it beside the intra stage): the
+    /// kernel over the pieces, or, where the split is wider than the serial run, the split
+    /// launch and the serial launch for the (sequence, head) pairs the verdict (`warm_walk`)
+    /// leaves to it, the serial one on a second stream beside the split's.
     fn launch_pieces<A: PieceArgs>(
         &self,
         gpu: &Gpu,
-        t: &ForwardTensors<'_>,
         kind: &str,
         pc: &Pieces,
         split: SplitTensors<'_>,
@@ -1482,51 +1530,19 @@ impl DeltaFwdPlan {
     ) -> GpuResult<()> {
         let g = &self.geo;
         let check = format!("delta_fwd_{kind}");
-        let warm = match split.warm {
-            Some(w) => {
-                let Some(rule) = self.split_rule else {
-                    return Err(Error::missing("plan", "a split rule", "none").into());
-                };
-                self.run_warm_policy(gpu, t, &pc.table, pc.n, w, rule.max_warmup_chunks)?;
-                Some(&*w)
-            }
-            None => None,
-        };
-        let warm_ptr = warm.map_or(0, |w| w.ptr(gpu));
+        if pc.split != split.warm.is_some() {
+            return Err(Error::missing("ws", "the split's warm-up tensor", "none").into());
+        }
+        let warm_ptr = split.warm.map_or(0, |w| w.ptr(gpu));
         let table = pc.table.ptr(gpu);
-        let Some((serial_table, max_chain)) = &pc.serial else {
+        let Some((serial_table, _)) = &pc.serial else {
             let all = args.with_pieces(table, pc.n, warm_ptr, 0, 0);
             self.launch_fused(gpu, kind, pc.choice, pc.n * g.hv, &all)?;
             return gpu.wait_if_checked(&check);
         };
-        let (Some(serial), Some(warm), Some(gate)) = (self.fused, warm, split.verdict) else {
-            return Err(
-                Error::missing("ws", "the split's warm-up and verdict tensors", "none").into(),
-            );
+        let (Some(serial), Some(gate)) = (self.fused, split.verdict) else {
+            return Err(Error::missing("ws", "the split's verdict tensor", "none").into());
         };
-        let decide = DecideArgs {
-            pieces: table,
-            warm: warm.ptr(gpu),
-            gate: gate.ptr_mut(gpu),
-            value_heads: g.hv as i64,
-            bt: g.bt as i64,
-            npieces: pc.n as i64,
-            max_chain: *max_chain,
-        };
-        let threads = pc.n * g.hv;
-        let grid = grid_x(
-            threads.div_ceil(128),
-            "v",
-            "fewer than 2^38 (piece, head) pairs",
-        )?;
-        gpu.launch_3d(
-            Module::DeltaFwd,
-            "gdn_split_decide",
-            (grid, 1, 1),
-            128,
-            0,
-            &decide,
-        )?;
         let gate = gate.ptr(gpu);
         let seqs = g.seqs.len();
         let wide = args.with_pieces(table, pc.n, warm_ptr, gate, 1);
@@ -1544,18 +1560,25 @@ impl DeltaFwdPlan {
         matches!(self.dtype, Dtype::BF16 | Dtype::F16)
     }
 
-    /// The warm-up chunks (at most `wmax`) per (piece, value head) of `pieces` (`npieces` rows
-    /// of the `[P, 5]` table, rows of `t`) into `warm` (`[P · HV]` i64), by §5.10's bound:
-    /// `gdn_warm_policy` (scalar gate) or `kda_warm_policy` (per-key gates). The split's
-    /// warm-ups; the context-parallel summaries use it for the tail of a shard.
+    /// The warm-up chunks (at most `wmax`, 1..=64) per (piece, value head) of `pieces`
+    /// (`npieces` rows of the `[P, 5]` table, rows of `t`) into `policy.warm` (`[P · HV]` i64),
+    /// by §5.10's bound, in two launches: the bound of every chunk of every piece's window
+    /// (`gdn_warm_bounds` for a scalar gate, `kda_warm_bounds` for per-key gates: one CTA per
+    /// (piece, window chunk, value head), into `policy.lam`), then `warm_walk` (a warp per
+    /// (sequence, value head), a lane per piece) sums each window in order up to `ln 2^-30`.
+    /// With `verdict` (its tensor and the longest chain the wide split may run), the walk also
+    /// writes the verdict per (sequence, value head) of a split wider than the serial run. The
+    /// split's warm-ups; the context-parallel summaries use it for the tail of a shard.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_warm_policy(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
         pieces: &DeviceTensor,
         npieces: usize,
-        warm: &mut DeviceTensor,
         wmax: usize,
+        policy: &mut PolicyTensors,
+        verdict: Option<(&mut DeviceTensor, i64)>,
     ) -> GpuResult<()> {
         if !self.has_warm_policy() {
             return Err(Error::dtype(
@@ -1566,14 +1589,37 @@ impl DeltaFwdPlan {
             .into());
         }
         let g = &self.geo;
-        let grid = grid_x(npieces, "v", "fewer than 2^31 pieces")?;
+        if !(1..=MAX_WARMUP_CHUNKS).contains(&wmax)
+            || policy.lam.numel() < npieces * wmax * g.hv
+            || policy.warm.numel() < npieces * g.hv
+        {
+            return Err(Error::missing(
+                "policy",
+                "bound and warm-up tensors for these pieces (wmax in 1..=64)",
+                format!(
+                    "{} bounds, {} warm-ups",
+                    policy.lam.numel(),
+                    policy.warm.numel()
+                ),
+            )
+            .into());
+        }
+        if npieces == 0 || g.hv == 0 {
+            return Ok(());
+        }
+        let grid = grid_x(
+            npieces * wmax,
+            "v",
+            "fewer than 2^31 (piece, window chunk) pairs",
+        )?;
+        let lam = policy.lam.ptr_mut(gpu);
         if let Call::Kda(_) = self.call {
             let args = KdaWarmArgs {
                 pieces: pieces.ptr(gpu),
                 g: t.g.ptr(gpu),
                 beta: t.beta.ptr(gpu),
                 k: t.k.ptr(gpu),
-                warm: warm.ptr_mut(gpu),
+                lam,
                 gate: self.gate_args(gpu, t),
                 heads: g.h as i64,
                 value_heads: g.hv as i64,
@@ -1586,41 +1632,70 @@ impl DeltaFwdPlan {
                 l2norm: self.prep.l2norm as i64,
                 gate_mode: self.gate_mode(),
                 beta_mode: self.prep.beta_mode,
-                log_eps: LOG_EPS,
             };
-            return gpu.launch_3d(
+            gpu.launch_3d(
                 Module::DeltaFwd,
-                &format!("kda_warm_policy_{}", tag(self.dtype)),
+                &format!("kda_warm_bounds_{}", tag(self.dtype)),
                 (grid, g.hv as u32, 1),
                 WARM_THREADS,
                 0,
                 &args,
-            );
+            )?;
+        } else {
+            let args = WarmArgs {
+                pieces: pieces.ptr(gpu),
+                g: t.g.ptr(gpu),
+                beta: t.beta.ptr(gpu),
+                k: t.k.ptr(gpu),
+                lam,
+                heads: g.h as i64,
+                value_heads: g.hv as i64,
+                k_dim: g.k as i64,
+                bt: g.bt as i64,
+                npieces: npieces as i64,
+                wmax: wmax as i64,
+                g_dtype: dtype_code(t.g.dtype()),
+                beta_dtype: dtype_code(t.beta.dtype()),
+                l2norm: self.prep.l2norm as i64,
+            };
+            gpu.launch_3d(
+                Module::DeltaFwd,
+                &format!("gdn_warm_bounds_{}", tag(self.dtype)),
+                (grid, g.hv as u32, 1),
+                WARM_THREADS,
+                0,
+                &args,
+            )?;
         }
-        let args = WarmArgs {
+        let (gate, max_chain) = match verdict {
+            Some((v, m)) => (v.ptr_mut(gpu), m),
+            None => (0, 0),
+        };
+        let walk = WalkArgs {
             pieces: pieces.ptr(gpu),
-            g: t.g.ptr(gpu),
-            beta: t.beta.ptr(gpu),
-            k: t.k.ptr(gpu),
-            warm: warm.ptr_mut(gpu),
-            heads: g.h as i64,
+            lam: policy.lam.ptr(gpu),
+            warm: policy.warm.ptr_mut(gpu),
+            gate,
             value_heads: g.hv as i64,
-            k_dim: g.k as i64,
             bt: g.bt as i64,
             npieces: npieces as i64,
             wmax: wmax as i64,
-            g_dtype: dtype_code(t.g.dtype()),
-            beta_dtype: dtype_code(t.beta.dtype()),
-            l2norm: self.prep.l2norm as i64,
+            max_chain,
             log_eps: LOG_EPS,
         };
+        let warps_per_block = (WALK_THREADS / 32) as usize;
+        let blocks = grid_x(
+            (npieces * g.hv).div_ceil(warps_per_block),
+            "v",
+            "fewer than 2^33 (piece, head) pairs",
+        )?;
         gpu.launch_3d(
             Module::DeltaFwd,
-            &format!("gdn_warm_policy_{}", tag(self.dtype)),
-            (grid, g.hv as u32, 1),
-            WARM_THREADS,
+            "warm_walk",
+            (blocks, 1, 1),
+            WALK_THREADS,
             0,
-            &args,
+            &walk,
         )
     }
 
