@@ -43,6 +43,7 @@ struct IntraArgs {
     i64 l2norm;       // normalise q and k
     i64 beta_mode;    // 0: beta as given; 1: sigmoid(beta); 2: 2 sigmoid(beta)
     i64 kg_gated;     // kg = k . exp2(G_l - G_r) (1) or k (0)
+    i64 safe_gate;    // per-step gates promised in [-5, 0] nats (spec 6.3): intra_mma's diagonal on tensor cores (bf16)
     double scale;     // of Aqk
 };
 
@@ -135,8 +136,8 @@ template <typename T> struct Elem<T, T, float> {
 // loads its 16-byte pieces (all in flight at once), then converts and stores them. The gate's
 // running sum: each of INTRA_THREADS / KW row segments per column summed in order, then the
 // totals of the segments before it added.
-template <typename T, typename E, int FORM, int KW, int P, typename GT, typename Acc>
-__device__ void intra_load_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[KW + 1],
+template <typename T, typename E, int FORM, int KW, int P, typename GT, typename Acc, int GP>
+__device__ void intra_load_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[GP],
                                 const Acc* invq, const Acc* invk, const GT* gs) {
     const int tid = threadIdx.x;
     const T* qp = reinterpret_cast<const T*>(a.q);
@@ -475,8 +476,8 @@ __device__ void intra_store_a(const IntraArgs& a, const IntraChunk& c, Acc (*A)[
 
 // kg, qg, G and lam of the loaded key tile k0 (KW columns), and qf with the first tile; kg and
 // qg in pieces of N columns where K allows.
-template <typename T, typename Acc, int KW, int P, typename E, typename GT>
-__device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[KW + 1]) {
+template <typename T, typename Acc, int KW, int P, typename E, typename GT, int GP>
+__device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[GP]) {
     const int l = c.nc - 1;
     constexpr int N = VMax<T>::N, VPR = KW / N;
     const bool vec = a.K % N == 0;
@@ -615,18 +616,28 @@ __device__ void intra_fma(const IntraArgs& a) {
 //    kf_bi = k_j . exp2(G_m - G_j) (mma.sync, fp32 accumulation; warps 0-5, one block pair
 //    each). Each factored operand is held as hi + lo in T and the products take hi.hi + hi.lo
 //    + lo.hi: about 16 bits of mantissa, above FLA's TF32 for these blocks;
-//  * on the diagonal blocks (j <= r in one block): FMAs with exp2(G_r - G_j) as the running
-//    product of the steps exp2(G_s - G_{s-1}), s = j+1 .. r (each <= 1), one thread per
-//    (block, column j, 16 of the 64 keys), reduced over the key groups at the end;
+//  * on the diagonal blocks (j <= r in one block b, m = 16 b) with safe_gate (bf16 data): every
+//    per-step gate in [-5, 0] nats bounds G_m - G_j (m <= j < m + 16) by 15 . 5 / ln 2 < 109, so
+//      exp2(G_r - G_j) = exp2(G_r - C) exp2(C - G_j),  C = G_m,
+//    factors stay inside bf16's exponent range: the same products as off the diagonal, of qe, ke
+//    and kd_j = k_j . exp2(G_m - G_j) (<= 2^109; warps 6, 7, two blocks each), the pairs j > r
+//    (finite, up to 2^109 |q| |k| per key) selected away. The spec's C = G_m - 15 / ln 2 centres
+//    the two ranges for fp32 operands; C = G_m keeps qe, ke those of the off-diagonal blocks;
+//  * without safe_gate, or with f16 data (whose range 2^-24 .. 2^16 cannot hold kd): FMAs with
+//    exp2(G_r - G_j) as the running product of the steps exp2(G_s - G_{s-1}), s = j+1 .. r (each
+//    <= 1), one thread per (block, column j, 16 of the 64 keys as 8 pairs), branch-free,
+//    reduced over the key groups at the end;
 //  * a scalar gate (GDN) needs no factoring: every block is a product of the raw q, k (exact
 //    in T), times exp2(G_r - G_j) in fp32 afterwards (as FLA's GDN kernels do);
 //  * w = Akk (β k . exp2(G)) and u = Akk (β v) on tensor cores, Akk as hi + lo of T.
 
 #define IM_KT 64
 #define IM_P (IM_KT + 8)
+#define IM_GP (IM_KT + 4)  // pitch of G: column pairs aligned to 8 bytes
 
-// Pass 1's tiles; the solve reuses their space for L, Aqk, X and tmp, passes 2 and 3 for q, k,
-// the product operand (x, over qe) and Akk as hi + lo of T (xa, xl over kf, kfl).
+// Pass 1's tiles (with safe_gate, q and k hold kd as hi + lo once the factors are formed); the
+// solve reuses their space for L, Aqk, X and tmp, passes 2 and 3 for q, k, the product operand
+// (x, over qe) and Akk as hi + lo of T (xa, xl over kf, kfl).
 template <typename T> struct IntraMmaP1 {
     T q[INTRA_BT][IM_P], k[INTRA_BT][IM_P];
     T qe[INTRA_BT][IM_P], ke[INTRA_BT][IM_P], qel[INTRA_BT][IM_P], kel[INTRA_BT][IM_P];
@@ -641,7 +652,7 @@ template <typename T> struct IntraMmaSmem {
         IntraMmaP1<T> p1;
         IntraMmaSolve sv;
     } u;
-    float G[INTRA_BT][INTRA_BT + 1];  // cumulative gate; then the steps exp2(G_r - G_{r-1})
+    float G[INTRA_BT][IM_GP];  // cumulative gate; then (FMA diagonal) the steps exp2(G_r - G_{r-1}), r % 16 != 0
     float invq[INTRA_BT], invk[INTRA_BT], beta[INTRA_BT], gs[INTRA_BT];
 };
 
@@ -688,6 +699,45 @@ __device__ __forceinline__ void split_store(T& hi, T& lo, float x) {
     lo = Narrow<T>::from(x - widen(hi));
 }
 
+// Two values of T in one word, one conversion (x0 the low element).
+template <typename T> __device__ __forceinline__ unsigned cvt2(float x0, float x1);
+template <> __device__ __forceinline__ unsigned cvt2<bf16>(float x0, float x1) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned cvt2<f16>(float x0, float x1) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+
+// The two elements of a word of T, widened.
+__device__ __forceinline__ void widen2(unsigned w, float (&x)[2], bf16) {
+    x[0] = __uint_as_float(w << 16);
+    x[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void widen2(unsigned w, float (&x)[2], f16) {
+    x[0] = widen(f16{(unsigned short)(w & 0xffffu)});
+    x[1] = widen(f16{(unsigned short)(w >> 16)});
+}
+template <typename T> __device__ __forceinline__ void load2(const T* p, float (&x)[2]) {
+    widen2(*reinterpret_cast<const unsigned*>(p), x, T{});
+}
+
+// Stores the pair x as hi + lo of T at hi, lo.
+template <typename T> __device__ __forceinline__ void split_store2(T* hi, T* lo, const float (&x)[2]) {
+    const unsigned h = cvt2<T>(x[0], x[1]);
+    float w[2];
+    widen2(h, w, T{});
+    *reinterpret_cast<unsigned*>(hi) = h;
+    *reinterpret_cast<unsigned*>(lo) = cvt2<T>(x[0] - w[0], x[1] - w[1]);
+}
+
+// Whether T's exponent range holds the safe_gate diagonal operands (about 2^-109 .. 2^109).
+template <typename T> struct WideExp { static constexpr bool ok = false; };
+template <> struct WideExp<bf16> { static constexpr bool ok = true; };
+
 // The lean outputs of a scalar gate: Tb = Akk diag(β) (rows < n_c, every column of the chunk
 // width: 0 above the diagonal) as hi + lo in T, in pieces of 8 columns, and G per row.
 template <typename T>
@@ -703,6 +753,71 @@ __device__ void intra_store_lean(const IntraArgs& a, const IntraChunk& c, float 
         store_pieces<T, 8>(reinterpret_cast<T*>(a.tbl) + o, lo);
     }
     for (int r = threadIdx.x; r < c.nc; r += INTRA_THREADS) reinterpret_cast<float*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = gs[r];
+}
+
+// Pass 1's factored operands of the loaded key tile, rows >= n_c selected to 0 (never 0 .
+// exp2(.)). Thread: columns d, d + 1 (d = 2 lane) of rows r0 .. r0 + 7 of block b = warp / 2
+// (m = 16 b, r0 = m or m + 8), so that q_r, k_r, G_r of its rows are read by it alone:
+//   qe_r = q_r . exp2(G_r - G_m), ke_r = k_r . exp2(G_r - G_m)             (hi + lo)
+//   kf_bi[r] = k_r . exp2(G_16bi - G_r), bi = b + 1 .. 3 (rows 8 bi (bi - 1) + r)  (hi + lo)
+// and with `safe` the diagonal blocks' B operand kd_r = k_r . exp2(G_m - G_r), hi in q_r's
+// place and lo in k_r's; else the steps exp2(G_r - G_{r-1}) in place of G_r for r != m (G_m
+// stays: other blocks read it), row m + 7's after the barrier at the end (the block's other
+// half reads that G).
+template <typename T>
+__device__ __forceinline__ void intra_mma_factors(IntraMmaP1<T>& p1, float (*G)[IM_GP], int nc, bool safe) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int d = 2 * lane, b = warp >> 1, m = 16 * b, r0 = m + 8 * (warp & 1);
+    typedef Vec<float, 2> F2;
+    auto g2 = [&](int r) { return *reinterpret_cast<const F2*>(&G[r][d]); };
+    const F2 gm = g2(m);
+    F2 gb[3];  // G_16bi, bi = 1 .. 3
+#pragma unroll
+    for (int bi = 1; bi < 4; ++bi) gb[bi - 1] = g2(16 * bi);
+    F2 gp = g2(r0 > 0 ? r0 - 1 : 0), late = {};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + i;
+        const bool ok = r < nc;
+        const F2 g = g2(r);
+        float qv[2], kv[2], x[2], y[2];
+        load2(&p1.q[r][d], qv);
+        load2(&p1.k[r][d], kv);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float f = ok ? ex2_ftz(g.v[e] - gm.v[e]) : 0.f;
+            x[e] = qv[e] * f;
+            y[e] = kv[e] * f;
+        }
+        split_store2(&p1.qe[r][d], &p1.qel[r][d], x);
+        split_store2(&p1.ke[r][d], &p1.kel[r][d], y);
+#pragma unroll
+        for (int bi = 1; bi < 4; ++bi) {
+            if (bi > b) {
+                const bool okb = ok && 16 * bi < nc;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) x[e] = okb ? kv[e] * ex2_ftz(gb[bi - 1].v[e] - g.v[e]) : 0.f;
+                const int row = 8 * bi * (bi - 1) + r;
+                split_store2(&p1.kf[row][d], &p1.kfl[row][d], x);
+            }
+        }
+        if (safe) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) x[e] = ok ? kv[e] * ex2_ftz(gm.v[e] - g.v[e]) : 0.f;
+            split_store2(&p1.q[r][d], &p1.k[r][d], x);
+        } else if (i != 0 || r0 != m) {
+            F2 st;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) st.v[e] = ok ? ex2_ftz(g.v[e] - gp.v[e]) : 0.f;
+            if (i == 7 && r0 == m)
+                late = st;
+            else
+                *reinterpret_cast<F2*>(&G[r][d]) = st;
+        }
+        gp = g;
+    }
+    __syncthreads();
+    if (!safe && r0 == m) *reinterpret_cast<F2*>(&G[m + 7][d]) = late;
 }
 
 template <typename T, int FORM, bool SCALAR>
@@ -726,150 +841,130 @@ __device__ void intra_mma(const IntraArgs& a) {
     if (SCALAR) intra_scalar_gate<float>(a, sm, c);
     __syncthreads();
 
+    // the diagonal blocks on tensor cores: the scalar gate's, and bf16's with safe_gate
+    const bool safe = !SCALAR && WideExp<T>::ok && a.safe_gate != 0;
+    const bool diag_mma = SCALAR || safe;
     // off-diagonal block pair of warps 0-5: (bi, bj) = (1,0) (2,0) (2,1) (3,0) (3,1) (3,2)
     const int bi = warp < 1 ? 1 : (warp < 3 ? 2 : 3);
     const int bj = warp < 1 ? 0 : (warp < 3 ? warp - 1 : warp - 3);
-    const int kf_base = bi == 1 ? 0 : (bi == 2 ? 16 : 48);
+    const int kf_base = 8 * bi * (bi - 1);
     float offa[2][4], offl[2][4];
-    // the diagonal: block db, column j, keys dg, dg + 4, ... of the tile
+    // the diagonal, Aqk and L: with diag_mma the fragments of warps 6, 7 (block 2 (warp - 6) + s:
+    // [2 s + n], n the 8-column tile), else the FMA rows r of block db, column dj, keys of
+    // pairs dg, dg + 4, ... of the tile ([r / 4][r % 4])
     const int db = tid >> 6, dj = (tid >> 2) & 15, dg = tid & 3;
-    float da[16], dl[16];
+    float da[4][4], dl[4][4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) da[i] = dl[i] = 0.f;
-    // scalar gate: the diagonal blocks of warps 6, 7 (two blocks, two 8-column tiles each)
-    float sda[2][2][4], sdl[2][2][4];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) (&sda[0][0][0])[i] = (&sdl[0][0][0])[i] = 0.f;
+    for (int i = 0; i < 16; ++i) (&da[0][0])[i] = (&dl[0][0])[i] = 0.f;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) offa[n][e] = offl[n][e] = 0.f;
 
+    // a 16 x 16 block of Aqk and of L on tensor cores: A rows ar0 .. ar0 + 15 of q, k (the
+    // scalar gate's raw rows, else qe, ke as hi + lo), B rows br0 .. br0 + 15 of bh (+ bl);
+    // the products hi.hi + hi.lo + lo.hi
+    auto block_product = [&](int ar0, T (*bh)[IM_P], T (*bl)[IM_P], int br0, float (&a0)[4], float (&a1)[4],
+                             float (&l0)[4], float (&l1)[4]) {
+        T (*qa)[IM_P] = SCALAR ? p1.q : p1.qe;
+        T (*ka)[IM_P] = SCALAR ? p1.k : p1.ke;
+#pragma unroll
+        for (int ks = 0; ks < IM_KT / 16; ++ks) {
+            const int ar = ar0 + (lane & 15), ac = ks * 16 + (lane >> 4) * 8;
+            const int br = br0 + (lane & 7) + ((lane >> 4) << 3), bc = ks * 16 + ((lane >> 3) & 1) * 8;
+            unsigned qf[4], kef[4], bf[4];
+            ldsm_x4(qf, smem_u32(&qa[ar][ac]));
+            ldsm_x4(kef, smem_u32(&ka[ar][ac]));
+            ldsm_x4(bf, smem_u32(&bh[br][bc]));
+            const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+            Mma<T>::run(a0, qf, b0);
+            Mma<T>::run(a1, qf, b1);
+            Mma<T>::run(l0, kef, b0);
+            Mma<T>::run(l1, kef, b1);
+            if (!SCALAR) {
+                unsigned ql[4], kl[4], blf[4];
+                ldsm_x4(ql, smem_u32(&p1.qel[ar][ac]));
+                ldsm_x4(kl, smem_u32(&p1.kel[ar][ac]));
+                ldsm_x4(blf, smem_u32(&bl[br][bc]));
+                const unsigned c0[2] = {blf[0], blf[1]}, c1[2] = {blf[2], blf[3]};
+                Mma<T>::run(a0, qf, c0);
+                Mma<T>::run(a1, qf, c1);
+                Mma<T>::run(l0, kef, c0);
+                Mma<T>::run(l1, kef, c1);
+                Mma<T>::run(a0, ql, b0);
+                Mma<T>::run(a1, ql, b1);
+                Mma<T>::run(l0, kl, b0);
+                Mma<T>::run(l1, kl, b1);
+            }
+        }
+    };
+
     for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
         load(k0);
-        if (!SCALAR) {
-            // the factored operands, hi + lo (rows >= n_c selected to 0)
-            for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
-                const int r = i / IM_KT, d = i % IM_KT, m = r & ~15;
-                const float e = r < nc ? ex2_ftz(sm.G[r][d] - sm.G[m][d]) : 0.f;
-                split_store<T>(p1.qe[r][d], p1.qel[r][d], widen(p1.q[r][d]) * e);
-                split_store<T>(p1.ke[r][d], p1.kel[r][d], widen(p1.k[r][d]) * e);
-            }
-            for (int i = tid; i < 96 * IM_KT; i += INTRA_THREADS) {
-                const int row = i / IM_KT, d = i % IM_KT;
-                const int b = row < 16 ? 1 : (row < 48 ? 2 : 3), j = row - (b == 1 ? 0 : (b == 2 ? 16 : 48));
-                const bool ok = j < nc && 16 * b < nc;
-                split_store<T>(p1.kf[row][d], p1.kfl[row][d], ok ? widen(p1.k[j][d]) * ex2_ftz(sm.G[16 * b][d] - sm.G[j][d]) : 0.f);
-            }
-            __syncthreads();
-            // the steps exp2(G_r - G_{r-1}) inside each block, in place of G: thread (block b,
-            // column d) walks its block's rows upwards, so it reads G_{r-1} before writing it
-            {
-                const int d = tid % IM_KT, b = tid / IM_KT;
-#pragma unroll
-                for (int rr = 15; rr >= 0; --rr) {
-                    const int r = b * 16 + rr;
-                    sm.G[r][d] = (rr != 0 && r < nc) ? ex2_ftz(sm.G[r][d] - sm.G[r - 1][d]) : 0.f;
-                }
-            }
-        }
+        if (!SCALAR) intra_mma_factors<T>(p1, sm.G, nc, safe);  // ends with a barrier
         // tensor cores: the off-diagonal blocks (warps 0-5; the raw q, k with a scalar gate,
-        // whose factor is applied in fp32 afterwards), and with a scalar gate the diagonal
-        // blocks too (warps 6, 7: two blocks each)
+        // whose factor is applied in fp32 afterwards), and with diag_mma the diagonal blocks
+        // (warps 6, 7: two blocks each; B = the raw k, or kd as hi + lo in q's and k's place)
         if (warp < 6) {
-            T (*qa)[IM_P] = SCALAR ? p1.q : p1.qe;
-            T (*ka)[IM_P] = SCALAR ? p1.k : p1.ke;
-            T (*kb)[IM_P] = SCALAR ? p1.k : p1.kf + kf_base;
+            block_product(bi * 16, SCALAR ? p1.k : p1.kf + kf_base, p1.kfl + kf_base, bj * 16, offa[0], offa[1], offl[0], offl[1]);
+        } else if (diag_mma) {
 #pragma unroll
-            for (int ks = 0; ks < IM_KT / 16; ++ks) {
-                const int ar = bi * 16 + (lane & 15), ac = ks * 16 + (lane >> 4) * 8;
-                const int br = bj * 16 + (lane & 7) + ((lane >> 4) << 3), bc = ks * 16 + ((lane >> 3) & 1) * 8;
-                unsigned qf[4], kef[4], bf[4];
-                ldsm_x4(qf, smem_u32(&qa[ar][ac]));
-                ldsm_x4(kef, smem_u32(&ka[ar][ac]));
-                ldsm_x4(bf, smem_u32(&kb[br][bc]));
-                const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-                Mma<T>::run(offa[0], qf, b0);
-                Mma<T>::run(offa[1], qf, b1);
-                Mma<T>::run(offl[0], kef, b0);
-                Mma<T>::run(offl[1], kef, b1);
-                if (!SCALAR) {
-                    unsigned ql[4], kl[4], bl[4];
-                    ldsm_x4(ql, smem_u32(&p1.qel[ar][ac]));
-                    ldsm_x4(kl, smem_u32(&p1.kel[ar][ac]));
-                    ldsm_x4(bl, smem_u32(&(p1.kfl + kf_base)[br][bc]));
-                    const unsigned l0[2] = {bl[0], bl[1]}, l1[2] = {bl[2], bl[3]};
-                    Mma<T>::run(offa[0], qf, l0);
-                    Mma<T>::run(offa[1], qf, l1);
-                    Mma<T>::run(offl[0], kef, l0);
-                    Mma<T>::run(offl[1], kef, l1);
-                    Mma<T>::run(offa[0], ql, b0);
-                    Mma<T>::run(offa[1], ql, b1);
-                    Mma<T>::run(offl[0], kl, b0);
-                    Mma<T>::run(offl[1], kl, b1);
-                }
-            }
-        } else if constexpr (SCALAR) {
-#pragma unroll
-            for (int blk = 0; blk < 2; ++blk) {
-                const int rb = 2 * (warp - 6) + blk;
-#pragma unroll
-                for (int ks = 0; ks < IM_KT / 16; ++ks) {
-                    unsigned qf[4], kef[4], bf[4];
-                    ldsm_x4(qf, smem_u32(&p1.q[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                    ldsm_x4(kef, smem_u32(&p1.k[rb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]));
-                    ldsm_x4(bf, smem_u32(&p1.k[rb * 16 + (lane & 7) + ((lane >> 4) << 3)][ks * 16 + ((lane >> 3) & 1) * 8]));
-                    const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-                    Mma<T>::run(sda[blk][0], qf, b0);
-                    Mma<T>::run(sda[blk][1], qf, b1);
-                    Mma<T>::run(sdl[blk][0], kef, b0);
-                    Mma<T>::run(sdl[blk][1], kef, b1);
-                }
+            for (int s = 0; s < 2; ++s) {
+                const int rb = 2 * (warp - 6) + s;
+                block_product(rb * 16, SCALAR ? p1.k : p1.q, p1.k, rb * 16, da[2 * s], da[2 * s + 1], dl[2 * s], dl[2 * s + 1]);
             }
         }
-        __syncthreads();  // the steps are visible
-        if (!SCALAR) {
-            // diagonal blocks: running products of the steps
+        if (!diag_mma) {
+            __syncthreads();  // the steps are visible
+            // diagonal blocks: e_r = k_j Π_{s=j+1..r} exp2(G_s - G_{s-1}) by rows, selected (0
+            // for r < j, k_j at r = j), two keys at a time
             const int jr = db * 16 + dj;
 #pragma unroll 1
-            for (int d = dg; d < IM_KT; d += 4) {
-                const float kj = widen(p1.k[jr][d]);
-                float e = 1.f;
+            for (int d = 2 * dg; d < IM_KT; d += 8) {
+                float kj[2], e[2];
+                load2(&p1.k[jr][d], kj);
 #pragma unroll
                 for (int r = 0; r < 16; ++r) {
-                    if (r > dj) e *= sm.G[db * 16 + r][d];
-                    if (r >= dj) {
-                        const float t = kj * e;
-                        dl[r] = fmaf(widen(p1.k[db * 16 + r][d]), t, dl[r]);
-                        da[r] = fmaf(widen(p1.q[db * 16 + r][d]), t, da[r]);
+                    const int row = db * 16 + r;
+                    float kr[2], qr[2];
+                    load2(&p1.k[row][d], kr);
+                    load2(&p1.q[row][d], qr);
+                    const Vec<float, 2> st = r > 0 ? *reinterpret_cast<const Vec<float, 2>*>(&sm.G[row][d]) : Vec<float, 2>{};
+#pragma unroll
+                    for (int c2 = 0; c2 < 2; ++c2) {
+                        e[c2] = r == dj ? kj[c2] : (r > 0 ? e[c2] * st.v[c2] : 0.f);
+                        dl[r / 4][r % 4] = fmaf(kr[c2], e[c2], dl[r / 4][r % 4]);
+                        da[r / 4][r % 4] = fmaf(qr[c2], e[c2], da[r / 4][r % 4]);
                     }
                 }
             }
         }
         __syncthreads();  // before the next tile overwrites
     }
-    if (!SCALAR) {
+    if (!diag_mma) {
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
-            dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 1);
-            dl[r] += __shfl_xor_sync(0xffffffffu, dl[r], 2);
-            da[r] += __shfl_xor_sync(0xffffffffu, da[r], 1);
-            da[r] += __shfl_xor_sync(0xffffffffu, da[r], 2);
+            float& l = dl[r / 4][r % 4];
+            float& q = da[r / 4][r % 4];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            q += __shfl_xor_sync(0xffffffffu, q, 1);
+            q += __shfl_xor_sync(0xffffffffu, q, 2);
         }
     }
     for (int i = tid; i < 2 * INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
     __syncthreads();
     const float scale = (float)a.scale;
-    // an mma fragment's (R, J) entry: Aqk and L with the scalar gate's factor exp2(G_R - G_J)
+    // an (R, J) entry of Aqk and L (J > R selected away), with the scalar gate's factor exp2(G_R - G_J)
     auto put = [&](int R, int J, float va, float vl) {
         if (R >= nc || J > R) return;
         const float f = SCALAR ? ex2_ftz(sm.gs[R] - sm.gs[J]) : 1.f;
         sv.A[R][J] = scale * va * f;
         if (J < R) sv.L[R][J] = sm.beta[R] * vl * f;
     };
-    if (!SCALAR && dg == 0) {
+    if (!diag_mma && dg == 0) {
 #pragma unroll
-        for (int r = 0; r < 16; ++r) put(db * 16 + r, db * 16 + dj, da[r], dl[r]);
+        for (int r = 0; r < 16; ++r) put(db * 16 + r, db * 16 + dj, da[r / 4][r % 4], dl[r / 4][r % 4]);
     }
 #pragma unroll
     for (int n = 0; n < 2; ++n)
@@ -878,11 +973,11 @@ __device__ void intra_mma(const IntraArgs& a) {
             const int R0 = gid + (e >> 1) * 8, J0 = n * 8 + t4 * 2 + (e & 1);
             if (warp < 6) {
                 put(bi * 16 + R0, bj * 16 + J0, offa[n][e], offl[n][e]);
-            } else if constexpr (SCALAR) {
+            } else if (diag_mma) {
 #pragma unroll
-                for (int blk = 0; blk < 2; ++blk) {
-                    const int rb = 2 * (warp - 6) + blk;
-                    put(rb * 16 + R0, rb * 16 + J0, sda[blk][n][e], sdl[blk][n][e]);
+                for (int s = 0; s < 2; ++s) {
+                    const int rb = 2 * (warp - 6) + s;
+                    put(rb * 16 + R0, rb * 16 + J0, da[2 * s + n][e], dl[2 * s + n][e]);
                 }
             }
         }
@@ -898,9 +993,19 @@ __device__ void intra_mma(const IntraArgs& a) {
     // pass 2, per key tile: w = Akk (β k . exp2(G)); kg, qg, G, lam
     for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
         load(k0);
-        for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
-            const int r = i / IM_KT, d = i % IM_KT;
-            x[r][d] = Narrow<T>::from(r < nc ? sm.beta[r] * widen(p1.k[r][d]) * ex2_ftz(sm.G[r][d]) : 0.f);
+        {
+            // thread: columns d, d + 1 of rows 8 warp .. 8 warp + 7
+            const int d = 2 * lane;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = 8 * warp + i;
+                float kv[2], v[2];
+                load2(&p1.k[r][d], kv);
+                const Vec<float, 2> g = *reinterpret_cast<const Vec<float, 2>*>(&sm.G[r][d]);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) v[e] = r < nc ? sm.beta[r] * kv[e] * ex2_ftz(g.v[e]) : 0.f;
+                *reinterpret_cast<unsigned*>(&x[r][d]) = cvt2<T>(v[0], v[1]);
+            }
         }
         __syncthreads();
         if (a.w != 0) {

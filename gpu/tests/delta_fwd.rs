@@ -275,6 +275,23 @@ fn table(per_key: bool) -> Vec<(String, Case)> {
             c.draw.regime = Regime::Safe;
             c.safe_gate = true;
         });
+        // the safe_gate diagonal blocks on tensor cores (bf16) with chunk 32, partial chunks
+        // and sub-blocks, keys not a multiple of the tile
+        add("safe_gate chunk 32, varlen", &|c| {
+            c.draw.regime = Regime::Safe;
+            c.safe_gate = true;
+            c.bt = 32;
+            c.draw.t = 300;
+            c.cu = Some(vec![0, 15, 100, 300]);
+        });
+        add("safe_gate varlen, K 100 V 60", &|c| {
+            c.draw.regime = Regime::Safe;
+            c.safe_gate = true;
+            c.draw.k = 100;
+            c.draw.v = 60;
+            c.draw.t = 230;
+            c.cu = Some(vec![0, 0, 33, 97, 230]);
+        });
     }
     rows
 }
@@ -439,7 +456,8 @@ fn hundred_launches_are_bit_identical(gpu: &Gpu) {
     }
 }
 
-/// `(T, K, V, H, HV, chunk, cu_seqlens, regime)` of a `kda_intra` case.
+/// `(T, K, V, H, HV, chunk, cu_seqlens, regime)` of a `kda_intra` case (`safe_gate` with the
+/// safe regime).
 type IntraRow = (
     usize,
     usize,
@@ -479,6 +497,29 @@ fn kda_intra_matches_the_reference(gpu: &Gpu) {
             32,
             Some(vec![0, 0, 33, 33, 97]),
             Regime::Hard,
+        ),
+        // safe_gate: bf16's diagonal blocks on tensor cores (chunk 64 and 32, partial chunks
+        // and 16-row sub-blocks, K not a multiple of the 64-column tile)
+        (100, 128, 64, 2, 2, 64, None, Regime::Safe),
+        (
+            300,
+            100,
+            60,
+            1,
+            2,
+            32,
+            Some(vec![0, 15, 100, 300]),
+            Regime::Safe,
+        ),
+        (
+            97,
+            64,
+            64,
+            1,
+            1,
+            64,
+            Some(vec![0, 0, 33, 33, 97]),
+            Regime::Safe,
         ),
     ];
     let total = rows.len();
@@ -529,6 +570,7 @@ fn kda_intra_matches_the_reference(gpu: &Gpu) {
             let (bd, beta) = upload(gpu, &rng.array(&[1, t, hv], 0.0, 1.0), side);
             let params = KdaIntraParams {
                 chunk_size: bt,
+                safe_gate: regime == Regime::Safe,
                 ..KdaIntraParams::default()
             };
             let four = |a: &ArrayD<f64>| a.clone().into_dimensionality::<Ix4>().unwrap();

@@ -587,6 +587,8 @@ struct Prep {
     l2norm: bool,
     /// 0: β as given; 1: sigmoid; 2: 2 · sigmoid.
     beta_mode: i64,
+    /// The caller's promise of per-step gates in `[−5, 0]` (spec 6.3).
+    safe_gate: bool,
     scale: f64,
 }
 
@@ -662,6 +664,7 @@ impl Call {
                     (true, false) => 1,
                     (true, true) => 2,
                 },
+                safe_gate: p.safe_gate,
                 scale: p.scale.unwrap_or(1.0 / (k as f64).sqrt()),
             },
             Call::Gdn(p) => Prep {
@@ -669,6 +672,7 @@ impl Call {
                 scalar_gate: true,
                 l2norm: p.use_qk_l2norm_in_kernel,
                 beta_mode: 0,
+                safe_gate: false,
                 scale: p.scale.unwrap_or(1.0 / (k as f64).sqrt()),
             },
         }
@@ -1390,6 +1394,7 @@ impl DeltaFwdPlan {
             scalar_gate: self.prep.scalar_gate as i64,
             l2norm: self.prep.l2norm as i64,
             beta_mode: self.prep.beta_mode,
+            safe_gate: self.prep.safe_gate as i64,
             scale: self.prep.scale,
             ..IntraArgs::default()
         })

@@ -84,6 +84,9 @@ pub(crate) struct IntraArgs {
     pub(crate) l2norm: i64,
     pub(crate) beta_mode: i64,
     pub(crate) kg_gated: i64,
+    /// Per-step gates promised in `[−5, 0]` (spec 6.3): the bf16 kernel's diagonal blocks on
+    /// tensor cores.
+    pub(crate) safe_gate: i64,
     pub(crate) scale: f64,
 }
 // SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
@@ -139,9 +142,9 @@ fn intra_kernel(dtype: Dtype, scalar_gate: bool) -> (String, u32) {
     match dtype {
         Dtype::BF16 | Dtype::F16 => {
             // pass 1's tiles (q, k, qe, ke and their lo parts: 64 rows; kf, kfl: 96 rows), over
-            // which the solve's L, Aqk, X and tmp lie; G; the per-row values
+            // which the solve's L, Aqk, X and tmp lie; G (pitch 68); the per-row values
             let tiles = (6 * MAX_BT + 2 * 96) * (64 + 8) * 2;
-            let bytes = tiles + sq * 4 + 4 * MAX_BT * 4;
+            let bytes = tiles + MAX_BT * (64 + 4) * 4 + 4 * MAX_BT * 4;
             let kind = if scalar_gate { "mma_scalar" } else { "mma" };
             (format!("kda_intra_{kind}_{}", tag(dtype)), bytes as u32)
         }
@@ -280,6 +283,7 @@ pub fn kda_intra(
         beta_dtype: dtype_code(t.beta.dtype()),
         gate_mode: 0,
         kg_gated: 1,
+        safe_gate: p.safe_gate as i64,
         scale,
         ..IntraArgs::default()
     };
