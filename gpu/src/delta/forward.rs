@@ -483,15 +483,18 @@ fn makespan(steps: &[usize], heads: usize, blocks: usize, resident: usize) -> us
 }
 
 /// Relative cost of one chunk step of a fused kernel by its column width, in steps of the same
-/// kernel at 16 columns (H100, K = 128). The lean GDN kernel: about 2.9, 3.4 and 4.6 µs per step
-/// for 16, 32 and 64 columns (S6 runs of NOTES.md). The KDA kernel (`delta_fused`): about 2.6,
-/// 3.6 and 7.3 µs (S8: the serial rows at 16 and 32 columns, the split rows at 64 less their
-/// warm-up policy), its wide tiles costlier than GDN's.
+/// kernel at 16 columns (H100, K = 128), in the regime the split decides in: one CTA per SM, a
+/// step's latency. The lean GDN kernel: about 2.7 µs per step at 16 columns and 5.9 at 64 (S9:
+/// `fwd_gdn_h4_4x8192` serial, 128 chunks in 0.343 ms, and its strong-decay split, 4 waves of 9
+/// steps in 0.214 ms; S6's 2.9 / 3.4 / 4.6 µs predate the kernel's present form), 32 columns
+/// taken at the recurrence kernel's measured 1.5 (NOTES.md, session 5). The KDA kernel
+/// (`delta_fused`): about 2.6, 3.6 and 7.3 µs (S8: the serial rows at 16 and 32 columns, the
+/// split rows at 64 less their warm-up policy).
 fn step_cost(c: FusedChoice) -> f64 {
     match (c.lean, c.bv) {
         (_, 16) => 1.0,
-        (true, 32) => 1.15,
-        (true, _) => 1.6,
+        (true, 32) => 1.5,
+        (true, _) => 2.2,
         (false, 32) => 1.4,
         (false, _) => 2.8,
     }
@@ -1978,9 +1981,9 @@ mod tests {
         let rows = piece_rows(&mixed, &per);
         assert!(rows[..16].iter().all(|&(s, _, _)| s == 0), "{rows:?}");
         let est = fused_estimate(wm, 128, &mixed, &per, 4, 132);
-        assert_eq!(est, 1.6 * 145.0);
+        assert_eq!(est, step_cost(wm) * 145.0);
         let one_wave = fused_estimate(wm, 128, &mixed, &[&[5][..], &[1; 10]].concat(), 4, 132);
-        assert_eq!(one_wave, 1.6 * 411.0);
+        assert_eq!(one_wave, step_cost(wm) * 411.0);
         // the GPU test's case (gdn_auto_split: HV 2, 128 chunks, pieces of at least 4 chunks):
         // split at a wider block than the serial run
         let small = SplitRule {
