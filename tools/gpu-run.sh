@@ -29,7 +29,8 @@
 # fwd_gdn_h32_8x8192,fwd_kda_h32_8x8192), on $ATTN_PROFILE_COUNT (4) launches of the kernels
 # matching $ATTN_PROFILE_KERNELS (default: the delta-rule intra stages and fused kernels) after
 # $ATTN_PROFILE_SKIP (6) of them: profile_ROW.ncu-rep and profile_ROW.txt (duration, memory and SM
-# throughput, occupancy, registers, stall reasons).
+# throughput, occupancy, registers, stall reasons), and profile_ROW.src.txt: each kernel's SASS
+# source page summarised by ncu_source.py (stalls, opcode mix, hottest instructions, L2 sectors).
 set -u -o pipefail
 S=${1:?usage: run.sh STAGE_DIR [parts]}
 shift
@@ -172,6 +173,9 @@ if [[ " $PARTS " == *" profile "* ]]; then
       >"$OUT/profile_$row.txt" 2>&1
     grep -E '^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Stall' \
       "$OUT/profile_$row.txt" | head -60 >>"$SUM"
+    ncu --import "$OUT/profile_$row.ncu-rep" --page source --csv --print-source sass >/tmp/attn-src.csv 2>/dev/null &&
+      python3 "$S/ncu_source.py" /tmp/attn-src.csv --top 25 >"$OUT/profile_$row.src.txt" 2>&1
+    say "source page $row: $(grep -c 'SASS instructions' "$OUT/profile_$row.src.txt" 2>/dev/null || echo 0) kernels summarised"
   done
 fi
 

@@ -44,7 +44,7 @@ echo "building the attn_conform wheel (abi3) and fetching pytest ..." >&2
 rm -rf "$DEST/pywhl"
 python3 -m pip wheel -q --no-deps ./conformance/python -w "$DEST/pywhl" >&2
 python3 -m pip download -q --only-binary=:all: pytest -d "$DEST/pywhl" >&2  # and its needs
-cp tools/bench_anchors.py tools/decode_anchors.py tools/nsa_anchors.py tools/forward_anchors.py tools/cp_anchors.py "$DEST/"
+cp tools/bench_anchors.py tools/decode_anchors.py tools/nsa_anchors.py tools/forward_anchors.py tools/cp_anchors.py tools/ncu_source.py "$DEST/"
 # forward_anchors.py --export-qla-case writes its case with the fixture generator
 cp -r tools/fixturegen "$DEST/fixturegen"
 rm -rf "$DEST/fixturegen/__pycache__"
