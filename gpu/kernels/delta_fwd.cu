@@ -880,9 +880,9 @@ __device__ void gdn_warm_bounds(const WarmArgs& a) {
 // fp32 chunk-local cumsum (at most 64 roundings of 2^-24 of Σ|y|); β is widened by 1e-6
 // relative (its fp32 sigmoid). A NaN input makes the chunk's bound NaN (never warmable).
 struct KdaWarmArgs {
-    u64 pieces, g, beta, k, lam;
+    WarmArgs w;     // the inputs and geometry GDN's policy has too
     GateArgs gate;  // the in-kernel gate (gate_mode 2)
-    i64 H, HV, K, bt, npieces, wmax, g_dtype, beta_dtype, l2norm, gate_mode, beta_mode;
+    i64 gate_mode, beta_mode;
 };
 
 // The KDA gate of a head (its constants from column c) at a = g + dt_bias, in fp64 (gate.cuh's
@@ -906,18 +906,18 @@ struct KdaTerm {
         const bool gated = a.gate_mode == 2, bias = gated && a.gate.dt_bias_dtype >= 0;
         double lo = inf, hi = -inf, n2 = 0.0;
         bool nan = false;
-        for (i64 i = sub; i < a.K; i += group) {
-            double y = load_f<double>(reinterpret_cast<const void*>(a.g), a.g_dtype, (r * a.HV + hv) * a.K + i);
+        for (i64 i = sub; i < a.w.K; i += group) {
+            double y = load_f<double>(reinterpret_cast<const void*>(a.w.g), a.w.g_dtype, (r * a.w.HV + hv) * a.w.K + i);
             if (gated) {
                 double b[1] = {0.0};
-                if (bias) load_side(reinterpret_cast<const void*>(a.gate.dt_bias), (int)a.gate.dt_bias_dtype, hv * a.K + i, b);
+                if (bias) load_side(reinterpret_cast<const void*>(a.gate.dt_bias), (int)a.gate.dt_bias_dtype, hv * a.w.K + i, b);
                 y += b[0];
             }
             nan |= y != y;
             lo = fmin(lo, y);
             hi = fmax(hi, y);
-            if (!a.l2norm) {
-                const double x = (double)widen(reinterpret_cast<const T*>(a.k)[(r * a.H + kh) * a.K + i]);
+            if (!a.w.l2norm) {
+                const double x = (double)widen(reinterpret_cast<const T*>(a.w.k)[(r * a.w.H + kh) * a.w.K + i]);
                 n2 = fma(x, x, n2);
             }
         }
@@ -926,20 +926,20 @@ struct KdaTerm {
             hi = fmax(hi, __shfl_xor_sync(0xffffffffu, hi, o));
             nan |= __shfl_xor_sync(0xffffffffu, (int)nan, o) != 0;
         }
-        if (!a.l2norm) n2 = group_sum(n2, group);
+        if (!a.w.l2norm) n2 = group_sum(n2, group);
         double gmax = hi;
         if (gated) {
-            const i64 c = hv * a.K;
+            const i64 c = hv * a.w.K;
             const bool lb = a.gate.has_lower_bound;
             const double ylo = lb ? kda_gate64<GATE_BOUNDED>(a.gate, c, lo, nan) : kda_gate64<GATE_SOFTPLUS>(a.gate, c, lo, nan);
             const double yhi = lb ? kda_gate64<GATE_BOUNDED>(a.gate, c, hi, nan) : kda_gate64<GATE_SOFTPLUS>(a.gate, c, hi, nan);
             nan |= ylo != ylo || yhi != yhi;
             gmax = fmax(ylo, yhi);
         }
-        double b = load_f<double>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, r * a.HV + hv);
+        double b = load_f<double>(reinterpret_cast<const void*>(a.w.beta), a.w.beta_dtype, r * a.w.HV + hv);
         if (a.beta_mode != 0) b = (a.beta_mode == 2 ? 2.0 : 1.0) / (1.0 + exp(-b));
         const double blo = b * (1.0 - 1e-6), bhi = b * (1.0 + 1e-6);
-        const double klo = a.l2norm ? 0.99 : n2 * (1.0 - 1e-12), khi = a.l2norm ? 1.01 : n2 * (1.0 + 1e-12);
+        const double klo = a.w.l2norm ? 0.99 : n2 * (1.0 - 1e-12), khi = a.w.l2norm ? 1.01 : n2 * (1.0 + 1e-12);
         const double grow = fmax(fmax(1.0, fmax(fabs(1.0 - blo * klo), fabs(1.0 - blo * khi))),
                                  fmax(fabs(1.0 - bhi * klo), fabs(1.0 - bhi * khi)));
         const double t = log(grow);
@@ -951,8 +951,8 @@ struct KdaTerm {
 template <typename T>
 __device__ void kda_warm_bounds(const KdaWarmArgs& a) {
     const i64 hv = blockIdx.y;
-    const KdaTerm<T> term{a, hv, hv / (a.HV / a.H)};
-    warm_bounds(term, reinterpret_cast<const i64*>(a.pieces), a.bt, a.wmax, a.HV, 1e-5, reinterpret_cast<double*>(a.lam));
+    const KdaTerm<T> term{a, hv, hv / (a.w.HV / a.w.H)};
+    warm_bounds(term, reinterpret_cast<const i64*>(a.w.pieces), a.w.bt, a.w.wmax, a.w.HV, 1e-5, reinterpret_cast<double*>(a.w.lam));
 }
 
 extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_bounds_bf16(const KdaWarmArgs a) { kda_warm_bounds<bf16>(a); }

@@ -226,25 +226,12 @@ struct WarmArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for WarmArgs {}
 
-/// Mirror of `KdaWarmArgs` (delta_fwd.cu).
+/// Mirror of `KdaWarmArgs` (delta_fwd.cu): GDN's arguments and the KDA gate's.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KdaWarmArgs {
-    pieces: u64,
-    g: u64,
-    beta: u64,
-    k: u64,
-    lam: u64,
+    w: WarmArgs,
     gate: GateArgs,
-    heads: i64,
-    value_heads: i64,
-    k_dim: i64,
-    bt: i64,
-    npieces: i64,
-    wmax: i64,
-    g_dtype: i64,
-    beta_dtype: i64,
-    l2norm: i64,
     gate_mode: i64,
     beta_mode: i64,
 }
@@ -1620,24 +1607,26 @@ impl DeltaFwdPlan {
             "v",
             "fewer than 2^31 (piece, window chunk) pairs",
         )?;
-        let lam = policy.lam.ptr_mut(gpu);
+        let w = WarmArgs {
+            pieces: pieces.ptr(gpu),
+            g: t.g.ptr(gpu),
+            beta: t.beta.ptr(gpu),
+            k: t.k.ptr(gpu),
+            lam: policy.lam.ptr_mut(gpu),
+            heads: g.h as i64,
+            value_heads: g.hv as i64,
+            k_dim: g.k as i64,
+            bt: g.bt as i64,
+            npieces: npieces as i64,
+            wmax: wmax as i64,
+            g_dtype: dtype_code(t.g.dtype()),
+            beta_dtype: dtype_code(t.beta.dtype()),
+            l2norm: self.prep.l2norm as i64,
+        };
         if let Call::Kda(_) = self.call {
             let args = KdaWarmArgs {
-                pieces: pieces.ptr(gpu),
-                g: t.g.ptr(gpu),
-                beta: t.beta.ptr(gpu),
-                k: t.k.ptr(gpu),
-                lam,
+                w,
                 gate: self.gate_args(gpu, t),
-                heads: g.h as i64,
-                value_heads: g.hv as i64,
-                k_dim: g.k as i64,
-                bt: g.bt as i64,
-                npieces: npieces as i64,
-                wmax: wmax as i64,
-                g_dtype: dtype_code(t.g.dtype()),
-                beta_dtype: dtype_code(t.beta.dtype()),
-                l2norm: self.prep.l2norm as i64,
                 gate_mode: self.gate_mode(),
                 beta_mode: self.prep.beta_mode,
             };
@@ -1650,29 +1639,13 @@ impl DeltaFwdPlan {
                 &args,
             )?;
         } else {
-            let args = WarmArgs {
-                pieces: pieces.ptr(gpu),
-                g: t.g.ptr(gpu),
-                beta: t.beta.ptr(gpu),
-                k: t.k.ptr(gpu),
-                lam,
-                heads: g.h as i64,
-                value_heads: g.hv as i64,
-                k_dim: g.k as i64,
-                bt: g.bt as i64,
-                npieces: npieces as i64,
-                wmax: wmax as i64,
-                g_dtype: dtype_code(t.g.dtype()),
-                beta_dtype: dtype_code(t.beta.dtype()),
-                l2norm: self.prep.l2norm as i64,
-            };
             gpu.launch_3d(
                 Module::DeltaFwd,
                 &format!("gdn_warm_bounds_{}", tag(self.dtype)),
                 (grid, g.hv as u32, 1),
                 WARM_THREADS,
                 0,
-                &args,
+                &w,
             )?;
         }
         let (gate, max_chain) = match verdict {
