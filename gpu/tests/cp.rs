@@ -583,6 +583,21 @@ fn plan_case(group: &CpGroup, per_key: bool) {
             &want_f,
         );
     }
+    // the phase-timed run: the same outputs, a finite non-negative time per phase
+    poison(&mut outs);
+    let phases = plan.run_phases(&shards, &mut outs).unwrap();
+    let (o, f) = gather_forward(group, &part, &outs);
+    assert_bit_identical(&format!("{what}: o, phased run vs one call"), &o, &want_o);
+    assert_bit_identical(&format!("{what}: final_state, phased run"), &f, &want_f);
+    for ms in [
+        phases.tail_checks_ms,
+        phases.summaries_ms,
+        phases.exchange_ms,
+        phases.local_ms,
+    ] {
+        assert!(ms.is_finite() && ms >= 0.0, "{what}: phases {phases:?}");
+    }
+    assert!(phases.local_ms > 0.0, "{what}: phases {phases:?}");
     let last = ranks - 1;
     let mut long = inputs.v[last].shape().to_vec();
     long[1] += 1;

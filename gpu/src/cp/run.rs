@@ -819,6 +819,33 @@ struct ForwardRank {
     summary: Option<ForwardSummary>,
 }
 
+/// The phases of a [`CpFwdPlan`] run, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CpPhase {
+    /// The tails' bound checks (the warm-up policy over each continuing piece's tail).
+    TailChecks,
+    /// Each rank's summary of its continuing piece (its tail's, or the whole piece's).
+    Summaries,
+    /// The all-gather of the summaries and each rank's merge into its entering states.
+    Exchange,
+    /// The local forward on every rank.
+    Local,
+}
+
+/// Wall time of each phase of a [`CpFwdPlan::run_phases`] (ms, the group synchronised after
+/// each: the slowest rank's).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpPhaseTimes {
+    /// The tails' bound checks.
+    pub tail_checks_ms: f64,
+    /// The ranks' summaries (tails or whole pieces).
+    pub summaries_ms: f64,
+    /// The all-gather and the merges.
+    pub exchange_ms: f64,
+    /// The local forwards.
+    pub local_ms: f64,
+}
+
 /// A persistent context-parallel `kda_fwd` / `gdn_fwd` (module docs): made once for a group, a
 /// partition, the shards' shapes and dtypes, the op's parameters and path; [`CpFwdPlan::run`]
 /// then runs the forward on shards of those shapes into outputs of [`CpFwdPlan::alloc_outputs`]
@@ -995,6 +1022,45 @@ impl<'g> CpFwdPlan<'g> {
         shards: &[ForwardTensors<'_>],
         outs: &mut [DeltaFwdDeviceOutputs],
     ) -> GpuResult<()> {
+        self.run_marked(shards, outs, |_| Ok(()))
+    }
+
+    /// [`CpFwdPlan::run`] with the group synchronised after each phase, and the wall time of
+    /// each (the slowest rank's, launch included): where a run's time goes, communication
+    /// against compute. A diagnostic (the waits serialise what `run` overlaps); the outputs are
+    /// `run`'s.
+    pub fn run_phases(
+        &mut self,
+        shards: &[ForwardTensors<'_>],
+        outs: &mut [DeltaFwdDeviceOutputs],
+    ) -> GpuResult<CpPhaseTimes> {
+        let group = self.frame.group;
+        group.synchronize()?;
+        let mut last = std::time::Instant::now();
+        let mut times = CpPhaseTimes::default();
+        self.run_marked(shards, outs, |phase| {
+            group.synchronize()?;
+            let now = std::time::Instant::now();
+            let ms = (now - last).as_secs_f64() * 1e3;
+            last = now;
+            match phase {
+                CpPhase::TailChecks => times.tail_checks_ms = ms,
+                CpPhase::Summaries => times.summaries_ms = ms,
+                CpPhase::Exchange => times.exchange_ms = ms,
+                CpPhase::Local => times.local_ms = ms,
+            }
+            Ok(())
+        })?;
+        Ok(times)
+    }
+
+    /// `run`, calling `mark` after queueing each phase.
+    fn run_marked(
+        &mut self,
+        shards: &[ForwardTensors<'_>],
+        outs: &mut [DeltaFwdDeviceOutputs],
+        mut mark: impl FnMut(CpPhase) -> GpuResult<()>,
+    ) -> GpuResult<()> {
         let group = self.frame.group;
         let args: Vec<Vec<Arg<'_>>> = shards.iter().map(forward_args).collect();
         self.frame.check(&args, outs.len())?;
@@ -1013,11 +1079,13 @@ impl<'g> CpFwdPlan<'g> {
                 s.check_tail(gpu, local, t)?;
             }
         }
+        mark(CpPhase::TailChecks)?;
         for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
             if let Some(s) = &mut rank.summary {
                 s.run(gpu, t)?;
             }
         }
+        mark(CpPhase::Summaries)?;
         let sent: Vec<Option<&DeviceTensor>> = self
             .ranks
             .iter()
@@ -1025,6 +1093,7 @@ impl<'g> CpFwdPlan<'g> {
             .collect();
         let initial: Vec<Option<&DeviceTensor>> = shards.iter().map(|t| t.initial_state).collect();
         self.frame.exchange(&sent, &initial)?;
+        mark(CpPhase::Exchange)?;
         let each = group
             .ranks()
             .zip(shards)
@@ -1038,7 +1107,7 @@ impl<'g> CpFwdPlan<'g> {
                 plan.run(gpu, &call, ws, out)?;
             }
         }
-        Ok(())
+        mark(CpPhase::Local)
     }
 
     /// New outputs, one run, the ranks synchronised: what [`cp_kda_fwd`] and [`cp_gdn_fwd`]

@@ -27,7 +27,7 @@
 //! kernels see the same inputs). The other ranks' outputs at that size have no check here.
 
 use super::forward::Set;
-use attn_gpu::cp::{CpFwdPlan, CpGroup, Partition, DEFAULT_MIN_PIECE_CHUNKS};
+use attn_gpu::cp::{CpFwdPlan, CpGroup, CpPhaseTimes, Partition, DEFAULT_MIN_PIECE_CHUNKS};
 use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
@@ -166,11 +166,13 @@ fn bytes(case: &CpCase) -> usize {
     t * (3 * h * K * 2 + h * gk * 4 + h * 4 + h * V * 2) + 2 * n * h * K * V * 4
 }
 
-/// What a CP row measured: the median ms, per rank whether the last run sent its tail's
-/// summary, and for a row too large for one GPU, rank 0's `o` against one GPU (largest
-/// |difference| / largest |o|).
+/// What a CP row measured: the median ms, the phases of a run (each the median over the
+/// iterations of [`CpFwdPlan::run_phases`], the group synchronised between phases), per rank
+/// whether the last run sent its tail's summary, and for a row too large for one GPU, rank 0's
+/// `o` against one GPU (largest |difference| / largest |o|).
 struct CpTiming {
     ms: f64,
+    phases: CpPhaseTimes,
     tails: Vec<Option<bool>>,
     first_vs_one: Option<f64>,
 }
@@ -211,6 +213,20 @@ fn time_cp(
         plan.run(&tensors, &mut outs)?;
         group.synchronize()
     })?;
+    let phased = (0..iters.max(1))
+        .map(|_| plan.run_phases(&tensors, &mut outs))
+        .collect::<GpuResult<Vec<_>>>()?;
+    let median = |f: fn(&CpPhaseTimes) -> f64| {
+        let mut v: Vec<f64> = phased.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let phases = CpPhaseTimes {
+        tail_checks_ms: median(|p| p.tail_checks_ms),
+        summaries_ms: median(|p| p.summaries_ms),
+        exchange_ms: median(|p| p.exchange_ms),
+        local_ms: median(|p| p.local_ms),
+    };
     let tails = plan.tail_summaries();
     drop(plan);
     let first_vs_one = match (check_first, tensors.first(), outs.first()) {
@@ -242,6 +258,7 @@ fn time_cp(
     };
     Ok(CpTiming {
         ms,
+        phases,
         tails,
         first_vs_one,
     })
@@ -355,6 +372,7 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
             )?;
             let CpTiming {
                 ms,
+                phases,
                 tails,
                 first_vs_one,
             } = time_cp(group, &part, case, iters, case.min_ranks > 1)?;
@@ -377,12 +395,16 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
             let vs_single = single_ms.map(|s| s / ms);
             let gbps = b as f64 / (ms * 1e-3) / 1e9;
             println!(
-                "{name:<40} {ms:>10.3} ms  {} vs R=1, {} vs single GPU, GiB per GPU {:?}, summaries {tails:?}{}",
+                "{name:<40} {ms:>10.3} ms  {} vs R=1, {} vs single GPU, GiB per GPU {:?}, summaries {tails:?}, phases (synchronised) tail checks {:.3} / summaries {:.3} / exchange {:.3} / local {:.3} ms{}",
                 ratio(speedup),
                 ratio(vs_single),
                 mem.iter()
                     .map(|m| (m * 10.0).round() / 10.0)
                     .collect::<Vec<_>>(),
+                phases.tail_checks_ms,
+                phases.summaries_ms,
+                phases.exchange_ms,
+                phases.local_ms,
                 first_vs_one
                     .map(|d| format!(", rank 0's o vs GPU 0 alone: {d:.2e} of max |o|"))
                     .unwrap_or_default()
@@ -394,6 +416,10 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 "decay": case.decay.name(), "cuts": part.cuts(), "speedup_r1": speedup,
                 "single_ms": single_ms, "vs_single": vs_single, "mem_gib": mem, "summaries": tails,
                 "first_vs_one": first_vs_one,
+                "phases_ms": {
+                    "tail_checks": phases.tail_checks_ms, "summaries": phases.summaries_ms,
+                    "exchange": phases.exchange_ms, "local": phases.local_ms,
+                },
             }));
         }
     }
