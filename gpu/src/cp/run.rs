@@ -664,9 +664,10 @@ struct TailCheck {
     chunks: usize,
 }
 
-/// What a rank's whole-piece summary run is made of.
+/// What a rank's summary runs are made of: the op, its continuing piece within a shard of
+/// `shard_tokens` rows, the dimensions and the path.
 #[derive(Debug, Clone, Copy)]
-struct FullSpec {
+struct SummarySpec {
     op: Op,
     piece: Piece,
     shard_tokens: usize,
@@ -689,25 +690,23 @@ struct ForwardSummary {
     /// workspace, about the local op's memory again: a rank whose tails always suffice never
     /// allocates it.
     full: Option<SummaryRun>,
-    spec: FullSpec,
+    spec: SummarySpec,
     tail: Option<(SummaryRun, TailCheck)>,
     /// Whether the last run sent the tail's summary.
     used_tail: bool,
 }
 
 impl ForwardSummary {
-    #[allow(clippy::too_many_arguments)]
+    /// The summary of `spec`'s piece of the shard `t`, with a tail of `tail = (chunks, bt)`
+    /// where the piece is longer.
     fn new(
         gpu: &Gpu,
-        op: Op,
         t: &ForwardTensors<'_>,
-        piece: &Piece,
-        shard_tokens: usize,
-        dims: Dims,
-        path: ForwardPath,
+        spec: SummarySpec,
         tail: Option<(usize, usize)>,
     ) -> GpuResult<ForwardSummary> {
-        let h0 = zero_identity(gpu, dims.hv, dims.k, dims.v, dims.state)?;
+        let (piece, d) = (&spec.piece, spec.dims);
+        let h0 = zero_identity(gpu, d.hv, d.k, d.v, d.state)?;
         let tail = match tail {
             Some((chunks, bt)) if piece.len > chunks * bt => {
                 let len = chunks * bt;
@@ -717,30 +716,23 @@ impl ForwardSummary {
                     len,
                     ..*piece
                 };
-                let run = SummaryRun::new(gpu, op, t, &rows, shard_tokens, dims, &h0, path)?;
+                let run = spec.run_over(gpu, t, &rows, &h0)?;
                 // the sequence as the policy sees it starts a whole number of chunks before the
                 // end, so that the chunks it bounds are the piece's last ones
                 let seq0 = end - piece.len / bt * bt;
                 let table = [end, 0, seq0, end, 0].map(|x| x as i64);
                 let check = TailCheck {
                     table: DeviceTensor::from_slice(gpu, &table)?,
-                    policy: PolicyTensors::alloc(gpu, 1, chunks, dims.hv)?,
+                    policy: PolicyTensors::alloc(gpu, 1, chunks, d.hv)?,
                     chunks,
                 };
                 Some((run, check))
             }
             _ => None,
         };
-        let spec = FullSpec {
-            op,
-            piece: *piece,
-            shard_tokens,
-            dims,
-            path,
-        };
         let full = match tail {
             Some(_) => None,
-            None => Some(spec.make(gpu, t, &h0)?),
+            None => Some(spec.run_over(gpu, t, &spec.piece, &h0)?),
         };
         Ok(ForwardSummary {
             h0,
@@ -777,7 +769,7 @@ impl ForwardSummary {
             return run.run(gpu, t, &self.h0);
         }
         if self.full.is_none() {
-            self.full = Some(self.spec.make(gpu, t, &self.h0)?);
+            self.full = Some(self.spec.run_over(gpu, t, &self.spec.piece, &self.h0)?);
         }
         match &mut self.full {
             Some(full) => full.run(gpu, t, &self.h0),
@@ -794,14 +786,20 @@ impl ForwardSummary {
     }
 }
 
-impl FullSpec {
-    /// The whole piece's summary run on the shard `t`, from `h0`.
-    fn make(&self, gpu: &Gpu, t: &ForwardTensors<'_>, h0: &DeviceTensor) -> GpuResult<SummaryRun> {
+impl SummarySpec {
+    /// A summary run over `rows` (the whole piece, or its tail) of the shard `t`, from `h0`.
+    fn run_over(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        rows: &Piece,
+        h0: &DeviceTensor,
+    ) -> GpuResult<SummaryRun> {
         SummaryRun::new(
             gpu,
             self.op,
             t,
-            &self.piece,
+            rows,
             self.shard_tokens,
             self.dims,
             h0,
@@ -855,7 +853,6 @@ pub struct CpPhaseTimes {
 pub struct CpFwdPlan<'g> {
     frame: Frame<'g>,
     op: Op,
-    path: ForwardPath,
     /// `q`'s dtype (`o`'s).
     dtype: Dtype,
     ranks: Vec<ForwardRank>,
@@ -918,7 +915,16 @@ impl<'g> CpFwdPlan<'g> {
                 .map(|_| (TAIL_CHUNKS, part.chunk_size()));
             let summary = s
                 .continuing()
-                .map(|p| ForwardSummary::new(gpu, op, t, p, s.tokens(), dims, path, tail))
+                .map(|p| {
+                    let spec = SummarySpec {
+                        op,
+                        piece: *p,
+                        shard_tokens: s.tokens(),
+                        dims,
+                        path,
+                    };
+                    ForwardSummary::new(gpu, t, spec, tail)
+                })
                 .transpose()?;
             let local = match local {
                 Some(plan) => {
@@ -941,7 +947,6 @@ impl<'g> CpFwdPlan<'g> {
                 boundary,
             },
             op,
-            path,
             dtype: shards[0].q.dtype(),
             ranks,
         })
@@ -962,17 +967,15 @@ impl<'g> CpFwdPlan<'g> {
         }
         let args: Vec<Vec<Arg<'_>>> = shards.iter().map(forward_args).collect();
         self.frame.check(&args, self.ranks.len())?;
-        let (group, part, dims) = (self.frame.group, &self.frame.part, self.frame.dims);
-        for (((r, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
-            let s = part.shard(r);
-            if let (Some(sum), Some(piece)) = (&mut rank.summary, s.continuing()) {
+        let (group, bt) = (self.frame.group, self.frame.part.chunk_size());
+        for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
+            if let Some(sum) = &mut rank.summary {
                 let bound = rank
                     .local
                     .as_ref()
                     .is_some_and(|(l, _)| l.has_warm_policy());
-                let tail = chunks.filter(|_| bound).map(|c| (c, part.chunk_size()));
-                *sum =
-                    ForwardSummary::new(gpu, self.op, t, piece, s.tokens(), dims, self.path, tail)?;
+                let tail = chunks.filter(|_| bound).map(|c| (c, bt));
+                *sum = ForwardSummary::new(gpu, t, sum.spec, tail)?;
             }
         }
         Ok(self)
