@@ -18,7 +18,10 @@
 // factor of theirs is selected to 0 (never 0 * exp2(.)), and they are not stored.
 // `exp2(G_r - G_j)` is only formed for j <= r, where it is <= 1 for non-positive gates.
 //
-// intra_mma<T> (bf16 / f16): the products on tensor cores (see its section below).
+// intra_mma<T> (bf16 / f16): the products on tensor cores (see its section below). Its FAST
+// instance (kernel kda_intra_mma_fast_*: K and V multiples of 8, fp32 g) drops the code of the
+// other layouts: the kernel runs once per CTA as a straight line of ~7.6k instructions, and the
+// cold code between them was three quarters of the program (S9: no_inst 31% of its stalls).
 // gdn_intra<T, KP> (bf16 / f16, scalar gate, K <= 128): the lean stage of the fused GDN path.
 // intra_fma<T, Acc> (fp32 / fp64 data): every product with FMAs in Acc (IEEE fp32, or fp64), over key tiles of INTRA_KT columns recomputed from the inputs in each pass. The
 // solve: the four diagonal 16 x 16 blocks by forward substitution, then the off-diagonal blocks
@@ -136,14 +139,14 @@ template <typename T> struct Elem<T, T, float> {
 // loads its 16-byte pieces (all in flight at once), then converts and stores them. The gate's
 // running sum: each of INTRA_THREADS / KW row segments per column summed in order, then the
 // totals of the segments before it added.
-template <typename T, typename E, int FORM, int KW, int P, typename GT, typename Acc, int GP>
+template <typename T, typename E, int FORM, int KW, int P, typename GT, typename Acc, int GP, bool FAST = false>
 __device__ void intra_load_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[GP],
                                 const Acc* invq, const Acc* invk, const GT* gs) {
     const int tid = threadIdx.x;
     const T* qp = reinterpret_cast<const T*>(a.q);
     const T* kp = reinterpret_cast<const T*>(a.k);
     constexpr int N = VMax<T>::N, VPR = KW / N, NV = INTRA_BT * VPR / INTRA_THREADS;
-    if (a.K % N == 0) {
+    if (FAST || a.K % N == 0) {
         Vec<T, N> vq[NV], vk[NV];
 #pragma unroll
         for (int u = 0; u < NV; ++u) {
@@ -179,10 +182,10 @@ __device__ void intra_load_tile(const IntraArgs& a, const IntraChunk& c, int k0,
     // the per-row gate values: this thread's 4 columns (the same for all its rows)
     constexpr int GPR = KW / 4, GV = INTRA_BT * GPR / INTRA_THREADS;
     const int gd0 = (tid % GPR) * 4;
-    const bool quads = a.K % 4 == 0, in_k = k0 + gd0 < a.K;  // whole 4-column groups
+    const bool quads = FAST || a.K % 4 == 0, in_k = k0 + gd0 < a.K;  // whole 4-column groups
     Gate<GT, 4, FORM> gate;
     if (a.gate_mode == 2 && quads && in_k) gate.init(a.gate, c.hv * a.K + k0 + gd0);
-    const bool gvec = a.g_dtype == 1 && quads;
+    const bool gvec = FAST || (a.g_dtype == 1 && quads);
     GT gv[GV][4];
 #pragma unroll
     for (int u = 0; u < GV; ++u) {
@@ -269,7 +272,7 @@ __device__ void intra_scalar_gate(const IntraArgs& a, Sm& sm, const IntraChunk& 
 // Per row: 1 / sqrt(Σ q² + 1e-6) (1 without l2norm), the same for k, and β. The sums: 4 lanes
 // per row, each over a quarter of the keys in 16-byte pieces where K allows (all loads of a
 // thread in flight at once), then over the 4 lanes.
-template <typename T, typename Acc, typename Sm>
+template <typename T, typename Acc, typename Sm, bool FAST = false>
 __device__ void intra_rows(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
     const int tid = threadIdx.x, r = tid >> 2, part = tid & 3;
     const T* qp = reinterpret_cast<const T*>(a.q);
@@ -278,7 +281,7 @@ __device__ void intra_rows(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
     if (a.l2norm && r < c.nc) {
         const i64 base = ((c.row0 + r) * a.H + c.kh) * a.K;
         constexpr int N = VMax<T>::N, MAXV = 256 / N / 4, B = 4;  // pieces per lane for K <= 256, per batch
-        if (a.K % N == 0) {
+        if (FAST || a.K % N == 0) {
             const int nv = (int)(a.K / N);
 #pragma unroll
             for (int u0 = 0; u0 < MAXV; u0 += B) {
@@ -476,11 +479,11 @@ __device__ void intra_store_a(const IntraArgs& a, const IntraChunk& c, Acc (*A)[
 
 // kg, qg, G and lam of the loaded key tile k0 (KW columns), and qf with the first tile; kg and
 // qg in pieces of N columns where K allows.
-template <typename T, typename Acc, int KW, int P, typename E, typename GT, int GP>
+template <typename T, typename Acc, int KW, int P, typename E, typename GT, int GP, bool FAST = false>
 __device__ void intra_store_tile(const IntraArgs& a, const IntraChunk& c, int k0, E (*q)[P], E (*k)[P], GT (*G)[GP]) {
     const int l = c.nc - 1;
     constexpr int N = VMax<T>::N, VPR = KW / N;
-    const bool vec = a.K % N == 0;
+    const bool vec = FAST || a.K % N == 0;
     for (int i = threadIdx.x; i < c.nc * VPR; i += INTRA_THREADS) {
         const int r = i / VPR, d0 = (i % VPR) * N;
         if (k0 + d0 >= a.K) continue;
@@ -820,7 +823,7 @@ __device__ __forceinline__ void intra_mma_factors(IntraMmaP1<T>& p1, float (*G)[
     if (!safe && r0 == m) *reinterpret_cast<F2*>(&G[m + 7][d]) = late;
 }
 
-template <typename T, int FORM, bool SCALAR>
+template <typename T, int FORM, bool SCALAR, bool FAST = false>
 __device__ void intra_mma(const IntraArgs& a) {
     using Sm = IntraMmaSmem<T>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -834,10 +837,10 @@ __device__ void intra_mma(const IntraArgs& a) {
     const IntraChunk c = intra_chunk(a);
     const int nc = c.nc;
     auto load = [&](int k0) {
-        intra_load_tile<T, T, FORM, IM_KT, IM_P>(a, c, k0, p1.q, p1.k, sm.G, sm.invq, sm.invk, sm.gs);
+        intra_load_tile<T, T, FORM, IM_KT, IM_P, float, float, IM_GP, FAST>(a, c, k0, p1.q, p1.k, sm.G, sm.invq, sm.invk, sm.gs);
     };
 
-    intra_rows<T, float>(a, sm, c);
+    intra_rows<T, float, Sm, FAST>(a, sm, c);
     if (SCALAR) intra_scalar_gate<float>(a, sm, c);
     __syncthreads();
 
@@ -1012,7 +1015,7 @@ __device__ void intra_mma(const IntraArgs& a) {
             T* wp = reinterpret_cast<T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
             intra_akk_product<T>(xa, xl, x, nc, wp, a.HV * a.K, (int)min((i64)IM_KT, a.K - k0), a.K % 2 == 0);
         }
-        intra_store_tile<T, float, IM_KT, IM_P>(a, c, k0, p1.q, p1.k, sm.G);
+        intra_store_tile<T, float, IM_KT, IM_P, T, float, IM_GP, FAST>(a, c, k0, p1.q, p1.k, sm.G);
         __syncthreads();
     }
     // pass 3, per value tile: u = Akk (β v), v read in 16-byte pieces where V allows
@@ -1020,7 +1023,7 @@ __device__ void intra_mma(const IntraArgs& a) {
         const T* vp = reinterpret_cast<const T*>(a.v);
         constexpr int N = VMax<T>::N, VPR = IM_KT / N, NV = INTRA_BT * VPR / INTRA_THREADS;
         for (int v0 = 0; v0 < a.V; v0 += IM_KT) {
-            if (a.V % N == 0) {
+            if (FAST || a.V % N == 0) {
                 Vec<T, N> vv[NV];
 #pragma unroll
                 for (int u = 0; u < NV; ++u) {
@@ -1343,6 +1346,9 @@ __device__ void delta_output(const OutArgs& a) {
 #define INTRA_MMA_KERNEL(T, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS, KDA_INTRA_MIN_BLOCKS) kda_intra_mma_##TAG(const IntraArgs a) { \
         GATE_DISPATCH(a, (intra_mma<T, FORM, false>(a))) \
+    } \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, KDA_INTRA_MIN_BLOCKS) kda_intra_mma_fast_##TAG(const IntraArgs a) { \
+        GATE_DISPATCH(a, (intra_mma<T, FORM, false, true>(a))) \
     } \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS, KDA_INTRA_MIN_BLOCKS) kda_intra_mma_scalar_##TAG(const IntraArgs a) { \
         intra_mma<T, GATE_NONE, true>(a); \

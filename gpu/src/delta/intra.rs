@@ -135,9 +135,11 @@ pub(crate) fn chunk_table(
     Ok((DeviceTensor::from_slice(gpu, &rows)?, n))
 }
 
-/// The intra kernel of `dtype` and its shared memory: tensor cores for bf16/f16
-/// (`IntraMmaSmem<T>`, key tiles of 64), FMAs for float32/float64 (`IntraSmem<Acc>`).
-fn intra_kernel(dtype: Dtype, scalar_gate: bool) -> (String, u32) {
+/// The intra kernel of `args` for `dtype` and its shared memory: tensor cores for bf16/f16
+/// (`IntraMmaSmem<T>`, key tiles of 64; per-key gates with K and V multiples of 8 and an fp32
+/// `g` take the `fast` instance, compiled without the other layouts' code), FMAs for
+/// float32/float64 (`IntraSmem<Acc>`).
+fn intra_kernel(dtype: Dtype, args: &IntraArgs) -> (String, u32) {
     let sq = MAX_BT * (MAX_BT + 1);
     match dtype {
         Dtype::BF16 | Dtype::F16 => {
@@ -145,7 +147,14 @@ fn intra_kernel(dtype: Dtype, scalar_gate: bool) -> (String, u32) {
             // which the solve's L, Aqk, X and tmp lie; G (pitch 68); the per-row values
             let tiles = (6 * MAX_BT + 2 * 96) * (64 + 8) * 2;
             let bytes = tiles + MAX_BT * (64 + 4) * 4 + 4 * MAX_BT * 4;
-            let kind = if scalar_gate { "mma_scalar" } else { "mma" };
+            let fast = args.k_dim % 8 == 0
+                && args.v_dim % 8 == 0
+                && args.g_dtype == dtype_code(Dtype::F32);
+            let kind = match (args.scalar_gate != 0, fast) {
+                (true, _) => "mma_scalar",
+                (false, true) => "mma_fast",
+                (false, false) => "mma",
+            };
             (format!("kda_intra_{kind}_{}", tag(dtype)), bytes as u32)
         }
         _ => {
@@ -176,7 +185,7 @@ pub(crate) fn launch_intra(
         return Ok(());
     }
     let grid_x = grid_x(chunks, "q", "fewer than 2^31 chunks")?;
-    let (name, smem) = intra_kernel(dtype, args.scalar_gate != 0);
+    let (name, smem) = intra_kernel(dtype, args);
     gpu.launch_with_smem(
         Module::KdaIntra,
         &name,
