@@ -1051,10 +1051,10 @@ __device__ void intra_mma(const IntraArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // The lean intra kernel of a scalar gate (the fused GDN path; bf16 / f16, K <= KP <= 128): one
-// CTA per (chunk, value head), or with GROUPED (HV > H) per (chunk, key head), loads q, k once (normalised in place with l2norm, and then written
-// for the fused kernel), computes the lower 16 x 16 blocks of Q Kᵀ and K Kᵀ on tensor cores
-// (raw products, exact in T; the pair's factor exp2(G_r - G_j) applied in fp32 afterwards),
-// and then for each value head of the key head's group (HV / H of them, the products shared:
+// CTA per (chunk, value head), or with GROUPED (HV > H) per (chunk, key head), loads q, k once
+// (normalised in place with l2norm, and then written for the fused kernel), computes the lower
+// 16 x 16 blocks of Q Kᵀ and K Kᵀ on tensor cores (raw products, exact in T; the pair's factor
+// exp2(G_r - G_j) applied in fp32 afterwards), and then for each value head of the key head's group (HV / H of them, the products shared:
 // the gate and β are the value head's) writes Aqk = scale (Q Kᵀ ⊙ exp2(G_r - G_j))_{j<=r} from
 // the fragments (the blocks above the diagonal blocks are not written: the fused kernel never
 // reads them), solves Akk = (I + L)^-1 and writes Tb = Akk diag(β) as hi + lo and G
@@ -1168,7 +1168,7 @@ __device__ void gdn_intra(const IntraArgs& a) {
             *reinterpret_cast<Vec<T, 8>*>(&t.q[r][v * 8]) = x;
             *reinterpret_cast<Vec<T, 8>*>(&t.k[r][v * 8]) = y;
             // the normalised rows for the fused kernel ([rows][H][K]: per key head, by the
-            // first of its value heads)
+            // CTA of the first of its value heads, or GROUPED by the key head's CTA)
             if (a.kg != 0 && r < nc && (GROUPED || c.hv % (a.HV / a.H) == 0)) {
                 const i64 o = ((c.row0 + r) * a.H + c.kh) * a.K + v * 8;
                 const int n = (int)min((i64)8, a.K - v * 8);
