@@ -1054,13 +1054,15 @@ __device__ void intra_mma(const IntraArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // The lean intra kernel of a scalar gate (the fused GDN path; bf16 / f16, K <= KP <= 128): one
-// CTA per (chunk, value head) loads q, k once (normalised in place with l2norm, and then written
-// for the fused kernel), computes the lower 16 x 16 blocks of Q Kᵀ and K Kᵀ on tensor cores
-// (raw products, exact in T; the pair's factor exp2(G_r - G_j) applied in fp32 afterwards),
-// writes Aqk = scale (Q Kᵀ ⊙ exp2(G_r - G_j))_{j<=r} from the fragments (the blocks above the
-// diagonal blocks are not written: the fused kernel never reads them), solves
-// Akk = (I + L)^-1 and writes Tb = Akk diag(β) as hi + lo and G (intra_store_lean). Its
-// footprint (37 KB, <= 85 registers) keeps three CTAs per SM.
+// CTA per (chunk, value head), or with GROUPED (HV > H) per (chunk, key head), loads q, k once
+// (normalised in place with l2norm, and then written for the fused kernel), computes the lower
+// 16 x 16 blocks of Q Kᵀ and K Kᵀ on tensor cores (raw products, exact in T; the pair's factor
+// exp2(G_r - G_j) applied in fp32 afterwards), and then for each value head of the key head's group (HV / H of them, the products shared:
+// the gate and β are the value head's) writes Aqk = scale (Q Kᵀ ⊙ exp2(G_r - G_j))_{j<=r} from
+// the fragments (the blocks above the diagonal blocks are not written: the fused kernel never
+// reads them), solves Akk = (I + L)^-1 and writes Tb = Akk diag(β) as hi + lo and G
+// (intra_store_lean). Its footprint (37 KB, 64 registers) keeps four CTAs per SM; the GROUPED
+// instance holds the products' fragments across the heads' solves (80 registers, three CTAs).
 
 template <typename T, int KP> struct GdnIntraSmem {
     static constexpr int P = KP + 8;
@@ -1078,7 +1080,22 @@ template <typename T, int KP> struct GdnIntraSmem {
     float beta[INTRA_BT], gs[INTRA_BT];
 };
 
-template <typename T, int KP>
+// β and G (intra_scalar_gate) of value head c.hv into sm.beta, sm.gs.
+template <typename Sm>
+__device__ __forceinline__ void gdn_intra_head(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
+    const int tid = threadIdx.x;
+    if (tid < INTRA_BT) {
+        float b = 0.f;
+        if (tid < c.nc) {
+            b = load_f<float>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, (c.row0 + tid) * a.HV + c.hv);
+            if (a.beta_mode != 0) b = (float)a.beta_mode / (1.f + exp(-b));
+        }
+        sm.beta[tid] = b;
+    }
+    intra_scalar_gate<float>(a, sm, c);
+}
+
+template <typename T, int KP, bool GROUPED>
 __device__ void gdn_intra(const IntraArgs& a) {
     using Sm = GdnIntraSmem<T, KP>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1086,7 +1103,14 @@ __device__ void gdn_intra(const IntraArgs& a) {
     auto& t = sm.u.t;
     auto& sv = sm.u.sv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
-    const IntraChunk c = intra_chunk(a);
+    // GROUPED: one CTA per (chunk, key head), the raw products once, then per value head of the
+    // group its gate factors, solve and stores; else one CTA per (chunk, value head)
+    const int group = GROUPED ? (int)(a.HV / a.H) : 1;
+    IntraChunk c = intra_chunk(a);
+    if (GROUPED) {
+        c.kh = blockIdx.y;
+        c.hv = c.kh * group;
+    }
     const int nc = c.nc;
 
     // q, k tiles (rows >= n_c and columns >= K zero)
@@ -1111,16 +1135,8 @@ __device__ void gdn_intra(const IntraArgs& a) {
             t.k[r][e] = ok ? kp[r * rs + e] : T{0};
         }
     }
-    // β and G while the tiles load
-    if (tid < INTRA_BT) {
-        float b = 0.f;
-        if (tid < nc) {
-            b = load_f<float>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, (c.row0 + tid) * a.HV + c.hv);
-            if (a.beta_mode != 0) b = (float)a.beta_mode / (1.f + exp(-b));
-        }
-        sm.beta[tid] = b;
-    }
-    intra_scalar_gate<float>(a, sm, c);
+    // β and G of the group's first value head while the tiles load
+    gdn_intra_head(a, sm, c);
     cp_async_wait_all();
     __syncthreads();  // tiles, β and G visible
 
@@ -1155,8 +1171,8 @@ __device__ void gdn_intra(const IntraArgs& a) {
             *reinterpret_cast<Vec<T, 8>*>(&t.q[r][v * 8]) = x;
             *reinterpret_cast<Vec<T, 8>*>(&t.k[r][v * 8]) = y;
             // the normalised rows for the fused kernel ([rows][H][K]: per key head, by the
-            // first of its value heads)
-            if (a.kg != 0 && r < nc && c.hv % (a.HV / a.H) == 0) {
+            // CTA of the first of its value heads, or GROUPED by the key head's CTA)
+            if (a.kg != 0 && r < nc && (GROUPED || c.hv % (a.HV / a.H) == 0)) {
                 const i64 o = ((c.row0 + r) * a.H + c.kh) * a.K + v * 8;
                 const int n = (int)min((i64)8, a.K - v * 8);
                 if (n > 0) {
@@ -1199,35 +1215,43 @@ __device__ void gdn_intra(const IntraArgs& a) {
         }
     }
     __syncthreads();  // the tiles are dead: the solve's space lies over them
-    for (int i = tid; i < INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
-    __syncthreads();
-    // Aqk (stored from the fragments, 0 above the diagonal) and L with the factor exp2(G_R - G_J)
     const float scale = (float)a.scale;
     T* aq = reinterpret_cast<T*>(a.aqk);
-#pragma unroll
-    for (int slot = 0; slot < 2; ++slot) {
-        if (warp + slot * 8 < npairs) {
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int R = pbi[slot] * 16 + gid + h * 8, J0 = pbj[slot] * 16 + n * 8 + t4 * 2;
-                    float va[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int J = J0 + e;
-                        const bool in = R < nc && J <= R;
-                        const float f = in ? ex2_ftz(sm.gs[R] - sm.gs[J]) : 0.f;
-                        va[e] = scale * sqk[slot][n][2 * h + e] * f;
-                        sv.L[R][J] = J < R ? sm.beta[R] * skk[slot][n][2 * h + e] * f : 0.f;
-                    }
-                    if (R < nc) *reinterpret_cast<Vec<T, 2>*>(aq + ((c.row0 + R) * a.HV + c.hv) * a.bt + J0) = pack2<T>(va[0], va[1]);
-                }
+    for (int gi = 0; gi < group; ++gi) {
+        if (gi > 0) {
+            // the next value head's β and G (the previous head's stores have read them)
+            c.hv = c.kh * group + gi;
+            gdn_intra_head(a, sm, c);
         }
+        for (int i = tid; i < INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
+        __syncthreads();
+        // Aqk (stored from the fragments, 0 above the diagonal) and L with the factor exp2(G_R - G_J)
+#pragma unroll
+        for (int slot = 0; slot < 2; ++slot) {
+            if (warp + slot * 8 < npairs) {
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int R = pbi[slot] * 16 + gid + h * 8, J0 = pbj[slot] * 16 + n * 8 + t4 * 2;
+                        float va[2];
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int J = J0 + e;
+                            const bool in = R < nc && J <= R;
+                            const float f = in ? ex2_ftz(sm.gs[R] - sm.gs[J]) : 0.f;
+                            va[e] = scale * sqk[slot][n][2 * h + e] * f;
+                            sv.L[R][J] = J < R ? sm.beta[R] * skk[slot][n][2 * h + e] * f : 0.f;
+                        }
+                        if (R < nc) *reinterpret_cast<Vec<T, 2>*>(aq + ((c.row0 + R) * a.HV + c.hv) * a.bt + J0) = pack2<T>(va[0], va[1]);
+                    }
+            }
+        }
+        __syncthreads();
+        intra_solve_tc(sv.L, sv.X, sv.tmp);
+        intra_store_lean<T>(a, c, sv.X, sm.beta, sm.gs);
+        __syncthreads();  // β, G, L and X read before the next head writes them
     }
-    __syncthreads();
-    intra_solve_tc(sv.L, sv.X, sv.tmp);
-    intra_store_lean<T>(a, c, sv.X, sm.beta, sm.gs);
 }
 
 // Resident CTAs per multiprocessor the register allocator must allow: gdn_intra 4 (64
@@ -1236,13 +1260,19 @@ __device__ void gdn_intra(const IntraArgs& a) {
 #ifndef GDN_INTRA_MIN_BLOCKS
 #define GDN_INTRA_MIN_BLOCKS 4
 #endif
+#ifndef GDN_INTRA_GROUPED_MIN_BLOCKS
+#define GDN_INTRA_GROUPED_MIN_BLOCKS 3
+#endif
 #ifndef KDA_INTRA_MIN_BLOCKS
 #define KDA_INTRA_MIN_BLOCKS 2
 #endif
 
 #define GDN_INTRA_KERNEL(T, TAG, KP) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS, GDN_INTRA_MIN_BLOCKS) gdn_intra_##TAG##_k##KP(const IntraArgs a) { \
-        gdn_intra<T, KP>(a); \
+        gdn_intra<T, KP, false>(a); \
+    } \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS, GDN_INTRA_GROUPED_MIN_BLOCKS) gdn_intra_grouped_##TAG##_k##KP(const IntraArgs a) { \
+        gdn_intra<T, KP, true>(a); \
     }
 GDN_INTRA_KERNEL(bf16, bf16, 64)
 GDN_INTRA_KERNEL(bf16, bf16, 128)

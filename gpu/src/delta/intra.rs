@@ -197,8 +197,10 @@ pub(crate) fn launch_intra(
 }
 
 /// One launch of the lean intra kernel of the fused GDN path (`gdn_intra`, `K ≤ 128`: keys
-/// padded to 64 or 128) over every chunk and value head: it writes `Aqk`, `Akk diag(β)` as hi +
-/// lo (`tbh`, `tbl`), `G` (`gout`), and with l2norm the normalised `q, k` (`qg`, `kg`).
+/// padded to 64 or 128) over every chunk and value head, or with `HV > H` every chunk and key
+/// head (`gdn_intra_grouped`: a CTA serves the key head's `HV / H` value heads from one load and
+/// one product of its `q, k`): it writes `Aqk`, `Akk diag(β)` as hi + lo (`tbh`, `tbl`), `G`
+/// (`gout`) per value head, and with l2norm the normalised `q, k` (`qg`, `kg`).
 pub(crate) fn launch_gdn_intra(
     gpu: &Gpu,
     dtype: Dtype,
@@ -216,10 +218,16 @@ pub(crate) fn launch_gdn_intra(
     let tiles = 2 * MAX_BT * (kp + 8) * 2;
     let solve = (2 * MAX_BT * (MAX_BT + 1) + 48 * 17) * 4;
     let smem = tiles.max(solve) + 2 * MAX_BT * 4;
+    // more value heads than key heads: a CTA per key head serves its group
+    let (name, heads) = if args.value_heads > args.heads {
+        ("gdn_intra_grouped", args.heads)
+    } else {
+        ("gdn_intra", args.value_heads)
+    };
     gpu.launch_with_smem(
         Module::KdaIntra,
-        &format!("gdn_intra_{}_k{kp}", tag(dtype)),
-        (grid_x, hv as u32),
+        &format!("{name}_{}_k{kp}", tag(dtype)),
+        (grid_x, heads as u32),
         THREADS,
         smem as u32,
         args,
