@@ -28,9 +28,11 @@
 //! on the piece's end), the rank sends the tail's `[b_t | M_t]`, and the merge's
 //! `M_t X + b_t` differs from the exact `M_t S + b_t` (S: the state entering the tail) by at
 //! most `2^-30 (‖X‖ + ‖S‖)`: the split's own truncation. Under strong decay the summary then
-//! costs `c` chunks, not the shard, and leaves the critical path. Otherwise (long memory, a
-//! slow head, fp32 / fp64) the whole piece's summary is sent. The check is one host read of
-//! `HV` integers per rank per run.
+//! costs `c` chunks, not the shard, and leaves the critical path; a rank also holds the run over
+//! the last [`SHORT_TAIL_CHUNKS`] and sends that one where its bound suffices (the summary is a
+//! serial chain of its chunks). Otherwise (long memory, a slow head, fp32 / fp64) the whole
+//! piece's summary is sent. The check is one host read of the tail's `c · HV` bounds per rank
+//! per run.
 //!
 //! A [`CpFwdPlan`] / [`CpFwdHPlan`] is made once per call shape (group, partition, shards'
 //! shapes and dtypes, parameters): it validates everything (ranks against the group, each
@@ -57,7 +59,7 @@ use super::partition::{Partition, Piece};
 use super::shard::{copy_padded_rows, copy_rows, copy_token_rows, zero, zero_identity};
 use crate::delta::forward::{
     DeltaFwdDeviceOutputs, DeltaFwdPlan, DeltaFwdWorkspace, ForwardPath, ForwardTensors,
-    PolicyTensors,
+    PolicyTensors, LOG_EPS,
 };
 use crate::delta::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
 use crate::delta::merge::{FwdHMergeDeviceOutputs, FwdHMergePlan};
@@ -572,6 +574,21 @@ impl Op {
 /// `max_warmup_chunks`.
 pub const TAIL_CHUNKS: usize = 32;
 
+/// Chunks of the short tail a summary with a longer tail also holds: under strong decay the
+/// bound of one or two chunks already reaches `ln 2^-30` (S10-4: every strong-decay split row
+/// warmed up at most 1 chunk), and the summary run is a serial chain of its chunks (S10-6: the
+/// 32-chunk tails took 0.3 ms of a 2.9 ms run on 4 GPUs).
+pub const SHORT_TAIL_CHUNKS: usize = 4;
+
+/// Which summary a rank sent in a [`CpFwdPlan`]'s last run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SentSummary {
+    /// The summary of the continuing piece's last `n` chunks (the bound allowed it).
+    Tail(usize),
+    /// The whole continuing piece's summary.
+    Whole,
+}
+
 /// One summary run (step 1 for the forwards) over rows of a rank's continuing piece: the
 /// forward itself on those rows with values `[v | 0]` from `[0 | I]`; the final state's first
 /// `V` columns are the exit state from zero (`b`), the last `K` the product of the rows'
@@ -664,6 +681,34 @@ struct TailCheck {
     chunks: usize,
 }
 
+impl TailCheck {
+    /// Reads the bounds (waiting for them) and returns the fewest chunks among `lens` (each at
+    /// most `chunks`, ascending) whose summary the bound allows: every value head's bounds of
+    /// the tail's last `n` chunks, summed nearest chunk first (as the warm-up walk sums them),
+    /// at most `ln 2^-30`; `None` where none is. The whole window's sum is what bounds the
+    /// tail's map `M_t` (spec §11): a prefix reaching the threshold does not, where a later
+    /// chunk's bound is positive (`β ‖k‖² > 2`).
+    fn allowed(&self, gpu: &Gpu, hv: usize, lens: &[usize]) -> GpuResult<Option<usize>> {
+        let lam: Vec<f64> = self
+            .policy
+            .lam
+            .to_array::<f64>(gpu)?
+            .iter()
+            .copied()
+            .collect();
+        if lam.len() < self.chunks * hv {
+            let got = format!("{} bounds", lam.len());
+            return Err(
+                Error::missing("policy", "a bound per tail chunk and value head", got).into(),
+            );
+        }
+        let fits = |n: usize| {
+            (0..hv).all(|h| (0..n).map(|j| lam[j * hv + h]).fold(0.0, |acc, x| acc + x) <= LOG_EPS)
+        };
+        Ok(lens.iter().copied().find(|&n| n <= self.chunks && fits(n)))
+    }
+}
+
 /// What a rank's summary runs are made of: the op, its continuing piece within a shard of
 /// `shard_tokens` rows, the dimensions and the path.
 #[derive(Debug, Clone, Copy)]
@@ -676,11 +721,13 @@ struct SummarySpec {
 }
 
 /// The summary of a rank's continuing piece: the whole piece's run and, where the piece is
-/// longer than the tail, the tail's run with its bound check. When every value head's bound
-/// over the tail's chunks reaches `ln 2^-30` (§5.10), the tail's `[b | M]` is sent: the state
-/// entering the tail differs from the one the merge applies `M` to by a state of norm at most
-/// the tail's `‖M‖ ≤ 2^-30` times the states' norms, the split's own truncation; else the whole
-/// piece's. Decided per run (one host read of `HV` integers per rank).
+/// longer than the tail, the tail's run with its bound check (and a run over the last
+/// [`SHORT_TAIL_CHUNKS`] where the tail is longer). When every value head's bound over a
+/// tail's chunks reaches `ln 2^-30` (§5.10), that tail's `[b | M]` is sent (the shortest that
+/// qualifies): the state entering the tail differs from the one the merge applies `M` to by a
+/// state of norm at most the tail's `‖M‖ ≤ 2^-30` times the states' norms, the split's own
+/// truncation; else the whole piece's. Decided per run (one host read of the tail's
+/// `chunks · HV` bounds per rank).
 #[derive(Debug)]
 struct ForwardSummary {
     /// `[0 | I]`: `[1, HV, K, V + K]`.
@@ -692,8 +739,10 @@ struct ForwardSummary {
     full: Option<SummaryRun>,
     spec: SummarySpec,
     tail: Option<(SummaryRun, TailCheck)>,
-    /// Whether the last run sent the tail's summary.
-    used_tail: bool,
+    /// The run over the tail's last [`SHORT_TAIL_CHUNKS`], where the tail is longer.
+    short: Option<SummaryRun>,
+    /// What the last run sent (`None` before the first).
+    sent: Option<SentSummary>,
 }
 
 impl ForwardSummary {
@@ -707,16 +756,19 @@ impl ForwardSummary {
     ) -> GpuResult<ForwardSummary> {
         let (piece, d) = (&spec.piece, spec.dims);
         let h0 = zero_identity(gpu, d.hv, d.k, d.v, d.state)?;
+        let end = piece.start + piece.len;
+        let last = |len: usize| Piece {
+            start: end - len,
+            len,
+            ..*piece
+        };
+        let mut short = None;
         let tail = match tail {
             Some((chunks, bt)) if piece.len > chunks * bt => {
-                let len = chunks * bt;
-                let end = piece.start + piece.len;
-                let rows = Piece {
-                    start: end - len,
-                    len,
-                    ..*piece
-                };
-                let run = spec.run_over(gpu, t, &rows, &h0)?;
+                let run = spec.run_over(gpu, t, &last(chunks * bt), &h0)?;
+                if chunks > SHORT_TAIL_CHUNKS {
+                    short = Some(spec.run_over(gpu, t, &last(SHORT_TAIL_CHUNKS * bt), &h0)?);
+                }
                 // the sequence as the policy sees it starts a whole number of chunks before the
                 // end, so that the chunks it bounds are the piece's last ones
                 let seq0 = end - piece.len / bt * bt;
@@ -739,7 +791,8 @@ impl ForwardSummary {
             full,
             spec,
             tail,
-            used_tail: false,
+            short,
+            sent: None,
         })
     }
 
@@ -758,15 +811,23 @@ impl ForwardSummary {
         }
     }
 
-    /// Reads the bound check's verdict (waiting for it), then queues the tail's summary run
-    /// where every head's warm-up fits the tail, else the whole piece's.
+    /// Reads the bound check's verdict (waiting for it), then queues the shortest tail's
+    /// summary run the bound allows, else the whole piece's.
     fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<()> {
-        self.used_tail = match &self.tail {
-            Some((_, c)) => c.policy.warm.to_array::<i64>(gpu)?.iter().all(|&w| w >= 0),
-            None => false,
+        let lens: &[usize] = match (&self.tail, &self.short) {
+            (Some((_, c)), Some(_)) => &[SHORT_TAIL_CHUNKS, c.chunks],
+            (Some((_, c)), None) => std::slice::from_ref(&c.chunks),
+            _ => &[],
         };
-        if let (Some((run, _)), true) = (&mut self.tail, self.used_tail) {
-            return run.run(gpu, t, &self.h0);
+        let allowed = match &self.tail {
+            Some((_, c)) => c.allowed(gpu, self.spec.dims.hv, lens)?,
+            None => None,
+        };
+        self.sent = Some(allowed.map_or(SentSummary::Whole, SentSummary::Tail));
+        match (allowed, &mut self.tail, &mut self.short) {
+            (Some(SHORT_TAIL_CHUNKS), _, Some(short)) => return short.run(gpu, t, &self.h0),
+            (Some(_), Some((run, _)), _) => return run.run(gpu, t, &self.h0),
+            _ => {}
         }
         if self.full.is_none() {
             self.full = Some(self.spec.run_over(gpu, t, &self.spec.piece, &self.h0)?);
@@ -779,10 +840,14 @@ impl ForwardSummary {
 
     /// The slot the last run filled.
     fn sent(&self) -> Option<&DeviceTensor> {
-        match (&self.tail, self.used_tail) {
-            (Some((run, _)), true) => run.out.final_state.as_ref(),
-            _ => self.full.as_ref().and_then(|f| f.out.final_state.as_ref()),
-        }
+        let run = match self.sent {
+            Some(SentSummary::Tail(SHORT_TAIL_CHUNKS)) if self.short.is_some() => {
+                self.short.as_ref()
+            }
+            Some(SentSummary::Tail(_)) => self.tail.as_ref().map(|(run, _)| run),
+            _ => self.full.as_ref(),
+        };
+        run.and_then(|r| r.out.final_state.as_ref())
     }
 }
 
@@ -981,12 +1046,12 @@ impl<'g> CpFwdPlan<'g> {
         Ok(self)
     }
 
-    /// Per local rank: whether its last run sent its tail's summary (`Some(true)`) or the
-    /// whole continuing piece's (`Some(false)`); `None` for a rank that sends none.
-    pub fn tail_summaries(&self) -> Vec<Option<bool>> {
+    /// Per local rank: the summary its last run sent (`None` for a rank that sends none, or
+    /// before the first run).
+    pub fn tail_summaries(&self) -> Vec<Option<SentSummary>> {
         self.ranks
             .iter()
-            .map(|r| r.summary.as_ref().map(|s| s.used_tail))
+            .map(|r| r.summary.as_ref().and_then(|s| s.sent))
             .collect()
     }
 

@@ -340,7 +340,7 @@ const WALK_THREADS: u32 = 128;
 const MAX_WARMUP_CHUNKS: usize = 64;
 
 /// `ln 2^-30`: the truncation error the warm-ups allow, relative to the state's norm.
-const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
+pub(crate) const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
 
 /// Pieces per sequence for a launch of `heads · blocks` CTAs per piece (value heads × column
 /// blocks) with `resident` CTAs on the GPU at once (multiprocessors × resident blocks each),

@@ -27,7 +27,9 @@
 //! kernels see the same inputs). The other ranks' outputs at that size have no check here.
 
 use super::forward::Set;
-use attn_gpu::cp::{CpFwdPlan, CpGroup, CpPhaseTimes, Partition, DEFAULT_MIN_PIECE_CHUNKS};
+use attn_gpu::cp::{
+    CpFwdPlan, CpGroup, CpPhaseTimes, Partition, SentSummary, DEFAULT_MIN_PIECE_CHUNKS,
+};
 use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
@@ -173,7 +175,7 @@ fn bytes(case: &CpCase) -> usize {
 struct CpTiming {
     ms: f64,
     phases: CpPhaseTimes,
-    tails: Vec<Option<bool>>,
+    tails: Vec<Option<SentSummary>>,
     first_vs_one: Option<f64>,
 }
 
@@ -376,12 +378,12 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 tails,
                 first_vs_one,
             } = time_cp(group, &part, case, iters, case.min_ranks > 1)?;
-            let tails: Vec<&str> = tails
+            let tails: Vec<String> = tails
                 .iter()
                 .map(|t| match t {
-                    Some(true) => "tail",
-                    Some(false) => "whole",
-                    None => "-",
+                    Some(SentSummary::Tail(n)) => format!("tail {n}"),
+                    Some(SentSummary::Whole) => "whole".into(),
+                    None => "-".into(),
                 })
                 .collect();
             let mem = group
