@@ -285,6 +285,7 @@ __device__ void intra_rows(const IntraArgs& a, Sm& sm, const IntraChunk& c) {
             const int nv = (int)(a.K / N);
 #pragma unroll
             for (int u0 = 0; u0 < MAXV; u0 += B) {
+                if (4 * u0 >= nv) break;  // a batch past K (K 128: the second) adds only 0 x 0
                 Vec<T, N> vq[B], vk[B];
 #pragma unroll
                 for (int u = 0; u < B; ++u) {
@@ -758,6 +759,51 @@ __device__ void intra_store_lean(const IntraArgs& a, const IntraChunk& c, float 
     for (int r = threadIdx.x; r < c.nc; r += INTRA_THREADS) reinterpret_cast<float*>(a.gout)[(c.row0 + r) * a.HV + c.hv] = gs[r];
 }
 
+// FAST pass 1: the w operand of the loaded key tile, x_r = β_r k_r . exp2(G_r) rounded to T (rows
+// < n_c, columns < K: K % 8 == 0 keeps a pair whole), written into w's own rows (row stride HV K),
+// so that pass 2 reads it back instead of loading q, k, g and recomputing the gate and cumsum
+// (S10: that second load was 14% of the kernel's samples). Thread: columns d, d + 1 of rows
+// 8 warp .. 8 warp + 7, the values pass 2 formed before. (Folding it into intra_store_tile,
+// whose qg factor is the same exp2(G_r), spilled 104 bytes.)
+template <typename T>
+__device__ __forceinline__ void intra_w_operand(const IntraArgs& a, const IntraChunk& c, int k0, T (*k)[IM_P], const float (*G)[IM_GP], const float* beta) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = 2 * lane;
+    if (k0 + d >= a.K) return;
+    T* wp = reinterpret_cast<T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0 + d;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = 8 * warp + i;
+        if (r >= c.nc) break;
+        float kv[2], v[2];
+        load2(&k[r][d], kv);
+        const Vec<float, 2> g = *reinterpret_cast<const Vec<float, 2>*>(&G[r][d]);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) v[e] = beta[r] * kv[e] * ex2_ftz(g.v[e]);
+        *reinterpret_cast<unsigned*>(wp + r * a.HV * a.K) = cvt2<T>(v[0], v[1]);
+    }
+}
+
+// FAST pass 2: the w operand of key tile k0 back from w's rows into x (rows >= n_c and columns
+// >= K zero), in 16-byte pieces (K % 8 == 0).
+template <typename T>
+__device__ __forceinline__ void intra_w_operand_load(const IntraArgs& a, const IntraChunk& c, int k0, T (*x)[IM_P]) {
+    constexpr int N = VMax<T>::N, VPR = IM_KT / N, NV = INTRA_BT * VPR / INTRA_THREADS;
+    const T* wp = reinterpret_cast<const T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
+    Vec<T, N> vv[NV];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+        const int i = threadIdx.x + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
+        const bool ok = r < c.nc && k0 + e0 < a.K;
+        vv[u] = ok ? *reinterpret_cast<const Vec<T, N>*>(wp + r * a.HV * a.K + e0) : Vec<T, N>{};
+    }
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+        const int i = threadIdx.x + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
+#pragma unroll
+        for (int e = 0; e < N; ++e) x[r][e0 + e] = vv[u].v[e];
+    }
+}
+
 // Pass 1's factored operands of the loaded key tile, rows >= n_c selected to 0 (never 0 .
 // exp2(.)). Thread: columns d, d + 1 (d = 2 lane) of rows r0 .. r0 + 7 of block b = warp / 2
 // (m = 16 b, r0 = m or m + 8), so that q_r, k_r, G_r of its rows are read by it alone:
@@ -904,6 +950,13 @@ __device__ void intra_mma(const IntraArgs& a) {
 
     for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
         load(k0);
+        if (FAST) {
+            // while q, k and G are whole (the factors overwrite them): the w operand and the
+            // tile's kg, qg, G, lam (pass 2 then loads nothing but the operand)
+            if (a.w != 0) intra_w_operand<T>(a, c, k0, p1.k, sm.G, sm.beta);
+            intra_store_tile<T, float, IM_KT, IM_P, T, float, IM_GP, FAST>(a, c, k0, p1.q, p1.k, sm.G);
+            __syncthreads();
+        }
         if (!SCALAR) intra_mma_factors<T>(p1, sm.G, nc, safe);  // ends with a barrier
         // tensor cores: the off-diagonal blocks (warps 0-5; the raw q, k with a scalar gate,
         // whose factor is applied in fp32 afterwards), and with diag_mma the diagonal blocks
@@ -993,8 +1046,19 @@ __device__ void intra_mma(const IntraArgs& a) {
     }
     __syncthreads();  // xa visible; A, L, X no longer read
 
-    // pass 2, per key tile: w = Akk (β k . exp2(G)); kg, qg, G, lam
+    // pass 2, per key tile: w = Akk (β k . exp2(G)); kg, qg, G, lam (FAST: the operand written
+    // in pass 1 read back; kg, qg, G, lam were stored there)
     for (int k0 = 0; k0 < a.K; k0 += IM_KT) {
+        if (FAST) {
+            if (a.w != 0) {
+                intra_w_operand_load<T>(a, c, k0, x);
+                __syncthreads();
+                T* wp = reinterpret_cast<T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
+                intra_akk_product<T>(xa, xl, x, nc, wp, a.HV * a.K, (int)min((i64)IM_KT, a.K - k0), true);
+                __syncthreads();
+            }
+            continue;
+        }
         load(k0);
         {
             // thread: columns d, d + 1 of rows 8 warp .. 8 warp + 7

@@ -221,6 +221,7 @@ fn table(per_key: bool) -> Vec<(String, Case)> {
         (64, 128),
         (100, 60),
         (128, 200),
+        (200, 72),
     ] {
         add(&format!("K {k} V {v}"), &|c| {
             c.draw.k = k;
