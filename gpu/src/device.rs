@@ -164,6 +164,12 @@ impl Gpu {
             .side
             .get()
             .ok_or_else(|| GpuError::Unavailable("a second stream".into()))?;
+        // the side stream waits for its kernels exactly when this one does: a fork starts
+        // checked, and a checked side stream blocked the host after each of its launches even
+        // in an unchecked (queued) run: the warm-up policy's two launches waited for everything
+        // queued before them, and the intra stage was queued only after they had run (S10: the
+        // automatic split cost ~60 µs over the serial path where it split nothing)
+        side.set_checked(self.is_checked());
         let join =
             |a: &CudaStream, b: &CudaStream| a.join(b).map_err(GpuError::driver("stream ordering"));
         join(&side.stream, &self.stream)?;

@@ -812,22 +812,28 @@ fn auto_split(gpu: &Gpu, per_key: bool) {
                 .with_split(gpu, None)
                 .unwrap();
             assert!(!serial.splits());
-            let go = |p: &DeltaFwdPlan| {
-                let mut ws = p.alloc_workspace(gpu).unwrap();
-                let mut out = p.alloc_outputs(gpu).unwrap();
-                poison(gpu, &mut out);
-                p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
-                let warm = p.chosen_warmups(gpu, &ws).unwrap();
-                let verdict = p.chosen_split(gpu, &ws).unwrap();
+            let go = |p: &DeltaFwdPlan, g: &Gpu| {
+                let mut ws = p.alloc_workspace(g).unwrap();
+                let mut out = p.alloc_outputs(g).unwrap();
+                poison(g, &mut out);
+                p.run(g, &dev.tensors(), &mut ws, &mut out).unwrap();
+                let warm = p.chosen_warmups(g, &ws).unwrap();
+                let verdict = p.chosen_split(g, &ws).unwrap();
                 let got = Got {
-                    o: download(gpu, &out.o),
-                    fin: out.final_state.as_ref().map(|t| download(gpu, t)),
+                    o: download(g, &out.o),
+                    fin: out.final_state.as_ref().map(|t| download(g, t)),
                 };
                 (got, warm, verdict)
             };
-            let (a, warm, verdict) = go(&split);
-            let (b, _, _) = go(&split);
-            let (s, none, no_verdict) = go(&serial);
+            let (a, warm, verdict) = go(&split, gpu);
+            // the same run queued on a stream of its own, unchecked (as a benchmark or a
+            // captured graph runs it): the policy really runs beside the intra stage and the
+            // serial fallback beside the split launch; bit-identical all the same
+            gpu.synchronize().unwrap();
+            let queued = gpu.fork().unwrap();
+            queued.set_checked(false);
+            let (b, _, _) = go(&split, &queued);
+            let (s, none, no_verdict) = go(&serial, gpu);
             assert!(none.is_none(), "{what}: no warm-ups without a split");
             assert!(no_verdict.is_none(), "{what}: no verdict without a split");
             let wide = split.split_choice().unwrap().bv > split.fused_choice().unwrap().bv;
