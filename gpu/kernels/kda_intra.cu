@@ -917,6 +917,13 @@ __device__ void intra_mma(const IntraArgs& a) {
                              float (&l0)[4], float (&l1)[4]) {
         T (*qa)[IM_P] = SCALAR ? p1.q : p1.qe;
         T (*ka)[IM_P] = SCALAR ? p1.k : p1.ke;
+        // one operand pair's products: Aqk columns += x y, L columns += xk y
+        auto quad = [&](const unsigned (&x)[4], const unsigned (&xk)[4], const unsigned (&y0)[2], const unsigned (&y1)[2]) {
+            Mma<T>::run(a0, x, y0);
+            Mma<T>::run(a1, x, y1);
+            Mma<T>::run(l0, xk, y0);
+            Mma<T>::run(l1, xk, y1);
+        };
 #pragma unroll
         for (int ks = 0; ks < IM_KT / 16; ++ks) {
             const int ar = ar0 + (lane & 15), ac = ks * 16 + (lane >> 4) * 8;
@@ -926,24 +933,15 @@ __device__ void intra_mma(const IntraArgs& a) {
             ldsm_x4(kef, smem_u32(&ka[ar][ac]));
             ldsm_x4(bf, smem_u32(&bh[br][bc]));
             const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-            Mma<T>::run(a0, qf, b0);
-            Mma<T>::run(a1, qf, b1);
-            Mma<T>::run(l0, kef, b0);
-            Mma<T>::run(l1, kef, b1);
+            quad(qf, kef, b0, b1);  // hi . hi
             if (!SCALAR) {
                 unsigned ql[4], kl[4], blf[4];
                 ldsm_x4(ql, smem_u32(&p1.qel[ar][ac]));
                 ldsm_x4(kl, smem_u32(&p1.kel[ar][ac]));
                 ldsm_x4(blf, smem_u32(&bl[br][bc]));
                 const unsigned c0[2] = {blf[0], blf[1]}, c1[2] = {blf[2], blf[3]};
-                Mma<T>::run(a0, qf, c0);
-                Mma<T>::run(a1, qf, c1);
-                Mma<T>::run(l0, kef, c0);
-                Mma<T>::run(l1, kef, c1);
-                Mma<T>::run(a0, ql, b0);
-                Mma<T>::run(a1, ql, b1);
-                Mma<T>::run(l0, kl, b0);
-                Mma<T>::run(l1, kl, b1);
+                quad(qf, kef, c0, c1);  // hi . lo
+                quad(ql, kl, b0, b1);   // lo . hi
             }
         }
     };
