@@ -168,3 +168,24 @@ template <typename Acc> __device__ __forceinline__ Acc warp_sum(Acc v) {
 
 // Widest vector of T in one 16-byte access.
 template <typename T> struct VMax { static constexpr int N = 16 / sizeof(T); };
+
+// Shared-memory addresses and asynchronous copies global -> shared (cp.async, sm_80+).
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+// 16 bytes global -> shared address `dst`; `bytes` (0 or 16) of them read, the rest zero-filled.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most P cp.async groups are pending.
+template <int P> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory");
+}

@@ -16,7 +16,12 @@
 // key, each lane NV vectors of W elements (16 bytes) of a key row, so a key row is read as whole
 // 16-byte pieces. Each warp walks its keys U at a time with its own online softmax per lane
 // group (running max m, sum l, accumulator acc); the groups are merged by shuffles, the warps
-// through shared memory. Rows are taken RB at a time (several passes when R > RB).
+// through shared memory. The pieces travel by cp.async through a per-thread ring in shared
+// memory, STAGES - 1 steps ahead of the step being computed, so a warp keeps its next
+// loads in flight while it computes (a read-bound kernel lives on the bytes in flight; loads
+// into registers stalled every step on their own latency). Pieces narrower than 16 bytes (a
+// head dim that is not a multiple of 16 bytes) load into registers step by step. Rows are taken
+// RB at a time (several passes when R > RB).
 //
 // Combine: a row with one valid split (n <= chunk) is written directly by split 0. Otherwise
 // every split writes its normalised partial (o_s, lse_s) to the scratch `part_o`, `part_lse`;
@@ -33,6 +38,13 @@
 #ifndef DECODE_U
 #define DECODE_U 4
 #endif
+// The least rows per pass RB whose kernels use the ring (below: loads into registers; S11: the
+// ring lost 5-10% on the 1-row kernels of HBM-bound rows, and won 7-10% at 4 rows).
+#ifndef DECODE_RING_ROWS
+#define DECODE_RING_ROWS 4
+#endif
+// Ring slots: 3 (2 steps queued while one computes), 2 when a slot exceeds 16 KB (D 256, fp64).
+#define DECODE_RING_SLOT_MAX 16384
 #define DECODE_WARPS 4
 #define DECODE_THREADS (DECODE_WARPS * 32)
 // The most splits per row (the host keeps nsplit at or below it; the combine keeps one weight
@@ -163,6 +175,58 @@ __device__ __forceinline__ void decode_load(const DecodeArgs& a, i64 j0, i64 end
     }
 }
 
+// The asynchronous form of decode_load for 16-byte pieces: queues the same pieces of keys
+// j0 + u * KPW + grp into this thread's slot of the ring (zero-filled past `end` and past D),
+// piece c of the slot at ring + (c * DECODE_THREADS + tid) * 16 bytes (K pieces c = u * NV + v,
+// V pieces U * NV + u * NV + v: a warp's 16-byte accesses are consecutive, free of bank
+// conflicts). Each thread later reads back only what it queued itself, so the ring needs no
+// barrier, only cp.async.wait_group. Fresh keys (fused step) are also copied into the caches.
+template <typename T, int W, int U, int NV, int LK, int KPW>
+__device__ __forceinline__ void decode_issue(const DecodeArgs& a, i64 j0, i64 end, i64 n_old, i64 cache_off,
+                                             i64 new_off, int grp, int sub, unsigned slot) {
+    const i64 new_stride = a.h_kv * a.d;
+    const unsigned tid16 = threadIdx.x * 16u;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const i64 j = j0 + u * KPW + grp;
+        const bool fresh = j >= n_old;
+        const T* ks = fresh ? reinterpret_cast<const T*>(a.k_new) + new_off + (j - n_old) * new_stride
+                            : reinterpret_cast<const T*>(a.k_cache) + cache_off + j * a.stride_s;
+        const T* vs = fresh ? reinterpret_cast<const T*>(a.v_new) + new_off + (j - n_old) * new_stride
+                            : reinterpret_cast<const T*>(a.v_cache) + cache_off + j * a.stride_s;
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+            const int p = v * LK + sub;
+            const bool in = j < end && p * W < a.d;
+            const unsigned kd = slot + (unsigned)((u * NV + v) * DECODE_THREADS) * 16u + tid16;
+            const unsigned vd = kd + (unsigned)(U * NV * DECODE_THREADS) * 16u;
+            // past the end: nothing read (a valid address, 0 source bytes), 16 zero bytes written
+            cp_async16(kd, in ? ks + p * W : reinterpret_cast<const T*>(a.k_cache), in ? 16 : 0);
+            cp_async16(vd, in ? vs + p * W : reinterpret_cast<const T*>(a.v_cache), in ? 16 : 0);
+            if (in && fresh) {
+                T* kw = reinterpret_cast<T*>(a.k_cache) + cache_off + j * a.stride_s + p * W;
+                T* vw = reinterpret_cast<T*>(a.v_cache) + cache_off + j * a.stride_s + p * W;
+                *reinterpret_cast<Vec<T, W>*>(kw) = *reinterpret_cast<const Vec<T, W>*>(ks + p * W);
+                *reinterpret_cast<Vec<T, W>*>(vw) = *reinterpret_cast<const Vec<T, W>*>(vs + p * W);
+            }
+        }
+    }
+}
+
+// Reads back this thread's pieces of a ring slot (see decode_issue).
+template <typename T, int W, int U, int NV>
+__device__ __forceinline__ void decode_take(const unsigned char* slot, Vec<T, W> (&kr)[U][NV], Vec<T, W> (&vr)[U][NV]) {
+    const unsigned char* base = slot + threadIdx.x * 16u;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+            kr[u][v] = *reinterpret_cast<const Vec<T, W>*>(base + (u * NV + v) * DECODE_THREADS * 16);
+            vr[u][v] = *reinterpret_cast<const Vec<T, W>*>(base + ((U + u) * NV + v) * DECODE_THREADS * 16);
+        }
+    }
+}
+
 // Loads this lane's features of query rows r0 .. r0 + RB (scaled to log2 units; zeros past the
 // last row). Needs no length: issued before the lengths arrive.
 template <typename T, int W, int RB, int NV, int LK, int NE>
@@ -207,6 +271,14 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     __shared__ Acc sm_w[DECODE_MAX_SPLITS];
     __shared__ Acc sm_red[DECODE_WARPS];
     __shared__ int sm_last;
+    // the ring of 16-byte pieces (dynamic shared memory: STAGES slots of 2 U NV pieces per
+    // thread; `attention_kernel` on the host); narrower pieces (W = 1) load into registers
+    constexpr bool RING = sizeof(Vec<T, W>) == 16 && RB >= DECODE_RING_ROWS;
+    constexpr unsigned slot_bytes = 2u * U * NV * DECODE_THREADS * 16u;
+    constexpr int STAGES = slot_bytes <= DECODE_RING_SLOT_MAX ? 3 : 2;
+    extern __shared__ __align__(16) unsigned char decode_ring[];
+    const unsigned char* ring_ptr = decode_ring;
+    const unsigned ring = smem_u32(decode_ring);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int grp = lane / LK, sub = lane % LK;
@@ -256,9 +328,31 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
                 lim[rr] = min(end, vis);
             }
         }
-        for (i64 j0 = begin + warp * (KPW * U); j0 < end; j0 += DECODE_WARPS * KPW * U) {
+        const i64 step = DECODE_WARPS * KPW * U, first = begin + warp * (KPW * U);
+        // ring: STAGES - 1 steps queued ahead of the one computed
+        i64 jq = first;
+        if constexpr (RING) {
+#pragma unroll
+            for (int st = 0; st + 1 < STAGES; ++st, jq += step) {
+                if (jq < end) decode_issue<T, W, U, NV, LK, KPW>(a, jq, end, n_old, cache_off, new_off, grp, sub, ring + st * slot_bytes);
+                cp_async_commit();
+            }
+        }
+        int slot = 0;
+        for (i64 j0 = first; j0 < end; j0 += step) {
             Vec<T, W> kr[U][NV], vr[U][NV];
-            decode_load<T, W, U, NV, LK, KPW>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
+            if constexpr (RING) {
+                // the slot computed last step takes the step STAGES - 1 ahead of this one
+                const int back = slot == 0 ? STAGES - 1 : slot - 1;
+                if (jq < end) decode_issue<T, W, U, NV, LK, KPW>(a, jq, end, n_old, cache_off, new_off, grp, sub, ring + back * slot_bytes);
+                cp_async_commit();
+                jq += step;
+                cp_async_wait<STAGES - 1>();
+                decode_take<T, W, U, NV>(ring_ptr + slot * slot_bytes, kr, vr);
+                slot = slot + 1 == STAGES ? 0 : slot + 1;
+            } else {
+                decode_load<T, W, U, NV, LK, KPW>(a, j0, end, n_old, cache_off, new_off, grp, sub, kr, vr);
+            }
             Acc sc[U][RB];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -326,6 +420,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
                 }
             }
         }
+        if constexpr (RING) cp_async_wait_all(); // the queued steps past the end are empty groups
         // merge the lane groups of the warp (keys interleaved by group)
 #pragma unroll
         for (int off = LK; off < 32; off <<= 1) {

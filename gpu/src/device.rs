@@ -239,6 +239,9 @@ impl Gpu {
         if let Some(r) = knobs::tile_rows().filter(|&r| r > 0) {
             opts.push(format!("-DATTN_TILE_RP={r}"));
         }
+        if let Some(r) = knobs::decode_ring_rows() {
+            opts.push(format!("-DDECODE_RING_ROWS={r}"));
+        }
         opts.extend(knobs::nvrtc_opts());
         opts
     }
@@ -332,8 +335,17 @@ impl Gpu {
         params: &P,
     ) -> GpuResult<()> {
         let f = self.function(module, kernel)?;
-        if smem > 48 * 1024 {
-            // beyond the default 48 KiB a kernel must opt in (up to the device's limit)
+        let fixed = if smem > 0 {
+            let bytes = f.shared_size_bytes().map_err(GpuError::driver(format!(
+                "static shared memory of `{kernel}`"
+            )))?;
+            u32::try_from(bytes).unwrap_or(0)
+        } else {
+            0
+        };
+        if smem.saturating_add(fixed) > 48 * 1024 {
+            // beyond the default 48 KiB (static and dynamic together) a kernel must opt in to
+            // its dynamic part (up to the device's limit)
             f.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,

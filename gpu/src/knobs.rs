@@ -65,3 +65,9 @@ pub(crate) fn decode_chunk() -> Option<usize> {
 pub(crate) fn decode_blocks_per_sm() -> Option<usize> {
     knob("ATTN_DECODE_BLOCKS_PER_SM", |c| c > 0)
 }
+
+/// `$ATTN_DECODE_RING_ROWS`: the least rows per pass whose decode kernels load through the
+/// cp.async ring, 1..=16 (16: none; passed to NVRTC too).
+pub(crate) fn decode_ring_rows() -> Option<usize> {
+    knob("ATTN_DECODE_RING_ROWS", |r| (1..=16).contains(&r))
+}

@@ -270,6 +270,9 @@ mod decode {
         // one full row of 4096 keys over 8 KV heads spreads over the GPU; short rows stay whole
         let (n, chunk) = split_plan(132, 8, 4096);
         assert!(n >= 8 && chunk == 128, "({n}, {chunk})");
+        // a full serving cache (64 rows x 8 KV heads x 32768 keys) runs as short blocks
+        let (n, chunk) = split_plan(132, 512, 32768);
+        assert!(chunk <= 2048 && n * chunk >= 32768, "({n}, {chunk})");
     }
 
     pub fn device_flag_words_name_the_argument() {

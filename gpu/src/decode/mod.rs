@@ -29,6 +29,7 @@ pub use workspace::{flag_error, split_plan, DecodeFlag, DecodeWorkspace, MAX_SPL
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
+use crate::knobs;
 use crate::params::tag;
 use crate::tensor::DeviceTensor;
 use args::{DecodeArgs, UpdateArgs};
@@ -163,9 +164,22 @@ pub fn kv_cache_update(
     )
 }
 
-/// The attention kernel for `shape`: padded head dim, elements per load, rows per pass.
-fn attention_kernel(shape: &DecodeShape) -> String {
-    let width = 16 / shape.dtype.size_bytes();
+/// Threads of a `decode_attention` block (`DECODE_THREADS`).
+const DECODE_THREADS: usize = 128;
+/// The least rows per pass whose kernels use the cp.async ring (`DECODE_RING_ROWS` of
+/// `decode_attention.cu`; the knob passes the same value to NVRTC).
+const DECODE_RING_ROWS: usize = 4;
+/// A ring slot's bytes above which the ring has 2 slots instead of 3 (`DECODE_RING_SLOT_MAX`).
+const DECODE_RING_SLOT_MAX: usize = 16384;
+
+/// The attention kernel for `shape` (padded head dim `DP`, elements per load `W`, rows per pass
+/// `RB`) and its dynamic shared memory: the cp.async ring of 3 slots (2 above
+/// `DECODE_RING_SLOT_MAX`), each `2 U NV` 16-byte pieces per thread (`U` keys per lane group per
+/// step: 2 at 8 rows, else 4; `NV` pieces per lane: `DP / W` pieces a key over at most 32
+/// lanes); none for pieces narrower than 16 bytes or fewer rows than `DECODE_RING_ROWS`.
+fn attention_kernel(shape: &DecodeShape) -> (String, u32) {
+    let esize = shape.dtype.size_bytes();
+    let width = 16 / esize;
     let (dp, w) = match shape.d {
         d if d % width != 0 => (256, 1),
         d if d <= 64 => (64, width),
@@ -179,7 +193,18 @@ fn attention_kernel(shape: &DecodeShape) -> String {
         .into_iter()
         .find(|&r| r >= rows.min(most))
         .unwrap_or(most);
-    format!("decode_attention_{}_d{dp}_w{w}_r{rb}", tag(shape.dtype))
+    let ring_rows = knobs::decode_ring_rows().unwrap_or(DECODE_RING_ROWS);
+    let ring = if w * esize == 16 && rb >= ring_rows {
+        let u = if rb >= 8 { 2 } else { 4 };
+        let pieces = dp / w;
+        let nv = pieces / pieces.min(32);
+        let slot = 2 * u * nv * DECODE_THREADS * 16;
+        slot * if slot <= DECODE_RING_SLOT_MAX { 3 } else { 2 }
+    } else {
+        0
+    };
+    let name = format!("decode_attention_{}_d{dp}_w{w}_r{rb}", tag(shape.dtype));
+    (name, ring as u32)
 }
 
 /// Checks that `q`, the caches, the rows and the outputs match the workspace's geometry.
@@ -289,12 +314,13 @@ fn launch_attention(
         scale_log2: scale * std::f64::consts::LOG2_E,
     };
     let grid = (nsplit as u32, shape.h_kv as u32, shape.b as u32);
+    let (kernel, ring) = attention_kernel(&shape);
     gpu.launch_3d(
         Module::DecodeAttention,
-        &attention_kernel(&shape),
+        &kernel,
         grid,
-        128,
-        0,
+        DECODE_THREADS as u32,
+        ring,
         &args,
     )
 }

@@ -14,8 +14,12 @@ const CHUNK_UNIT: usize = 128;
 /// The most splits of one row (`DECODE_MAX_SPLITS` of decode_attention.cu).
 pub const MAX_SPLITS: usize = 1024;
 /// Blocks per multiprocessor a full-length launch aims for: enough splits that long rows
-/// spread over the whole GPU (8 measured best of 4, 8, 16, 32 on the H100: NOTES.md, run D3).
-const BLOCKS_PER_SM: usize = 8;
+/// spread over the whole GPU (with the cp.async ring, 16 measured best of 8, 12, 16, 24, 32 on
+/// the H100 over the serving rows: NOTES.md, S11-3; 8 before the ring, run D3).
+const BLOCKS_PER_SM: usize = 16;
+/// The most keys of one split: long rows then run as many short blocks, which balance over
+/// the multiprocessors (S11-3: the full serving cache of 32768 keys 2.969 -> 2.926 ms).
+const CHUNK_MAX: usize = 2048;
 
 /// The device-side error word of the decode kernels: bit 1 a `cache_seqlens` value out of
 /// range (negative, or past `S` with the new tokens), bit 2 a `cache_batch_idx` value outside
@@ -85,7 +89,8 @@ pub fn flag_error(word: u32) -> Option<Error> {
 /// Splits of the key range: `(nsplit, chunk)` with `nsplit * chunk >= S`, from `S`, the
 /// number of (row, KV head) pairs and the device only (never from the lengths): about
 /// `BLOCKS_PER_SM` blocks per multiprocessor when every row is full, chunks of a multiple of
-/// 128 keys, at most [`MAX_SPLITS`]. Tuning knobs: `$ATTN_DECODE_CHUNK` sets the chunk,
+/// 128 keys and at most `CHUNK_MAX` (unless `S` needs more for [`MAX_SPLITS`]), at most
+/// [`MAX_SPLITS`] splits. Tuning knobs: `$ATTN_DECODE_CHUNK` sets the chunk,
 /// `$ATTN_DECODE_BLOCKS_PER_SM` the blocks per multiprocessor aimed for.
 pub fn split_plan(sm_count: usize, pairs: usize, s: usize) -> (usize, usize) {
     let floor = s.div_ceil(MAX_SPLITS).max(1);
@@ -98,6 +103,7 @@ pub fn split_plan(sm_count: usize, pairs: usize, s: usize) -> (usize, usize) {
                 .clamp(1, MAX_SPLITS);
             s.div_ceil(want)
                 .next_multiple_of(CHUNK_UNIT)
+                .min(CHUNK_MAX)
                 .max(floor.next_multiple_of(CHUNK_UNIT))
         }
     };
