@@ -13,12 +13,14 @@
 //! The context-parallel ops take a group and the inputs of its *local* ranks (all of them in the
 //! first form, one in the second); the code is the same.
 //!
-//! Failure: before a collective every local rank's stream is synchronised, so an error on one
-//! GPU (of this process) is reported before any rank enters the collective. A collective that
-//! does not complete within [`CpGroup::timeout`] (a peer process failed or hung) aborts every
-//! communicator of the group (`ncclCommAbort`, which ends the waiting NCCL kernels) and returns
-//! [`GpuError::Collective`]; the group is then unusable and later calls return that error at
-//! once.
+//! Failure: a collective is only queued (behind the work already queued on each rank's stream,
+//! ahead of the work queued after it), so the ranks' GPUs run an op's phases back to back with
+//! no host wait between them; every wait on the group is [`CpGroup::synchronize`], which polls
+//! all local ranks at once. An error on one rank (its GPU faulted: the peers' collective then
+//! never completes) or work not complete within [`CpGroup::timeout`] (a peer process failed or
+//! hung) aborts every communicator of the group (`ncclCommAbort`, which ends the waiting NCCL
+//! kernels) and returns [`GpuError::Collective`] naming the rank; the group is then unusable and
+//! later collectives return that error at once. No rank waits forever.
 
 use crate::device::Gpu;
 use crate::error::{GpuError, GpuResult};
@@ -35,13 +37,18 @@ use std::time::{Duration, Instant};
 /// the exchange phase (S10-6: 0.6 ms at 4 ranks).
 const SPIN: Duration = Duration::from_millis(2);
 
+/// The longest sleep between polls.
+const NAP_MAX: Duration = Duration::from_millis(1);
+
 /// One pause between polls of a wait that began at `start`: a yield of the thread for the
-/// first [`SPIN`], then sleeps of 200 µs (a hung peer does not hold a core for the timeout).
+/// first [`SPIN`], then a sleep of 1% of the time waited so far (at most [`NAP_MAX`]): a wait
+/// overshoots its work by about 1%, and a hung peer does not hold a core for the timeout.
 fn pause(start: Instant) {
-    if start.elapsed() < SPIN {
+    let waited = start.elapsed();
+    if waited < SPIN {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep((waited / 100).min(NAP_MAX));
     }
 }
 
@@ -272,20 +279,62 @@ impl CpGroup {
         self.timeout = timeout;
     }
 
-    /// Waits for every local rank's queued work, reporting the first failure (with its rank).
+    /// Waits for every local rank's queued work (collectives included), polling all ranks at
+    /// once: the first rank whose work fails, or the timeout, aborts the group (module docs) and
+    /// is reported with its rank.
     pub fn synchronize(&self) -> GpuResult<()> {
-        for l in &self.local {
-            l.gpu.synchronize().map_err(|e| GpuError::Collective {
-                context: format!("rank {}", l.rank),
-                detail: e.to_string(),
-            })?;
+        let events = self
+            .local
+            .iter()
+            .map(|l| l.gpu.stream().record_event(None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(GpuError::driver("event at the group's synchronisation"))?;
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let mut done = vec![false; events.len()];
+        loop {
+            for ((l, e), d) in self.local.iter().zip(&events).zip(done.iter_mut()) {
+                if *d {
+                    continue;
+                }
+                match e.try_is_complete() {
+                    Ok(c) => *d = c,
+                    Err(err) => {
+                        self.abort();
+                        return Err(GpuError::Collective {
+                            context: format!("rank {}", l.rank),
+                            detail: format!("{err}; the group was aborted"),
+                        });
+                    }
+                }
+            }
+            if done.iter().all(|&d| d) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.abort();
+                let late = self
+                    .local
+                    .iter()
+                    .zip(&done)
+                    .filter(|(_, &d)| !d)
+                    .map(|(l, _)| l.rank)
+                    .collect::<Vec<_>>();
+                return Err(GpuError::Collective {
+                    context: format!("rank(s) {late:?}"),
+                    detail: format!(
+                        "not complete after {:?} (a peer failed or hung); the group was aborted",
+                        self.timeout
+                    ),
+                });
+            }
+            pause(start);
         }
-        Ok(())
     }
 
-    /// All-gather of `send[i]` (local rank `i`'s bytes) into `recv[i]` (`world` times the bytes
-    /// of one send, rank-major) on every local rank. Synchronises the ranks first (no rank
-    /// enters the collective after a failure), then waits up to [`CpGroup::timeout`].
+    /// Queues the all-gather of `send[i]` (local rank `i`'s bytes) into `recv[i]` (`world` times
+    /// the bytes of one send, rank-major) on every local rank's stream, after the work queued
+    /// there; [`CpGroup::synchronize`] waits for it (module docs).
     pub fn all_gather(&self, send: &[&DeviceTensor], recv: &mut [DeviceTensor]) -> GpuResult<()> {
         let n = self.local.len();
         if send.len() != n || recv.len() != n {
@@ -307,7 +356,6 @@ impl CpGroup {
                 .into());
             }
         }
-        self.synchronize()?;
         let guard = self.comms.borrow();
         let comms = guard.as_ref().ok_or_else(|| GpuError::Collective {
             context: "all-gather".into(),
@@ -329,45 +377,9 @@ impl CpGroup {
                 first_err.and(ended)
             });
             drop(guard);
-            if let Err(e) = queued.and_then(|_| self.wait_all("all-gather")) {
+            if let Err(e) = queued {
                 self.abort();
                 return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Polls every local stream until its work is done or the timeout passes.
-    fn wait_all(&self, what: &str) -> GpuResult<()> {
-        let events = self
-            .local
-            .iter()
-            .map(|l| l.gpu.stream().record_event(None))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(GpuError::driver(format!("event after the {what}")))?;
-        let start = Instant::now();
-        let deadline = start + self.timeout;
-        for (l, e) in self.local.iter().zip(&events) {
-            loop {
-                match e.try_is_complete() {
-                    Ok(true) => break,
-                    Ok(false) if Instant::now() < deadline => pause(start),
-                    Ok(false) => {
-                        return Err(GpuError::Collective {
-                            context: format!("{what} on rank {}", l.rank),
-                            detail: format!(
-                                "not complete after {:?} (a peer failed or hung); the group was aborted",
-                                self.timeout
-                            ),
-                        })
-                    }
-                    Err(err) => {
-                        return Err(GpuError::Collective {
-                            context: format!("{what} on rank {}", l.rank),
-                            detail: err.to_string(),
-                        })
-                    }
-                }
             }
         }
         Ok(())

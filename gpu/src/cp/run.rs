@@ -44,15 +44,18 @@
 //! rows into the summary buffers (device-to-device), launches the summaries, all-gathers,
 //! merges and queues the local ops: no allocation and no plan (but a rank's whole-piece summary,
 //! made by the first run whose tail bound fails), no host synchronisation but the tails'
-//! verdicts and the collective's own. [`cp_kda_fwd`],
-//! [`cp_gdn_fwd`] and [`cp_chunk_gated_delta_rule_fwd_h`] are a plan, new outputs and one run.
+//! verdicts: the all-gather is queued on each rank's stream behind its summary and ahead of its
+//! merge and local op, so the GPUs run the phases back to back. The caller waits with
+//! [`CpGroup::synchronize`] (timed: a failed or hung rank aborts the group, no rank waits
+//! forever). [`cp_kda_fwd`], [`cp_gdn_fwd`] and [`cp_chunk_gated_delta_rule_fwd_h`] are a plan,
+//! new outputs, one run and that wait.
 //!
 //! Not yet done: rank `r`'s summary beside its local op (on a second stream). Only a rank whose
-//! first piece starts its sequence (no merge) could start its local op before the all-gather,
-//! and [`CpGroup::all_gather`] synchronises the rank's stream first, so the local op would have
-//! to run on a stream joined only after the collective; it would then share the GPU with the
-//! summary the later ranks wait for, lengthening the critical path (summary, all-gather, local
-//! op of a rank with a merge) rather than shortening it.
+//! first piece starts its sequence (no merge) could start its local op before the all-gather;
+//! queued ahead of the collective on its stream it would hold the collective every rank waits
+//! for, and on a second stream it would share the GPU with the summary the later ranks wait for,
+//! lengthening the critical path (summary, all-gather, local op of a rank with a merge) rather
+//! than shortening it.
 
 use super::comm::CpGroup;
 use super::partition::{Partition, Piece};
@@ -1083,7 +1086,7 @@ impl<'g> CpFwdPlan<'g> {
     /// Queues the forward of `shards` (one per local rank, the shapes and dtypes the plan was
     /// made for) into `outs` ([`CpFwdPlan::alloc_outputs`]): every rank's call is checked first
     /// (typed errors naming the argument and rank, before any launch on any GPU); then the
-    /// summaries, the all-gather (which waits for them), the merges and the local ops.
+    /// summaries, the all-gather (queued behind them), the merges and the local ops.
     /// [`CpGroup::synchronize`] waits for the outputs.
     pub fn run(
         &mut self,
