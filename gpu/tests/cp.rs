@@ -15,8 +15,8 @@ mod common;
 
 use attn_gpu::cp::{
     cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd, gather_final_states, gather_tokens,
-    scatter_states, scatter_tokens, CpFwdHPlan, CpFwdPlan, CpGroup, Partition, SentSummary,
-    SHORT_TAIL_CHUNKS,
+    scatter_states, scatter_tokens, tail_levels, CpFwdHPlan, CpFwdPlan, CpGroup, Partition,
+    SentSummary, SHORT_TAIL_CHUNKS,
 };
 use attn_gpu::delta::{DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, FwdHPlan};
 use attn_gpu::{DeviceTensor, ForwardTensors, FwdHTensors, GpuError};
@@ -371,12 +371,11 @@ fn forward_case(
     assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
     if let (Some(c), Some(p)) = (tail, &plan) {
         // strong decay: a tail (GDN's scalar gates, ~-50 nats a chunk, the short one; KDA's
-        // least-decaying key may need the longer); long memory: the whole piece
+        // least-decaying key may need a longer one); long memory: the whole piece
+        let levels = tail_levels(c);
         let want = |sent: SentSummary| match regime {
             Regime::Strong if !per_key => Some(sent == SentSummary::Tail(SHORT_TAIL_CHUNKS)),
-            Regime::Strong => {
-                Some(matches!(sent, SentSummary::Tail(n) if n == SHORT_TAIL_CHUNKS || n == c))
-            }
+            Regime::Strong => Some(matches!(sent, SentSummary::Tail(n) if levels.contains(&n))),
             Regime::Long => Some(sent == SentSummary::Whole),
             _ => None,
         };

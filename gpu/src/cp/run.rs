@@ -28,9 +28,9 @@
 //! on the piece's end), the rank sends the tail's `[b_t | M_t]`, and the merge's
 //! `M_t X + b_t` differs from the exact `M_t S + b_t` (S: the state entering the tail) by at
 //! most `2^-30 (‖X‖ + ‖S‖)`: the split's own truncation. Under strong decay the summary then
-//! costs `c` chunks, not the shard, and leaves the critical path; a rank also holds the run over
-//! the last [`SHORT_TAIL_CHUNKS`] and sends that one where its bound suffices (the summary is a
-//! serial chain of its chunks). Otherwise (long memory, a slow head, fp32 / fp64) the whole
+//! costs `c` chunks, not the shard, and leaves the critical path; a rank holds runs over the
+//! last [`tail_levels`] chunks (4, 16, 32, `c`) and sends the shortest one its bound allows (the
+//! summary is a serial chain of its chunks). Otherwise (long memory, a slow head, fp32 / fp64) the whole
 //! piece's summary is sent. The check is one host read of the tail's `c · HV` bounds per rank
 //! per run.
 //!
@@ -573,15 +573,29 @@ impl Op {
     }
 }
 
-/// Chunks of a summary's tail by default ([`CpFwdPlan::with_tail_chunks`]): the split's
-/// `max_warmup_chunks`.
-pub const TAIL_CHUNKS: usize = 32;
+/// Chunks of a summary's tail by default ([`CpFwdPlan::with_tail_chunks`]): the most the
+/// bound's kernels take. S11-5: at 32 chunks a trained-like gate's slowest head failed the
+/// bound on one rank of four, whose whole-piece summary (a serial chain over its 4096 chunks)
+/// took 12 ms of a 24.5 ms run.
+pub const TAIL_CHUNKS: usize = 64;
 
 /// Chunks of the short tail a summary with a longer tail also holds: under strong decay the
 /// bound of one or two chunks already reaches `ln 2^-30` (S10-4: every strong-decay split row
 /// warmed up at most 1 chunk), and the summary run is a serial chain of its chunks (S10-6: the
 /// 32-chunk tails took 0.3 ms of a 2.9 ms run on 4 GPUs).
 pub const SHORT_TAIL_CHUNKS: usize = 4;
+
+/// The tails a summary of a tail of `chunks` chunks holds, shortest first: [`SHORT_TAIL_CHUNKS`],
+/// 16 and 32 where shorter than `chunks`, then `chunks` (a run costs its chunks in series, so
+/// each run sends the shortest tail the bound allows).
+pub fn tail_levels(chunks: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = [SHORT_TAIL_CHUNKS, 16, 32]
+        .into_iter()
+        .filter(|&n| n < chunks)
+        .collect();
+    v.push(chunks);
+    v
+}
 
 /// Which summary a rank sent in a [`CpFwdPlan`]'s last run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -724,13 +738,12 @@ struct SummarySpec {
 }
 
 /// The summary of a rank's continuing piece: the whole piece's run and, where the piece is
-/// longer than the tail, the tail's run with its bound check (and a run over the last
-/// [`SHORT_TAIL_CHUNKS`] where the tail is longer). When every value head's bound over a
-/// tail's chunks reaches `ln 2^-30` (§5.10), that tail's `[b | M]` is sent (the shortest that
-/// qualifies): the state entering the tail differs from the one the merge applies `M` to by a
-/// state of norm at most the tail's `‖M‖ ≤ 2^-30` times the states' norms, the split's own
-/// truncation; else the whole piece's. Decided per run (one host read of the tail's
-/// `chunks · HV` bounds per rank).
+/// longer than the tail, runs over the tail's last chunks at each of [`tail_levels`] with one
+/// bound check over the tail. The shortest tail whose chunks' bounds reach `ln 2^-30` for every
+/// value head (§5.10) is sent as `[b | M]`: the state entering that tail differs from the one the
+/// merge applies `M` to by a state of norm at most the tail's `‖M‖ ≤ 2^-30` times the states'
+/// norms, the split's own truncation; else the whole piece's. Decided per run (one host read of
+/// the tail's `chunks · HV` bounds per rank).
 #[derive(Debug)]
 struct ForwardSummary {
     /// `[0 | I]`: `[1, HV, K, V + K]`.
@@ -741,9 +754,10 @@ struct ForwardSummary {
     /// allocates it.
     full: Option<SummaryRun>,
     spec: SummarySpec,
-    tail: Option<(SummaryRun, TailCheck)>,
-    /// The run over the tail's last [`SHORT_TAIL_CHUNKS`], where the tail is longer.
-    short: Option<SummaryRun>,
+    /// The bound check over the longest tail, where the piece is longer.
+    check: Option<TailCheck>,
+    /// The tail runs, shortest first: `(chunks, run)`.
+    tails: Vec<(usize, SummaryRun)>,
     /// What the last run sent (`None` before the first).
     sent: Option<SentSummary>,
 }
@@ -765,27 +779,25 @@ impl ForwardSummary {
             len,
             ..*piece
         };
-        let mut short = None;
-        let tail = match tail {
+        let mut tails = Vec::new();
+        let check = match tail {
             Some((chunks, bt)) if piece.len > chunks * bt => {
-                let run = spec.run_over(gpu, t, &last(chunks * bt), &h0)?;
-                if chunks > SHORT_TAIL_CHUNKS {
-                    short = Some(spec.run_over(gpu, t, &last(SHORT_TAIL_CHUNKS * bt), &h0)?);
+                for n in tail_levels(chunks) {
+                    tails.push((n, spec.run_over(gpu, t, &last(n * bt), &h0)?));
                 }
                 // the sequence as the policy sees it starts a whole number of chunks before the
                 // end, so that the chunks it bounds are the piece's last ones
                 let seq0 = end - piece.len / bt * bt;
                 let table = [end, 0, seq0, end, 0].map(|x| x as i64);
-                let check = TailCheck {
+                Some(TailCheck {
                     table: DeviceTensor::from_slice(gpu, &table)?,
                     policy: PolicyTensors::alloc(gpu, 1, chunks, d.hv)?,
                     chunks,
-                };
-                Some((run, check))
+                })
             }
             _ => None,
         };
-        let full = match tail {
+        let full = match check {
             Some(_) => None,
             None => Some(spec.run_over(gpu, t, &spec.piece, &h0)?),
         };
@@ -793,8 +805,8 @@ impl ForwardSummary {
             h0,
             full,
             spec,
-            tail,
-            short,
+            check,
+            tails,
             sent: None,
         })
     }
@@ -806,10 +818,8 @@ impl ForwardSummary {
         local: &DeltaFwdPlan,
         t: &ForwardTensors<'_>,
     ) -> GpuResult<()> {
-        match &mut self.tail {
-            Some((_, c)) => {
-                local.run_warm_policy(gpu, t, &c.table, 1, c.chunks, &mut c.policy, None)
-            }
+        match &mut self.check {
+            Some(c) => local.run_warm_policy(gpu, t, &c.table, 1, c.chunks, &mut c.policy, None),
             None => Ok(()),
         }
     }
@@ -817,20 +827,14 @@ impl ForwardSummary {
     /// Reads the bound check's verdict (waiting for it), then queues the shortest tail's
     /// summary run the bound allows, else the whole piece's.
     fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<()> {
-        let lens: &[usize] = match (&self.tail, &self.short) {
-            (Some((_, c)), Some(_)) => &[SHORT_TAIL_CHUNKS, c.chunks],
-            (Some((_, c)), None) => std::slice::from_ref(&c.chunks),
-            _ => &[],
-        };
-        let allowed = match &self.tail {
-            Some((_, c)) => c.allowed(gpu, self.spec.dims.hv, lens)?,
+        let lens: Vec<usize> = self.tails.iter().map(|(n, _)| *n).collect();
+        let allowed = match &self.check {
+            Some(c) => c.allowed(gpu, self.spec.dims.hv, &lens)?,
             None => None,
         };
         self.sent = Some(allowed.map_or(SentSummary::Whole, SentSummary::Tail));
-        match (allowed, &mut self.tail, &mut self.short) {
-            (Some(SHORT_TAIL_CHUNKS), _, Some(short)) => return short.run(gpu, t, &self.h0),
-            (Some(_), Some((run, _)), _) => return run.run(gpu, t, &self.h0),
-            _ => {}
+        if let Some((_, run)) = self.tails.iter_mut().find(|(n, _)| Some(*n) == allowed) {
+            return run.run(gpu, t, &self.h0);
         }
         if self.full.is_none() {
             self.full = Some(self.spec.run_over(gpu, t, &self.spec.piece, &self.h0)?);
@@ -844,10 +848,9 @@ impl ForwardSummary {
     /// The slot the last run filled.
     fn sent(&self) -> Option<&DeviceTensor> {
         let run = match self.sent {
-            Some(SentSummary::Tail(SHORT_TAIL_CHUNKS)) if self.short.is_some() => {
-                self.short.as_ref()
+            Some(SentSummary::Tail(c)) => {
+                self.tails.iter().find(|(n, _)| *n == c).map(|(_, run)| run)
             }
-            Some(SentSummary::Tail(_)) => self.tail.as_ref().map(|(run, _)| run),
             _ => self.full.as_ref(),
         };
         run.and_then(|r| r.out.final_state.as_ref())
@@ -1427,4 +1430,25 @@ pub fn cp_chunk_gated_delta_rule_fwd_h(
     plan.run(shards, &mut outs)?;
     group.synchronize()?;
     Ok(outs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_levels_ascend_to_the_tail() {
+        assert_eq!(tail_levels(TAIL_CHUNKS), vec![4, 16, 32, 64]);
+        assert_eq!(tail_levels(32), vec![4, 16, 32]);
+        assert_eq!(tail_levels(8), vec![4, 8]);
+        assert_eq!(tail_levels(4), vec![4]);
+        assert_eq!(tail_levels(1), vec![1]);
+        for c in 1..=64 {
+            let l = tail_levels(c);
+            assert!(
+                l.windows(2).all(|w| w[0] < w[1]) && l.last() == Some(&c),
+                "{c}: {l:?}"
+            );
+        }
+    }
 }
