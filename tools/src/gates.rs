@@ -65,8 +65,15 @@ impl GateRegime {
     /// trained regime's parameters come from `seed`, each block of [`BLOCK_ROWS`] tokens from
     /// its own stream derived from `seed` and the block index.
     pub fn decays(self, t: usize, hv: usize, gk: usize, seed: u64) -> Vec<f32> {
+        self.decays_with(t, hv, gk, seed, seed)
+    }
+
+    /// [`GateRegime::decays`] with the trained regime's parameters (one model's `A_log` and
+    /// `dt_bias`) drawn from `params` and the tokens from `seed`: the shards of one sequence
+    /// share `params` and differ in `seed`.
+    pub fn decays_with(self, t: usize, hv: usize, gk: usize, params: u64, seed: u64) -> Vec<f32> {
         let cols = hv * gk;
-        let mamba = MambaGate::init(hv, gk, &mut StdRng::seed_from_u64(seed));
+        let mamba = MambaGate::init(hv, gk, &mut StdRng::seed_from_u64(params));
         let mut g = vec![0f32; t * cols];
         if cols == 0 {
             return g;
@@ -208,6 +215,35 @@ mod tests {
             // blocks draw from distinct streams
             assert_ne!(a[..6], a[BLOCK_ROWS * 6..BLOCK_ROWS * 6 + 6], "{r:?}");
         }
+    }
+
+    /// Shards of one sequence: the same parameters (each column's typical decay) under other
+    /// tokens; other parameters change the columns.
+    #[test]
+    fn shards_share_the_trained_parameters() {
+        let (t, hv, gk) = (16384, 2, 3);
+        let r = GateRegime::Trained;
+        assert_eq!(r.decays_with(t, hv, gk, 9, 9), r.decays(t, hv, gk, 9));
+        let col_means = |g: &[f32]| {
+            (0..hv * gk)
+                .map(|c| (0..t).map(|i| g[i * hv * gk + c] as f64).sum::<f64>() / t as f64)
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (
+            r.decays_with(t, hv, gk, 9, 1),
+            r.decays_with(t, hv, gk, 9, 2),
+        );
+        assert_ne!(a, b);
+        for (x, y) in col_means(&a).iter().zip(col_means(&b)) {
+            assert!((x / y - 1.0).abs() < 0.05, "same parameters: {x} vs {y}");
+        }
+        let other = col_means(&r.decays_with(t, hv, gk, 10, 1));
+        let moved = col_means(&a)
+            .iter()
+            .zip(&other)
+            .filter(|(x, y)| (*x / *y - 1.0).abs() > 0.05)
+            .count();
+        assert!(moved > 0, "other parameters moved no column");
     }
 
     #[test]

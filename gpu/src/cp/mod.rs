@@ -41,6 +41,6 @@ pub use host::{
 pub use partition::{Partition, Piece, Shard, DEFAULT_MIN_PIECE_CHUNKS};
 pub use run::{
     cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd, tail_levels, CpFwdHPlan, CpFwdPlan,
-    CpPhaseTimes, SentSummary, SHORT_TAIL_CHUNKS, TAIL_CHUNKS,
+    CpPhaseTimes, LocalChoice, SentSummary, SHORT_TAIL_CHUNKS, TAIL_CHUNKS,
 };
 pub use shard::{gather_final_states, gather_tokens, scatter_states, scatter_tokens};

@@ -597,6 +597,17 @@ pub fn tail_levels(chunks: usize) -> Vec<usize> {
     v
 }
 
+/// What a rank's local forward chose in a [`CpFwdPlan`]'s last run (the automatic split).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalChoice {
+    /// Per (piece, value head): the warm-up chunks (`0`: a sequence's first piece, `-1`: run
+    /// through by the piece before it).
+    pub warmups: Vec<i64>,
+    /// Per (sequence, value head): whether the split ran it (`None`: the split runs at the
+    /// serial width, no verdict).
+    pub split: Option<Vec<bool>>,
+}
+
 /// Which summary a rank sent in a [`CpFwdPlan`]'s last run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SentSummary {
@@ -1058,6 +1069,28 @@ impl<'g> CpFwdPlan<'g> {
         self.ranks
             .iter()
             .map(|r| r.summary.as_ref().and_then(|s| s.sent))
+            .collect()
+    }
+
+    /// Per local rank: what its local forward's automatic split chose in the last run
+    /// ([`DeltaFwdPlan::chosen_warmups`], [`DeltaFwdPlan::chosen_split`]); `None` for a rank
+    /// without pieces or a local plan that does not split. A diagnostic: it reads the device.
+    pub fn local_choices(&self) -> GpuResult<Vec<Option<LocalChoice>>> {
+        self.ranks
+            .iter()
+            .zip(self.frame.group.ranks())
+            .map(|(r, (_, gpu))| {
+                let Some((plan, ws)) = &r.local else {
+                    return Ok(None);
+                };
+                let Some(warmups) = plan.chosen_warmups(gpu, ws)? else {
+                    return Ok(None);
+                };
+                Ok(Some(LocalChoice {
+                    warmups,
+                    split: plan.chosen_split(gpu, ws)?,
+                }))
+            })
             .collect()
     }
 

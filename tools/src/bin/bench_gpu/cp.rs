@@ -4,7 +4,10 @@
 //! of 1,048,576 tokens or 524,288 + 64 × 4096, chunk 64, q/k L2-normalised in the kernel,
 //! `initial_state`, final state; the decay `g` given per token (GDN `[T, HV]`, KDA `[T, HV, K]`,
 //! natural log) in the regimes `strong` and `trained` (trained-like: Mamba's initialisation) of
-//! [`GateRegime`] (`tools/src/gates.rs`).
+//! [`GateRegime`] (`tools/src/gates.rs`), every shard and the single GPU's input drawn with the
+//! same gate parameters (one model), each rank's tokens from its own seed. Each row also prints
+//! every rank's local split (`local splits`: the longest warm-up, the pieces run through, the
+//! (sequence, value head) pairs the split ran).
 //! `tools/cp_anchors.py` times FLA's and FlashQLA's context parallelism on the same rows.
 //!
 //! Method: the inputs are already sharded on the devices ([`Partition::balanced`], the ops'
@@ -28,7 +31,7 @@
 
 use super::forward::Set;
 use attn_gpu::cp::{
-    CpFwdPlan, CpGroup, CpPhaseTimes, Partition, SentSummary, DEFAULT_MIN_PIECE_CHUNKS,
+    CpFwdPlan, CpGroup, CpPhaseTimes, LocalChoice, Partition, SentSummary, DEFAULT_MIN_PIECE_CHUNKS,
 };
 use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{Gpu, GpuResult};
@@ -108,8 +111,15 @@ pub fn cases() -> Vec<CpCase> {
 
 /// Random inputs of `t` tokens and `n` state rows of `case` on `gpu` (one rank's, or the
 /// whole call's on one GPU).
+/// The seed of the trained regime's gate parameters: one model's `A_log` and `dt_bias` for the
+/// single-GPU input and every rank's shard (S11-6: drawn per shard, the ranks of a trained row
+/// had other heads than the single GPU's input, one of them too slow to split).
+const GATE_PARAMS_SEED: u64 = 11;
+
+/// A shard's (or the single GPU's) inputs: tokens from `seed`, the gate parameters shared.
 fn inputs(gpu: &Gpu, case: &CpCase, t: usize, n: usize, seed: u64) -> GpuResult<Set> {
-    Set::random(gpu, case.kda, Some(case.decay), t, case.h, case.h, n, seed)
+    let regime = Some((case.decay, GATE_PARAMS_SEED));
+    Set::random(gpu, case.kda, regime, t, case.h, case.h, n, seed)
 }
 
 fn gdn_params() -> GdnFwdParams {
@@ -176,7 +186,26 @@ struct CpTiming {
     ms: f64,
     phases: CpPhaseTimes,
     tails: Vec<Option<SentSummary>>,
+    /// Per rank, its local forward's split in the last run.
+    local: Vec<Option<LocalChoice>>,
     first_vs_one: Option<f64>,
+}
+
+/// A rank's local split in a few words: the longest warm-up, the pieces run through by the
+/// one before them, and the (sequence, value head) pairs the split ran.
+fn describe(c: &Option<LocalChoice>) -> String {
+    let Some(c) = c else {
+        return "-".into();
+    };
+    let through = c.warmups.iter().filter(|&&w| w < 0).count();
+    let longest = c.warmups.iter().copied().max().unwrap_or(0);
+    let split = c.split.as_ref().map_or("-".into(), |s| {
+        format!("{}/{}", s.iter().filter(|&&x| x).count(), s.len())
+    });
+    format!(
+        "warm-up <= {longest}, run through {through}/{}, split {split}",
+        c.warmups.len()
+    )
 }
 
 /// The CP forward of `case` over `group` on its shards (its plan made outside the timing).
@@ -230,6 +259,7 @@ fn time_cp(
         local_ms: median(|p| p.local_ms),
     };
     let tails = plan.tail_summaries();
+    let local = plan.local_choices()?;
     drop(plan);
     let first_vs_one = match (check_first, tensors.first(), outs.first()) {
         (true, Some(t), Some(cp)) => {
@@ -262,6 +292,7 @@ fn time_cp(
         ms,
         phases,
         tails,
+        local,
         first_vs_one,
     })
 }
@@ -376,8 +407,10 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 ms,
                 phases,
                 tails,
+                local,
                 first_vs_one,
             } = time_cp(group, &part, case, iters, case.min_ranks > 1)?;
+            let local: Vec<String> = local.iter().map(describe).collect();
             let tails: Vec<String> = tails
                 .iter()
                 .map(|t| match t {
@@ -397,7 +430,7 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
             let vs_single = single_ms.map(|s| s / ms);
             let gbps = b as f64 / (ms * 1e-3) / 1e9;
             println!(
-                "{name:<40} {ms:>10.3} ms  {} vs R=1, {} vs single GPU, GiB per GPU {:?}, summaries {tails:?}, phases (synchronised) tail checks {:.3} / summaries {:.3} / exchange {:.3} / local {:.3} ms{}",
+                "{name:<40} {ms:>10.3} ms  {} vs R=1, {} vs single GPU, GiB per GPU {:?}, summaries {tails:?}, phases (synchronised) tail checks {:.3} / summaries {:.3} / exchange {:.3} / local {:.3} ms{}, local splits {local:?}",
                 ratio(speedup),
                 ratio(vs_single),
                 mem.iter()
@@ -417,7 +450,7 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 "share": gbps / (ceiling * *ranks as f64), "ranks": ranks, "path": "cp",
                 "decay": case.decay.name(), "cuts": part.cuts(), "speedup_r1": speedup,
                 "single_ms": single_ms, "vs_single": vs_single, "mem_gib": mem, "summaries": tails,
-                "first_vs_one": first_vs_one,
+                "first_vs_one": first_vs_one, "local_splits": local,
                 "phases_ms": {
                     "tail_checks": phases.tail_checks_ms, "summaries": phases.summaries_ms,
                     "exchange": phases.exchange_ms, "local": phases.local_ms,

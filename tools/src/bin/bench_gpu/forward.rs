@@ -106,13 +106,15 @@ pub struct Set {
 impl Set {
     /// Random inputs of `t` tokens, `h` key and `hv` value heads and `n` state rows (bf16 q, k,
     /// v; fp32 g, β, initial state), seeds `seed + 1 ..= seed + 8`. `g`: the decay of `regime`
-    /// (natural log, per token and value head, and key for KDA); without a regime, KDA's gate
-    /// input with `A_log` and `dt_bias` for the gate in the kernel, or GDN's `U[−1.5, −0.05]`.
+    /// (natural log, per token and value head, and key for KDA), the trained regime's
+    /// parameters from the regime's seed (its second field; shards of one sequence share it);
+    /// without a regime, KDA's gate input with `A_log` and `dt_bias` for the gate in the kernel,
+    /// or GDN's `U[−1.5, −0.05]`.
     #[allow(clippy::too_many_arguments)]
     pub fn random(
         gpu: &Gpu,
         kda: bool,
-        regime: Option<GateRegime>,
+        regime: Option<(GateRegime, u64)>,
         t: usize,
         h: usize,
         hv: usize,
@@ -126,9 +128,9 @@ impl Set {
             vec![1, t, hv]
         };
         let g = match regime {
-            Some(r) => {
+            Some((r, params)) => {
                 let mut g = DeviceTensor::alloc(gpu, &gshape, Dtype::F32)?;
-                g.copy_from_host(gpu, &r.decays(t, hv, gk, seed + 4))?;
+                g.copy_from_host(gpu, &r.decays_with(t, hv, gk, params, seed + 4))?;
                 g
             }
             // KDA: the gate's input
@@ -196,7 +198,10 @@ impl SplitSummary {
 fn input_sets(gpu: &Gpu, case: &FwdCase, t: usize, nsets: usize) -> GpuResult<Vec<Set>> {
     let n = case.seqs.len();
     (0..nsets as u64)
-        .map(|i| Set::random(gpu, case.kda, case.regime, t, case.h, case.hv, n, 20 * i))
+        .map(|i| {
+            let regime = case.regime.map(|r| (r, 20 * i + 4));
+            Set::random(gpu, case.kda, regime, t, case.h, case.hv, n, 20 * i)
+        })
         .collect()
 }
 
