@@ -140,6 +140,16 @@ __device__ void decode_combine(const DecodeArgs& a, i64 b, i64 hk, i64 nsv, type
     }
 }
 
+// The row of key j in `cache` (cache_off: the cache row and KV head), or in this step's new
+// tokens `fresh_src` (new_off: the batch row and KV head, new_stride = H_kv D) when `fresh`
+// (j >= n_old, fused step).
+template <typename T>
+__device__ __forceinline__ const T* decode_source(const DecodeArgs& a, u64 cache, u64 fresh_src, bool fresh, i64 j,
+                                                  i64 n_old, i64 cache_off, i64 new_off, i64 new_stride) {
+    return fresh ? reinterpret_cast<const T*>(fresh_src) + new_off + (j - n_old) * new_stride
+                 : reinterpret_cast<const T*>(cache) + cache_off + j * a.stride_s;
+}
+
 // Loads the K and V pieces of keys j0 + u * KPW + grp (u < U) of this lane into kr, vr (zeros
 // past `end`). Keys of this step (j >= n_old, fused step only) come from k_new / v_new and are
 // written into the caches here, by the one lane group that owns them.
@@ -152,10 +162,8 @@ __device__ __forceinline__ void decode_load(const DecodeArgs& a, i64 j0, i64 end
     for (int u = 0; u < U; ++u) {
         const i64 j = j0 + u * KPW + grp;
         const bool fresh = j >= n_old;
-        const T* ks = fresh ? reinterpret_cast<const T*>(a.k_new) + new_off + (j - n_old) * new_stride
-                            : reinterpret_cast<const T*>(a.k_cache) + cache_off + j * a.stride_s;
-        const T* vs = fresh ? reinterpret_cast<const T*>(a.v_new) + new_off + (j - n_old) * new_stride
-                            : reinterpret_cast<const T*>(a.v_cache) + cache_off + j * a.stride_s;
+        const T* ks = decode_source<T>(a, a.k_cache, a.k_new, fresh, j, n_old, cache_off, new_off, new_stride);
+        const T* vs = decode_source<T>(a, a.v_cache, a.v_new, fresh, j, n_old, cache_off, new_off, new_stride);
 #pragma unroll
         for (int v = 0; v < NV; ++v) {
             const int p = v * LK + sub;
@@ -190,10 +198,8 @@ __device__ __forceinline__ void decode_issue(const DecodeArgs& a, i64 j0, i64 en
     for (int u = 0; u < U; ++u) {
         const i64 j = j0 + u * KPW + grp;
         const bool fresh = j >= n_old;
-        const T* ks = fresh ? reinterpret_cast<const T*>(a.k_new) + new_off + (j - n_old) * new_stride
-                            : reinterpret_cast<const T*>(a.k_cache) + cache_off + j * a.stride_s;
-        const T* vs = fresh ? reinterpret_cast<const T*>(a.v_new) + new_off + (j - n_old) * new_stride
-                            : reinterpret_cast<const T*>(a.v_cache) + cache_off + j * a.stride_s;
+        const T* ks = decode_source<T>(a, a.k_cache, a.k_new, fresh, j, n_old, cache_off, new_off, new_stride);
+        const T* vs = decode_source<T>(a, a.v_cache, a.v_new, fresh, j, n_old, cache_off, new_off, new_stride);
 #pragma unroll
         for (int v = 0; v < NV; ++v) {
             const int p = v * LK + sub;
