@@ -152,8 +152,7 @@ fn device_count() -> GpuResult<usize> {
 }
 
 /// Opens GPU `ordinal` for a rank: unchecked launches (the ranks' work is queued from one
-/// thread, so that the GPUs run at once; the group synchronises at its collectives and at the
-/// end of each op).
+/// thread, so that the GPUs run at once; the caller waits with [`CpGroup::synchronize`]).
 ///
 /// The device's default memory pool keeps what the ops free (release threshold: unlimited):
 /// every call allocates its plans' workspaces again, gigabytes at a million tokens, and a pool

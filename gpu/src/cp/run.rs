@@ -30,9 +30,9 @@
 //! most `2^-30 (‖X‖ + ‖S‖)`: the split's own truncation. Under strong decay the summary then
 //! costs `c` chunks, not the shard, and leaves the critical path; a rank holds runs over the
 //! last [`tail_levels`] chunks (4, 16, 32, `c`) and sends the shortest one its bound allows (the
-//! summary is a serial chain of its chunks). Otherwise (long memory, a slow head, fp32 / fp64) the whole
-//! piece's summary is sent. The check is one host read of the tail's `c · HV` bounds per rank
-//! per run.
+//! summary is a serial chain of its chunks). Otherwise (long memory, a slow head, fp32 / fp64)
+//! the whole piece's summary is sent. The check is one host read of the tail's `c · HV` bounds
+//! per rank per run.
 //!
 //! A [`CpFwdPlan`] / [`CpFwdHPlan`] is made once per call shape (group, partition, shards'
 //! shapes and dtypes, parameters): it validates everything (ranks against the group, each
