@@ -348,8 +348,11 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
         for (i64 j0 = first; j0 < end; j0 += step) {
             Vec<T, W> kr[U][NV], vr[U][NV];
             if constexpr (RING) {
-                // the slot computed last step takes the step STAGES - 1 ahead of this one
+                // the slot computed last step takes the step STAGES - 1 ahead of this one; the
+                // warp barrier orders this thread's reads of that slot (decode_take) before the
+                // copies that overwrite it (cp.async is not ordered with earlier loads otherwise)
                 const int back = slot == 0 ? STAGES - 1 : slot - 1;
+                __syncwarp();
                 if (jq < end) decode_issue<T, W, U, NV, LK, KPW>(a, jq, end, n_old, cache_off, new_off, grp, sub, ring + back * slot_bytes);
                 cp_async_commit();
                 jq += step;
