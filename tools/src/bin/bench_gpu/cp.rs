@@ -109,14 +109,13 @@ pub fn cases() -> Vec<CpCase> {
     v
 }
 
-/// Random inputs of `t` tokens and `n` state rows of `case` on `gpu` (one rank's, or the
-/// whole call's on one GPU).
 /// The seed of the trained regime's gate parameters: one model's `A_log` and `dt_bias` for the
 /// single-GPU input and every rank's shard (S11-6: drawn per shard, the ranks of a trained row
 /// had other heads than the single GPU's input, one of them too slow to split).
 const GATE_PARAMS_SEED: u64 = 11;
 
-/// A shard's (or the single GPU's) inputs: tokens from `seed`, the gate parameters shared.
+/// Random inputs of `t` tokens and `n` state rows of `case` on `gpu` (one rank's, or the
+/// whole call's on one GPU): tokens from `seed`, the gate parameters shared.
 fn inputs(gpu: &Gpu, case: &CpCase, t: usize, n: usize, seed: u64) -> GpuResult<Set> {
     let regime = Some((case.decay, GATE_PARAMS_SEED));
     Set::random(gpu, case.kda, regime, t, case.h, case.h, n, seed)
