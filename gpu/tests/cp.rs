@@ -5,7 +5,8 @@
 //! `R` chunks, zero-length sequences; with and without `initial_state`, final state on; strong,
 //! trained-like and long-memory gates; repeated runs bit-identical; bad input refused; the
 //! persistent plans (`CpFwdPlan`, `CpFwdHPlan`) run twice bit-identical to the one-call ops,
-//! and a shard of the wrong shape at `run` refused before any launch.
+//! and a shard of the wrong shape at `run` refused before any launch; a rank whose peer never
+//! enters a collective gets the timeout's error and the group is aborted (no rank waits forever).
 //!
 //! A test for `R` GPUs is reported ignored where fewer GPUs (or no NCCL) are present, and fails
 //! instead when `ATTN_REQUIRE_GPUS` is at least `R` (`ATTN_REQUIRE_GPU=1` counts as
@@ -15,7 +16,7 @@ mod common;
 
 use attn_gpu::cp::{
     cp_chunk_gated_delta_rule_fwd_h, cp_gdn_fwd, cp_kda_fwd, gather_final_states, gather_tokens,
-    scatter_states, scatter_tokens, tail_levels, CpFwdHPlan, CpFwdPlan, CpGroup, Partition,
+    scatter_states, scatter_tokens, tail_levels, CpFwdHPlan, CpFwdPlan, CpGroup, CpId, Partition,
     SentSummary, SHORT_TAIL_CHUNKS,
 };
 use attn_gpu::delta::{DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, FwdHPlan};
@@ -783,4 +784,68 @@ fn r4() -> TestResult {
     all_ops(4)
 }
 
-gpu_tests!(refuses_bad_input, r1, r2, r3, r4);
+/// No rank waits forever: two ranks joined one per thread (the one-rank-per-process form,
+/// `CpGroup::join`), rank 0 queues an all-gather that rank 1 never enters. Rank 0's
+/// `synchronize` must return `GpuError::Collective` naming rank 0 once its timeout has passed
+/// (not before), having aborted the group, and a later collective is refused at once. Last in
+/// the list: it leaves an aborted communicator behind.
+fn a_missing_peer_times_out() -> TestResult {
+    // the two GPUs and NCCL, probed by opening (and dropping) a two-rank group
+    drop(match open(2) {
+        Ok(g) => g,
+        Err(outcome) => return outcome,
+    });
+    let timeout = std::time::Duration::from_secs(2);
+    let id = CpId::new().map_err(|e| e.to_string())?;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    // rank 1 joins (NCCL's init waits for both ranks), then holds its group without any
+    // collective until rank 0 is done
+    let peer = std::thread::spawn(move || -> Result<(), String> {
+        let group = CpGroup::join(1, 1, 2, &id).map_err(|e| e.to_string())?;
+        done_rx.recv().ok();
+        drop(group);
+        Ok(())
+    });
+    let outcome = (|| -> Result<(), String> {
+        let mut group = CpGroup::join(0, 0, 2, &id).map_err(|e| e.to_string())?;
+        group.set_timeout(timeout);
+        let gpu = group.gpu(0);
+        let send = DeviceTensor::from_slice(gpu, &[1.5f32; 64]).map_err(|e| e.to_string())?;
+        let mut recv = [DeviceTensor::alloc(gpu, &[128], Dtype::F32).map_err(|e| e.to_string())?];
+        group
+            .all_gather(&[&send], &mut recv)
+            .map_err(|e| format!("queueing the all-gather: {e}"))?;
+        let start = std::time::Instant::now();
+        let waited = group.synchronize();
+        let took = start.elapsed();
+        let e = waited
+            .err()
+            .ok_or("the all-gather without its peer completed")?;
+        let text = e.to_string();
+        if !matches!(e, GpuError::Collective { .. }) || !text.contains("rank(s) [0]") {
+            return Err(format!("not the timeout naming rank 0: {text}"));
+        }
+        if took < timeout || took > timeout * 10 {
+            return Err(format!(
+                "returned after {took:?} with a timeout of {timeout:?}"
+            ));
+        }
+        let again = group
+            .all_gather(&[&send], &mut recv)
+            .err()
+            .ok_or("an aborted group queued a collective")?;
+        if !again.to_string().contains("aborted") {
+            return Err(format!("not the aborted group's error: {again}"));
+        }
+        Ok(())
+    })();
+    done_tx.send(()).ok();
+    let joined = peer
+        .join()
+        .map_err(|_| "rank 1's thread panicked".to_string())?;
+    outcome?;
+    joined?;
+    Ok(Completion::Completed)
+}
+
+gpu_tests!(refuses_bad_input, r1, r2, r3, r4, a_missing_peer_times_out);
