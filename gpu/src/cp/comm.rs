@@ -238,6 +238,8 @@ impl CpGroup {
         let gpu = open_rank(ordinal)?;
         require_nccl()?;
         let stream = gpu.stream().clone();
+        // NCCL takes the calling thread's current device for the rank
+        gpu.bind()?;
         let comm = nccl("ncclCommInitRank", || {
             Comm::from_rank(stream, rank, world, id.0)
         })?;
