@@ -783,25 +783,33 @@ __device__ __forceinline__ void intra_w_operand(const IntraArgs& a, const IntraC
     }
 }
 
-// FAST pass 2: the w operand of key tile k0 back from w's rows into x (rows >= n_c and columns
-// >= K zero), in 16-byte pieces (K % 8 == 0).
-template <typename T>
-__device__ __forceinline__ void intra_w_operand_load(const IntraArgs& a, const IntraChunk& c, int k0, T (*x)[IM_P]) {
+// Rows < n_c, columns < cols of the [rows][row_stride] tile of T at src into x in 16-byte pieces
+// (cols % N == 0 or beyond the tile; zeros elsewhere), each element as f(row, element): all of a
+// thread's loads first, then its stores.
+template <typename T, typename F>
+__device__ __forceinline__ void intra_tile_load16(const T* src, i64 row_stride, int nc, i64 cols, T (*x)[IM_P], F f) {
     constexpr int N = VMax<T>::N, VPR = IM_KT / N, NV = INTRA_BT * VPR / INTRA_THREADS;
-    const T* wp = reinterpret_cast<const T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
     Vec<T, N> vv[NV];
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
         const int i = threadIdx.x + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
-        const bool ok = r < c.nc && k0 + e0 < a.K;
-        vv[u] = ok ? *reinterpret_cast<const Vec<T, N>*>(wp + r * a.HV * a.K + e0) : Vec<T, N>{};
+        const bool ok = r < nc && e0 < cols;
+        vv[u] = ok ? *reinterpret_cast<const Vec<T, N>*>(src + r * row_stride + e0) : Vec<T, N>{};
     }
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
         const int i = threadIdx.x + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
 #pragma unroll
-        for (int e = 0; e < N; ++e) x[r][e0 + e] = vv[u].v[e];
+        for (int e = 0; e < N; ++e) x[r][e0 + e] = f(r, vv[u].v[e]);
     }
+}
+
+// FAST pass 2: the w operand of key tile k0 back from w's rows into x (rows >= n_c and columns
+// >= K zero; K % 8 == 0).
+template <typename T>
+__device__ __forceinline__ void intra_w_operand_load(const IntraArgs& a, const IntraChunk& c, int k0, T (*x)[IM_P]) {
+    const T* wp = reinterpret_cast<const T*>(a.w) + (c.row0 * a.HV + c.hv) * a.K + k0;
+    intra_tile_load16<T>(wp, a.HV * a.K, c.nc, a.K - k0, x, [](int, T v) { return v; });
 }
 
 // Pass 1's factored operands of the loaded key tile, rows >= n_c selected to 0 (never 0 .
@@ -1086,19 +1094,8 @@ __device__ void intra_mma(const IntraArgs& a) {
         constexpr int N = VMax<T>::N, VPR = IM_KT / N, NV = INTRA_BT * VPR / INTRA_THREADS;
         for (int v0 = 0; v0 < a.V; v0 += IM_KT) {
             if (FAST || a.V % N == 0) {
-                Vec<T, N> vv[NV];
-#pragma unroll
-                for (int u = 0; u < NV; ++u) {
-                    const int i = tid + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
-                    const bool ok = r < nc && v0 + e0 < a.V;
-                    vv[u] = ok ? *reinterpret_cast<const Vec<T, N>*>(vp + ((c.row0 + r) * a.HV + c.hv) * a.V + v0 + e0) : Vec<T, N>{};
-                }
-#pragma unroll
-                for (int u = 0; u < NV; ++u) {
-                    const int i = tid + u * INTRA_THREADS, r = i / VPR, e0 = (i % VPR) * N;
-#pragma unroll
-                    for (int e = 0; e < N; ++e) x[r][e0 + e] = Narrow<T>::from(sm.beta[r] * widen(vv[u].v[e]));
-                }
+                intra_tile_load16<T>(vp + (c.row0 * a.HV + c.hv) * a.V + v0, a.HV * a.V, nc, a.V - v0, x,
+                                     [&](int r, T v) { return Narrow<T>::from(sm.beta[r] * widen(v)); });
             } else {
                 for (int i = tid; i < INTRA_BT * IM_KT; i += INTRA_THREADS) {
                     const int r = i / IM_KT, e = i % IM_KT;
