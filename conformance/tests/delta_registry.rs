@@ -404,3 +404,66 @@ fn split_takes_warmup_chunks_on_the_cpu_and_the_gpu() {
     assert!(warmups_need_pieces(true, true).is_ok());
     assert!(warmups_need_pieces(false, true).is_err());
 }
+
+/// §6.8 / §8.8: `o` and `final_state` of a forward of 1024 tokens or more are "long" (1e-2) under
+/// long-memory gates (every per-step log decay in `[−1e-3, 0]`, KDA's in-kernel gate evaluated),
+/// and not when one decay leaves that range, nor below 1024 tokens.
+#[test]
+fn long_memory_gates_make_a_forward_long() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(68);
+    // (op, T, g range, in-kernel gate's A_log, whether one decay is put at −2e-3, threshold)
+    type Row = (&'static str, usize, (f64, f64), Option<f64>, bool, f64);
+    let rows: [Row; 8] = [
+        ("gdn_fwd", 2053, (-1e-3, 0.0), None, false, 1e-2),
+        ("gdn_fwd", 1023, (-1e-3, 0.0), None, false, 5e-3),
+        ("gdn_fwd", 2053, (-1e-3, 0.0), None, true, 5e-3),
+        ("kda_fwd", 1024, (-1e-3, 0.0), None, false, 1e-2),
+        ("kda_fwd", 2053, (-0.5, 0.0), None, false, 5e-3),
+        ("kda_fwd", 2053, (-1e-3, 0.0), None, true, 5e-3),
+        // in-kernel gate: -exp(A_log) softplus(g) with g in [-1, 1]: about -6e-5 at A_log = -10,
+        // -0.3 .. -1.3 at A_log = 0
+        ("kda_fwd", 2053, (-1.0, 1.0), Some(-10.0), false, 1e-2),
+        ("kda_fwd", 2053, (-1.0, 1.0), Some(0.0), false, 5e-3),
+    ];
+    for (op, t, (lo, hi), a_log, spike, want) in rows {
+        let spec = find(op).unwrap();
+        let (k, hv) = (4, 2);
+        let g_shape = if op == "kda_fwd" {
+            vec![1, t, hv, k]
+        } else {
+            vec![1, t, hv]
+        };
+        let mut g = ArrayD::from_shape_fn(IxDyn(&g_shape), |_| rng.random_range(lo..=hi));
+        if spike {
+            *g.iter_mut().nth(t / 2).unwrap() = -2e-3;
+        }
+        let mut inputs = inputs(op, Dtype::BF16, T(t));
+        inputs.push(("g", Tensor::from_f64(&g, Dtype::F32)));
+        let mut given = serde_json::Map::new();
+        if let Some(a) = a_log {
+            given.insert("use_gate_in_kernel".into(), json!(true));
+            inputs.push((
+                "A_log",
+                Tensor::from_f64(&ArrayD::from_elem(IxDyn(&[hv]), a), Dtype::F32),
+            ));
+            inputs.push(("dt_bias", zeros(&[hv * k], Dtype::F32)));
+        }
+        let p = Params::resolve(op, spec.params, &given).unwrap();
+        let inputs: Tensors = inputs
+            .into_iter()
+            .map(|(n, x)| (n.to_string(), x))
+            .collect();
+        for (out, class) in [
+            ("o", DtypeClass::Half),
+            ("final_state", DtypeClass::Float32),
+        ] {
+            let rule = (spec.output(out).unwrap().rule)(&inputs, &p, class);
+            assert_eq!(
+                rule,
+                Rule::Threshold(want),
+                "{op} {out} T {t} g in [{lo}, {hi}] A_log {a_log:?} spike {spike}"
+            );
+        }
+    }
+}

@@ -130,14 +130,14 @@ const FORWARD_OUTPUTS: [OutputSpec; 2] = [
         "[B, T, HV, V]",
         "dtype of q",
         |i, _| super::class_of(i, "q"),
-        |i, _, c| threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
+        forward_threshold,
     ),
     s::output(
         "final_state",
         STATE,
         F32_OUT,
         |i, _| Ok(f32_class(i, "q")),
-        |i, _, c| threshold(i, "q", c, 5e-3, 1e-2, 1e-5),
+        forward_threshold,
     )
     .when("when output_final_state"),
 ];
@@ -895,15 +895,20 @@ pub fn f32_class(inputs: &Tensors, main: &str) -> DtypeClass {
 /// Whether some sequence of the case has more than 4096 tokens
 /// (`conformance/spec/ops-delta-rule.md` §1.6 "long").
 fn long(inputs: &Tensors, main: &str) -> bool {
-    let t = inputs
-        .get(main)
-        .and_then(|x| x.shape().get(1).copied())
-        .unwrap_or(0);
+    seq_lens(inputs, main).into_iter().any(|n| n > LONG)
+}
+
+/// The sequence lengths of the case: from `cu_seqlens`, else `T` of `main` `[B, T, ...]` (empty
+/// when neither can be read).
+fn seq_lens(inputs: &Tensors, main: &str) -> Vec<usize> {
     match opt_indices(inputs, "cu_seqlens") {
         Ok(Some(cu)) => cu
             .windows(2)
-            .any(|w| w[1].saturating_sub(w[0]) > LONG as i64),
-        _ => t > LONG,
+            .map(|w| w[1].saturating_sub(w[0]).max(0) as usize)
+            .collect(),
+        _ => (inputs.get(main).and_then(|x| x.shape().get(1).copied()))
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -918,11 +923,56 @@ pub fn threshold(
     half_long: f64,
     f32: f64,
 ) -> Rule {
+    let long = long(inputs, main);
+    threshold_when(long, inputs, main, candidate, half, half_long, f32)
+}
+
+/// `o` and `final_state` of `kda_fwd` / `gdn_fwd` (§6.8, §8.8): half 5e-3, long 1e-2, float32
+/// 1e-5, where "long" is §1.6's (a sequence of more than 4096 tokens) or, by §6.8, a sequence of
+/// 1024 tokens or more when every per-step log decay `a` lies in `[−1e-3, 0]` (long memory; KDA's
+/// in-kernel gate evaluated as the reference's `kda_gate`). Inputs the gate cannot be read from
+/// count as not long memory (the runner reports them).
+fn forward_threshold(inputs: &Tensors, p: &Params, candidate: DtypeClass) -> Rule {
+    let longest = seq_lens(inputs, "q").into_iter().max().unwrap_or(0);
+    let long = longest > LONG || (longest >= 1024 && long_memory(inputs, p).unwrap_or(false));
+    threshold_when(long, inputs, "q", candidate, 5e-3, 1e-2, 1e-5)
+}
+
+/// Whether every per-step log decay of the case lies in `[−1e-3, 0]`.
+fn long_memory(inputs: &Tensors, p: &Params) -> Result<bool, Problem> {
+    let in_kernel = p.bool("use_gate_in_kernel").unwrap_or(false);
+    let a = if in_kernel {
+        let g = float_dim::<Ix4>(inputs, "g")?;
+        let a_log = opt_float_dim::<Ix1>(inputs, "A_log")?;
+        let dt_bias = opt_float_dim::<Ix1>(inputs, "dt_bias")?;
+        attn_reference::gate::kda_gate(
+            g.view(),
+            a_log.as_ref().map(|a| a.view()),
+            dt_bias.as_ref().map(|a| a.view()),
+            p.opt_f64("lower_bound")?,
+        )?
+        .into_dyn()
+    } else {
+        super::float(inputs, "g")?
+    };
+    Ok(a.iter().all(|&x| (-1e-3..=0.0).contains(&x)))
+}
+
+/// The rows of [`threshold`] with "long" given.
+fn threshold_when(
+    long: bool,
+    inputs: &Tensors,
+    main: &str,
+    candidate: DtypeClass,
+    half: f64,
+    half_long: f64,
+    f32: f64,
+) -> Rule {
     if candidate == DtypeClass::Float64 {
         return Rule::Threshold(1e-10);
     }
     Rule::Threshold(match main_class(inputs, main) {
-        DtypeClass::Half if long(inputs, main) => half_long,
+        DtypeClass::Half if long => half_long,
         DtypeClass::Half => half,
         DtypeClass::Float32 => f32,
         _ => 1e-10,
