@@ -59,6 +59,25 @@ __device__ __forceinline__ bool piece_run(const A& a, PieceRun& r) {
     return true;
 }
 
+// Rows [0, nc) of a chunk tile into shared memory by cp.async, 16 bytes a copy: SEG segments of
+// 8 elements a row (columns c8 < ncols read, the rest and rows nc..rows-1 zero-filled), global
+// rows `gstride` elements apart from g, shared rows `srow` bytes apart from s. Thread tid takes
+// segment tid % SEG of rows tid / SEG + j · (threads / SEG): its addresses advance by one add a
+// copy (the chunk loops' loads were mostly index arithmetic: S12-2 profile).
+template <typename T, int SEG>
+__device__ __forceinline__ void copy_tile16(unsigned s, unsigned srow, const T* g, i64 gstride, int rows, int nc, int ncols) {
+    constexpr int RSTEP = FWDH_THREADS / SEG;
+    const int r0 = (int)threadIdx.x / SEG, c8 = ((int)threadIdx.x % SEG) * 8;
+    const bool col_ok = c8 < ncols;
+    const T* src = g + r0 * gstride + c8;
+    const i64 step = RSTEP * gstride;
+    unsigned dst = s + r0 * srow + c8 * (unsigned)sizeof(T);
+    for (int r = r0; r < rows; r += RSTEP, src += step, dst += RSTEP * srow) {
+        const bool ok = col_ok && r < nc;
+        cp_async16(dst, ok ? src : g, ok ? 16 : 0);
+    }
+}
+
 template <typename T, int KP, int BV> struct FusedSmem {
     static constexpr int KPITCH = KP + 8, VPITCH = BV + 8, APITCH = FWDH_BT + 8;
     static constexpr unsigned KROW = KPITCH * sizeof(T), VROW = VPITCH * sizeof(T), AROW = APITCH * sizeof(T);
@@ -85,16 +104,12 @@ __device__ __forceinline__ void load_fused(const FusedArgs& a, FusedSmem<T, KP, 
     const T* qp = reinterpret_cast<const T*>(a.qg) + row0 * ks + hv * a.K;
     const T* up = reinterpret_cast<const T*>(a.u) + row0 * us + hv * a.V + c0;
     const T* ap = reinterpret_cast<const T*>(a.aqk) + row0 * as + hv * a.bt;
-    constexpr int KSEG = KP / 8;
+    using Sm = FusedSmem<T, KP, BV>;
     if (a.K % 8 == 0) {
-        for (int i = tid; i < bt * KSEG; i += FWDH_THREADS) {
-            const int r = i / KSEG, c8 = (i % KSEG) * 8;
-            const bool ok = r < nc && c8 < a.K;
-            const i64 off = ok ? r * ks + c8 : 0;
-            cp_async16(smem_u32(&sm.kg[b][r][c8]), kp + off, ok ? 16 : 0);
-            cp_async16(smem_u32(&sm.w[b][r][c8]), wp + off, ok ? 16 : 0);
-            cp_async16(smem_u32(&sm.qg[b][r][c8]), qp + off, ok ? 16 : 0);
-        }
+        const int k = (int)a.K;
+        copy_tile16<T, KP / 8>(smem_u32(&sm.kg[b][0][0]), Sm::KROW, kp, ks, bt, nc, k);
+        copy_tile16<T, KP / 8>(smem_u32(&sm.w[b][0][0]), Sm::KROW, wp, ks, bt, nc, k);
+        copy_tile16<T, KP / 8>(smem_u32(&sm.qg[b][0][0]), Sm::KROW, qp, ks, bt, nc, k);
     } else {
         for (int i = tid; i < bt * KP; i += FWDH_THREADS) {
             const int r = i / KP, e = i % KP;
@@ -104,25 +119,16 @@ __device__ __forceinline__ void load_fused(const FusedArgs& a, FusedSmem<T, KP, 
             sm.qg[b][r][e] = ok ? qp[r * ks + e] : T{0};
         }
     }
-    constexpr int VSEG = BV / 8;
     if (a.V % 8 == 0) {
-        for (int i = tid; i < bt * VSEG; i += FWDH_THREADS) {
-            const int r = i / VSEG, c8 = (i % VSEG) * 8;
-            const bool ok = r < nc && c8 < nb;
-            cp_async16(smem_u32(&sm.u[b][r][c8]), up + (ok ? r * us + c8 : 0), ok ? 16 : 0);
-        }
+        copy_tile16<T, BV / 8>(smem_u32(&sm.u[b][0][0]), Sm::VROW, up, us, bt, nc, nb);
     } else {
         for (int i = tid; i < bt * BV; i += FWDH_THREADS) {
             const int r = i / BV, e = i % BV;
             sm.u[b][r][e] = (r < nc && e < nb) ? up[r * us + e] : T{0};
         }
     }
-    const int aseg = bt / 8;  // bt is 16, 32 or 64
-    for (int i = tid; i < bt * aseg; i += FWDH_THREADS) {
-        const int r = i / aseg, c8 = (i % aseg) * 8;
-        const bool ok = r < nc;
-        cp_async16(smem_u32(&sm.aq[b][r][c8]), ap + (ok ? r * as + c8 : 0), ok ? 16 : 0);
-    }
+    // bt is 16, 32 or 64: columns bt.. of the row are zero-filled
+    copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.aq[b][0][0]), Sm::AROW, ap, as, bt, nc, bt);
     const float* fp = reinterpret_cast<const float*>(a.qf) + row0 * a.HV + hv;
     for (int r = tid; r < bt; r += FWDH_THREADS) cp_async4(smem_u32(&sm.qf[b][r]), fp + (r < nc ? r * a.HV : 0), r < nc ? 4 : 0);
     const float* lp = reinterpret_cast<const float*>(a.lam) + (ci * a.HV + hv) * a.K;
@@ -408,15 +414,11 @@ __device__ __forceinline__ void load_gdn(const GdnFusedArgs& a, GdnFusedSmem<T, 
     const T* hp = reinterpret_cast<const T*>(a.tbh) + aoff;
     const T* lp = reinterpret_cast<const T*>(a.tbl) + aoff;
     const T* ap = reinterpret_cast<const T*>(a.aqk) + aoff;
-    constexpr int KSEG = KP / 8;
+    using Sm = GdnFusedSmem<T, KP, BV>;
     if (a.K % 8 == 0) {
-        for (int i = tid; i < bt * KSEG; i += FWDH_THREADS) {
-            const int r = i / KSEG, c8 = (i % KSEG) * 8;
-            const bool ok = r < nc && c8 < a.K;
-            const i64 off = ok ? r * ks + c8 : 0;
-            cp_async16(smem_u32(&sm.k[b][r][c8]), kp + off, ok ? 16 : 0);
-            cp_async16(smem_u32(&sm.q[b][r][c8]), qp + off, ok ? 16 : 0);
-        }
+        const int k = (int)a.K;
+        copy_tile16<T, KP / 8>(smem_u32(&sm.k[b][0][0]), Sm::KROW, kp, ks, bt, nc, k);
+        copy_tile16<T, KP / 8>(smem_u32(&sm.q[b][0][0]), Sm::KROW, qp, ks, bt, nc, k);
     } else {
         for (int i = tid; i < bt * KP; i += FWDH_THREADS) {
             const int r = i / KP, e = i % KP;
@@ -425,28 +427,18 @@ __device__ __forceinline__ void load_gdn(const GdnFusedArgs& a, GdnFusedSmem<T, 
             sm.q[b][r][e] = ok ? qp[r * ks + e] : T{0};
         }
     }
-    constexpr int VSEG = BV / 8;
     if (a.V % 8 == 0) {
-        for (int i = tid; i < bt * VSEG; i += FWDH_THREADS) {
-            const int r = i / VSEG, c8 = (i % VSEG) * 8;
-            const bool ok = r < nc && c8 < nb;
-            cp_async16(smem_u32(&sm.v[b][r][c8]), vp + (ok ? r * vs + c8 : 0), ok ? 16 : 0);
-        }
+        copy_tile16<T, BV / 8>(smem_u32(&sm.v[b][0][0]), Sm::VROW, vp, vs, bt, nc, nb);
     } else {
         for (int i = tid; i < bt * BV; i += FWDH_THREADS) {
             const int r = i / BV, e = i % BV;
             sm.v[b][r][e] = (r < nc && e < nb) ? vp[r * vs + e] : T{0};
         }
     }
-    const int aseg = bt / 8;  // bt is 16, 32 or 64
-    for (int i = tid; i < bt * aseg; i += FWDH_THREADS) {
-        const int r = i / aseg, c8 = (i % aseg) * 8;
-        const bool ok = r < nc;
-        const i64 off = ok ? r * as + c8 : 0;
-        cp_async16(smem_u32(&sm.tbh[b][r][c8]), hp + off, ok ? 16 : 0);
-        cp_async16(smem_u32(&sm.tbl[b][r][c8]), lp + off, ok ? 16 : 0);
-        cp_async16(smem_u32(&sm.aq[b][r][c8]), ap + off, ok ? 16 : 0);
-    }
+    // bt is 16, 32 or 64: columns bt.. of the rows are zero-filled
+    copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.tbh[b][0][0]), Sm::AROW, hp, as, bt, nc, bt);
+    copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.tbl[b][0][0]), Sm::AROW, lp, as, bt, nc, bt);
+    copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.aq[b][0][0]), Sm::AROW, ap, as, bt, nc, bt);
     const float* gp = reinterpret_cast<const float*>(a.g) + row0 * a.HV + hv;
     for (int r = tid; r < bt; r += FWDH_THREADS) cp_async4(smem_u32(&sm.g[b][r]), gp + (r < nc ? r * a.HV : 0), r < nc ? 4 : 0);
     cp_async_commit();
