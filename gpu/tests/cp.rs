@@ -5,8 +5,9 @@
 //! `R` chunks, zero-length sequences; with and without `initial_state`, final state on; strong,
 //! trained-like and long-memory gates; repeated runs bit-identical; bad input refused; the
 //! persistent plans (`CpFwdPlan`, `CpFwdHPlan`) run twice bit-identical to the one-call ops,
-//! and a shard of the wrong shape at `run` refused before any launch; a rank whose peer never
-//! enters a collective gets the timeout's error and the group is aborted (no rank waits forever).
+//! and a shard of the wrong shape at `run` refused before any launch; a rank whose peer (a second
+//! process: this binary run again) never enters a collective gets the timeout's error and the
+//! group is aborted (no rank waits forever).
 //!
 //! A test for `R` GPUs is reported ignored where fewer GPUs (or no NCCL) are present, and fails
 //! instead when `ATTN_REQUIRE_GPUS` is at least `R` (`ATTN_REQUIRE_GPU=1` counts as
@@ -29,6 +30,10 @@ use common::*;
 use half::bf16;
 use libtest_mimic::{Completion, Failed};
 use ndarray::ArrayD;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 type TestResult = Result<Completion, Failed>;
 
@@ -748,7 +753,7 @@ fn all_ops(ranks: usize) -> TestResult {
     let mut failed = Vec::new();
     for (name, op) in ops {
         eprintln!("{ranks} ranks: {name} ...");
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(&group)));
         // progress on stderr: a collective that never returns shows which op it was in
         eprintln!(
@@ -784,68 +789,193 @@ fn r4() -> TestResult {
     all_ops(4)
 }
 
-/// No rank waits forever: two ranks joined one per thread (the one-rank-per-process form,
-/// `CpGroup::join`), rank 0 queues an all-gather that rank 1 never enters. Rank 0's
-/// `synchronize` must return `GpuError::Collective` naming rank 0 once its timeout has passed
-/// (not before), having aborted the group, and a later collective is refused at once. Last in
-/// the list: it leaves an aborted communicator behind.
+/// The environment variable that makes [`a_missing_peer_times_out`] the peer process: the
+/// group's [`CpId`], its 128 bytes as 256 hex digits.
+const PEER_ID_VAR: &str = "ATTN_CP_PEER_ID";
+
+/// How long rank 0 of [`a_missing_peer_times_out`] may take in all (its collective times out
+/// after 2 s) before the test reports a hang.
+const RANK0_DEADLINE: Duration = Duration::from_secs(90);
+
+/// How long the peer process may take to exit once its stdin is closed.
+const PEER_EXIT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The stages rank 0 of [`a_missing_peer_times_out`] reaches, in order: a hang is reported with
+/// the last one reached.
+const STAGES: [&str; 5] = [
+    "spawned the peer process, joining as rank 0",
+    "joined as rank 0",
+    "queued the all-gather, synchronizing",
+    "synchronize returned",
+    "checked, dropping the group",
+];
+
+/// `bytes` as lowercase hex digits.
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The [`CpId`] whose bytes [`to_hex`] wrote as `hex`.
+fn id_from_hex(hex: &str) -> Result<CpId, String> {
+    let bad = || format!("{PEER_ID_VAR} is not 256 hex digits: {hex:?}");
+    if hex.len() != 256 {
+        return Err(bad());
+    }
+    let mut bytes = [0u8; 128];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = hex
+            .get(2 * i..2 * i + 2)
+            .and_then(|digits| u8::from_str_radix(digits, 16).ok())
+            .ok_or_else(bad)?;
+    }
+    Ok(CpId::from_bytes(bytes))
+}
+
+/// Rank 1 of [`a_missing_peer_times_out`], in its own process (GPU 1): joins the group, enters
+/// no collective, and leaves once its stdin is closed (rank 0 is done).
+fn missing_peer(hex: &str) -> TestResult {
+    let id = id_from_hex(hex)?;
+    let group = CpGroup::join(1, 1, 2, &id).map_err(|e| format!("the peer's join: {e}"))?;
+    eprintln!("missing peer: rank 1 joined, waiting for its stdin to close");
+    std::io::copy(&mut std::io::stdin(), &mut std::io::sink())
+        .map_err(|e| format!("the peer's stdin: {e}"))?;
+    drop(group);
+    Ok(Completion::Completed)
+}
+
+/// Rank 0 of [`a_missing_peer_times_out`] (GPU 0), its peer never entering the all-gather:
+/// `synchronize` must return `GpuError::Collective` naming rank 0 once the timeout has passed
+/// (not before, nor much later), and the aborted group must refuse the next collective. Each
+/// of [`STAGES`] reached is stored in `stage` and printed on stderr.
+fn rank0(id: CpId, stage: &AtomicUsize) -> Result<(), String> {
+    let reached = |s: usize| {
+        stage.store(s, Ordering::SeqCst);
+        eprintln!("missing peer: {}", STAGES[s]);
+    };
+    let timeout = Duration::from_secs(2);
+    let mut group = CpGroup::join(0, 0, 2, &id).map_err(|e| e.to_string())?;
+    reached(1);
+    group.set_timeout(timeout);
+    let gpu = group.gpu(0);
+    let send = DeviceTensor::from_slice(gpu, &[1.5f32; 64]).map_err(|e| e.to_string())?;
+    let mut recv = [DeviceTensor::alloc(gpu, &[128], Dtype::F32).map_err(|e| e.to_string())?];
+    group
+        .all_gather(&[&send], &mut recv)
+        .map_err(|e| format!("queueing the all-gather: {e}"))?;
+    reached(2);
+    let start = Instant::now();
+    let waited = group.synchronize();
+    let took = start.elapsed();
+    reached(3);
+    let e = waited
+        .err()
+        .ok_or("the all-gather without its peer completed")?;
+    let text = e.to_string();
+    if !matches!(e, GpuError::Collective { .. }) || !text.contains("rank(s) [0]") {
+        return Err(format!("not the timeout naming rank 0: {text}"));
+    }
+    if took < timeout || took > timeout * 10 {
+        return Err(format!(
+            "returned after {took:?} with a timeout of {timeout:?}"
+        ));
+    }
+    let again = group
+        .all_gather(&[&send], &mut recv)
+        .err()
+        .ok_or("an aborted group queued a collective")?;
+    if !again.to_string().contains("aborted") {
+        return Err(format!("not the aborted group's error: {again}"));
+    }
+    reached(4);
+    Ok(())
+}
+
+/// The exit status of `child`, waiting at most `limit` (then it is killed: an error).
+fn exit_within(child: &mut Child, limit: Duration) -> Result<ExitStatus, String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(status);
+        }
+        if Instant::now() >= deadline {
+            child.kill().ok();
+            child.wait().ok();
+            return Err(format!(
+                "the peer process did not exit within {limit:?} (killed)"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// No rank waits forever: two ranks joined one per process (`CpGroup::join`), rank 1 being
+/// this test binary run again ([`missing_peer`], under [`PEER_ID_VAR`]) and never entering the
+/// all-gather that rank 0 queues ([`rank0`]'s checks). Rank 0 runs in a worker thread that the
+/// test waits for at most [`RANK0_DEADLINE`]: a hang (in NCCL's join or abort, say) fails the
+/// test naming the last stage reached, as does the peer process exiting before rank 0 is done.
+/// The peer must then exit, successfully, within [`PEER_EXIT_DEADLINE`] of its stdin closing.
+/// Last in the list: a hang leaves its worker thread, in NCCL, behind.
 fn a_missing_peer_times_out() -> TestResult {
+    if let Ok(hex) = std::env::var(PEER_ID_VAR) {
+        return missing_peer(&hex);
+    }
     // the two GPUs and NCCL, probed by opening (and dropping) a two-rank group
     drop(match open(2) {
         Ok(g) => g,
         Err(outcome) => return outcome,
     });
-    let timeout = std::time::Duration::from_secs(2);
     let id = CpId::new().map_err(|e| e.to_string())?;
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    // rank 1 joins (NCCL's init waits for both ranks), then holds its group without any
-    // collective until rank 0 is done
-    let peer = std::thread::spawn(move || -> Result<(), String> {
-        let group = CpGroup::join(1, 1, 2, &id).map_err(|e| e.to_string())?;
-        done_rx.recv().ok();
-        drop(group);
-        Ok(())
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut peer = Command::new(exe)
+        .args(["a_missing_peer_times_out", "--exact", "--nocapture"])
+        .env(PEER_ID_VAR, to_hex(&id.to_bytes()))
+        .stdin(Stdio::piped())
+        // the peer's test report on stderr, apart from this harness's report on stdout
+        .stdout(std::io::stderr())
+        .spawn()
+        .map_err(|e| format!("spawning the peer process: {e}"))?;
+    let stage = Arc::new(AtomicUsize::new(0));
+    eprintln!("missing peer: {}", STAGES[0]);
+    let (tx, rx) = mpsc::channel();
+    let worker_stage = Arc::clone(&stage);
+    // not joined: a worker that hangs (in NCCL, which no one can interrupt) is leaked
+    std::thread::spawn(move || tx.send(rank0(id, &worker_stage)).ok());
+    let deadline = Instant::now() + RANK0_DEADLINE;
+    let checked = loop {
+        let at = || STAGES[stage.load(Ordering::SeqCst)];
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(outcome) => break outcome,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                break Err(format!("rank 0 panicked after: {}", at()))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let early = peer.try_wait().ok().flatten();
+        if early.is_some() || Instant::now() >= deadline {
+            peer.kill().ok();
+            peer.wait().ok();
+            let why = early.map_or(format!("hung for {RANK0_DEADLINE:?}"), |s| {
+                format!("was left waiting: the peer process exited ({s})")
+            });
+            return Err(format!("rank 0 {why} after: {}", at()).into());
+        }
+    };
+    // rank 0 is done: the peer leaves when its stdin closes
+    drop(peer.stdin.take());
+    let exited = exit_within(&mut peer, PEER_EXIT_DEADLINE).and_then(|s| {
+        s.success()
+            .then_some(())
+            .ok_or(format!("the peer process failed ({s})"))
     });
-    let outcome = (|| -> Result<(), String> {
-        let mut group = CpGroup::join(0, 0, 2, &id).map_err(|e| e.to_string())?;
-        group.set_timeout(timeout);
-        let gpu = group.gpu(0);
-        let send = DeviceTensor::from_slice(gpu, &[1.5f32; 64]).map_err(|e| e.to_string())?;
-        let mut recv = [DeviceTensor::alloc(gpu, &[128], Dtype::F32).map_err(|e| e.to_string())?];
-        group
-            .all_gather(&[&send], &mut recv)
-            .map_err(|e| format!("queueing the all-gather: {e}"))?;
-        let start = std::time::Instant::now();
-        let waited = group.synchronize();
-        let took = start.elapsed();
-        let e = waited
-            .err()
-            .ok_or("the all-gather without its peer completed")?;
-        let text = e.to_string();
-        if !matches!(e, GpuError::Collective { .. }) || !text.contains("rank(s) [0]") {
-            return Err(format!("not the timeout naming rank 0: {text}"));
-        }
-        if took < timeout || took > timeout * 10 {
-            return Err(format!(
-                "returned after {took:?} with a timeout of {timeout:?}"
-            ));
-        }
-        let again = group
-            .all_gather(&[&send], &mut recv)
-            .err()
-            .ok_or("an aborted group queued a collective")?;
-        if !again.to_string().contains("aborted") {
-            return Err(format!("not the aborted group's error: {again}"));
-        }
-        Ok(())
-    })();
-    done_tx.send(()).ok();
-    let joined = peer
-        .join()
-        .map_err(|_| "rank 1's thread panicked".to_string())?;
-    outcome?;
-    joined?;
-    Ok(Completion::Completed)
+    let failed: Vec<String> = [checked, exited]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+    if failed.is_empty() {
+        Ok(Completion::Completed)
+    } else {
+        Err(failed.join("\n").into())
+    }
 }
 
 gpu_tests!(refuses_bad_input, r1, r2, r3, r4, a_missing_peer_times_out);
