@@ -228,7 +228,7 @@ impl CpGroup {
     }
 
     /// This process's rank `rank` of `world`, on its GPU `ordinal`, with the group's `id`
-    /// (blocks until every rank has joined).
+    /// (blocks until every rank has joined and the ranks are connected: [`Self::connect`]).
     pub fn join(ordinal: usize, rank: usize, world: usize, id: &CpId) -> GpuResult<CpGroup> {
         if rank >= world {
             return Err(
@@ -243,12 +243,32 @@ impl CpGroup {
         let comm = nccl("ncclCommInitRank", || {
             Comm::from_rank(stream, rank, world, id.0)
         })?;
-        Ok(CpGroup {
+        let group = CpGroup {
             local: vec![LocalRank { rank, gpu }],
             world,
             comms: RefCell::new(Some(vec![comm])),
             timeout: default_timeout(),
-        })
+        };
+        group.connect()?;
+        Ok(group)
+    }
+
+    /// One all-gather of 4 bytes a rank, waited for. NCCL connects a communicator's channels at
+    /// its first collective, on the host inside `ncclGroupEnd`, which needs every peer and
+    /// which no timeout reaches: a rank whose peer process had died blocked there forever
+    /// (S12-6). Done at `join`, right after the init every rank has just completed, the
+    /// connection is made while all ranks are known present; later collectives only queue, and
+    /// a missing peer ends in [`CpGroup::synchronize`]'s timeout.
+    fn connect(&self) -> GpuResult<()> {
+        let gpu = &self.local[0].gpu;
+        let send = DeviceTensor::from_slice(gpu, &[0f32])?;
+        let mut recv = [DeviceTensor::alloc(
+            gpu,
+            &[self.world],
+            attn_reference::Dtype::F32,
+        )?];
+        self.all_gather(&[&send], &mut recv)?;
+        self.synchronize()
     }
 
     /// Ranks of the whole group `R`.
