@@ -9,7 +9,8 @@
 //!    (`[HV, K, V + K]`, fp32; fp64 for fp64 data): `fwd_h` by `fwd_h_pre_scan`; the forwards by
 //!    running the rank's own forward on the piece with values `[v | 0]` from the state `[0 | I]`
 //!    (the recurrence is linear in `(S, v)`, so the first `V` state columns end at `b` and the
-//!    last `K` at `M`);
+//!    last `K` at `M`), over the piece's sub-pieces side by side and their summaries merged
+//!    ([`whole`]), or over a tail (below);
 //! 2. **one all-gather** of the `R` summary slots (NCCL);
 //! 3. **merge**: a rank whose first piece continues sequence `n` chains the summaries of the
 //!    earlier ranks holding `n` from `initial_state[n]`, `X ← M_q X + b_q` (`fwd_h_merge`), which
@@ -59,7 +60,9 @@
 
 use super::comm::CpGroup;
 use super::partition::{Partition, Piece};
-use super::shard::{copy_padded_rows, copy_rows, copy_token_rows, zero, zero_identity};
+use super::shard::{
+    copy_columns, copy_padded_rows, copy_rows, copy_token_rows, zero, zero_identity,
+};
 use crate::delta::forward::{
     DeltaFwdDeviceOutputs, DeltaFwdPlan, DeltaFwdWorkspace, ForwardPath, ForwardTensors,
     PolicyTensors, LOG_EPS,
@@ -74,6 +77,9 @@ use attn_reference::delta::{
     FwdHMergeParams, FwdHParams, FwdHPreScanParams, GdnFwdParams, KdaFwdParams,
 };
 use attn_reference::{Dtype, Error};
+use whole::WholeSummary;
+
+mod whole;
 
 /// The state and summary layout of a call: heads, key and value widths, the dtype of states.
 #[derive(Debug, Clone, Copy)]
@@ -639,26 +645,25 @@ fn summary_sources<'a>(t: &ForwardTensors<'a>) -> [Option<&'a DeviceTensor>; 4] 
 }
 
 impl SummaryRun {
-    /// The run over the rows of `piece` (local to the shard of `shard_tokens` rows of `t`),
-    /// from `h0` (`[0 | I]`).
-    #[allow(clippy::too_many_arguments)]
+    /// The run of `spec`'s op over the rows of `piece` (local to its shard `t`) from `h0` (`[0 | I]` per
+    /// sequence): one sequence, or the sequences `cu` (offsets within the rows).
     fn new(
         gpu: &Gpu,
-        op: Op,
+        spec: &SummarySpec,
         t: &ForwardTensors<'_>,
         piece: &Piece,
-        shard_tokens: usize,
-        dims: Dims,
         h0: &DeviceTensor,
-        path: ForwardPath,
+        cu: Option<&[i64]>,
     ) -> GpuResult<SummaryRun> {
-        let rows = PieceRows::new(gpu, piece, shard_tokens, &summary_sources(t))?;
-        let wide = [1, piece.len, dims.hv, dims.v + dims.k];
+        let d = spec.dims;
+        let rows = PieceRows::new(gpu, piece, spec.shard_tokens, &summary_sources(t))?;
+        let wide = [1, piece.len, d.hv, d.v + d.k];
         let mut v = DeviceTensor::alloc(gpu, &wide, t.v.dtype())?;
         zero(gpu, &mut v)?;
-        let plan = op
+        let plan = spec
+            .op
             .summary()
-            .plan(gpu, &Self::inputs(&rows, &v, h0, t)?, None, path)?;
+            .plan(gpu, &Self::inputs(&rows, &v, h0, t)?, cu, spec.path)?;
         let ws = plan.alloc_workspace(gpu)?;
         let out = plan.alloc_outputs(gpu)?;
         Ok(SummaryRun {
@@ -759,11 +764,11 @@ struct SummarySpec {
 struct ForwardSummary {
     /// `[0 | I]`: `[1, HV, K, V + K]`.
     h0: DeviceTensor,
-    /// The whole piece's run: made with the plan where there is no tail, else by the first run
-    /// whose tail bound fails. It holds the piece's inputs at `V + K` columns and a forward's
-    /// workspace, about the local op's memory again: a rank whose tails always suffice never
-    /// allocates it.
-    full: Option<SummaryRun>,
+    /// The whole piece's summary (in parallel: [`whole`]): made with the plan where there is no
+    /// tail, else by the first run whose tail bound fails. It holds the piece's inputs at
+    /// `V + K` columns and a forward's workspace, about the local op's memory again: a rank
+    /// whose tails always suffice never allocates it.
+    full: Option<WholeSummary>,
     spec: SummarySpec,
     /// The bound check over the longest tail, where the piece is longer.
     check: Option<TailCheck>,
@@ -783,7 +788,7 @@ impl ForwardSummary {
         tail: Option<(usize, usize)>,
     ) -> GpuResult<ForwardSummary> {
         let (piece, d) = (&spec.piece, spec.dims);
-        let h0 = zero_identity(gpu, d.hv, d.k, d.v, d.state)?;
+        let h0 = zero_identity(gpu, 1, (d.hv, d.k, d.v), d.state)?;
         let end = piece.start + piece.len;
         let last = |len: usize| Piece {
             start: end - len,
@@ -810,7 +815,7 @@ impl ForwardSummary {
         };
         let full = match check {
             Some(_) => None,
-            None => Some(spec.run_over(gpu, t, &spec.piece, &h0)?),
+            None => Some(WholeSummary::new(gpu, &spec, t, &h0)?),
         };
         Ok(ForwardSummary {
             h0,
@@ -848,7 +853,7 @@ impl ForwardSummary {
             return run.run(gpu, t, &self.h0);
         }
         if self.full.is_none() {
-            self.full = Some(self.spec.run_over(gpu, t, &self.spec.piece, &self.h0)?);
+            self.full = Some(WholeSummary::new(gpu, &self.spec, t, &self.h0)?);
         }
         match &mut self.full {
             Some(full) => full.run(gpu, t, &self.h0),
@@ -858,13 +863,11 @@ impl ForwardSummary {
 
     /// The slot the last run filled.
     fn sent(&self) -> Option<&DeviceTensor> {
-        let run = match self.sent {
-            Some(SentSummary::Tail(c)) => {
-                self.tails.iter().find(|(n, _)| *n == c).map(|(_, run)| run)
-            }
-            _ => self.full.as_ref(),
-        };
-        run.and_then(|r| r.out.final_state.as_ref())
+        match self.sent {
+            Some(SentSummary::Tail(c)) => (self.tails.iter().find(|(n, _)| *n == c))
+                .and_then(|(_, run)| run.out.final_state.as_ref()),
+            _ => self.full.as_ref().and_then(WholeSummary::slot),
+        }
     }
 }
 
@@ -877,16 +880,7 @@ impl SummarySpec {
         rows: &Piece,
         h0: &DeviceTensor,
     ) -> GpuResult<SummaryRun> {
-        SummaryRun::new(
-            gpu,
-            self.op,
-            t,
-            rows,
-            self.shard_tokens,
-            self.dims,
-            h0,
-            self.path,
-        )
+        SummaryRun::new(gpu, self, t, rows, h0, None)
     }
 }
 

@@ -65,9 +65,8 @@ pub(crate) fn copy_rows(
 }
 
 /// Copies the token rows `[start, start + len)` of `src` (`[1, T, .., W]`) into the first `W`
-/// columns of the last axis of `dst` (`[1, len, .., W + extra]`; the caller checked both
-/// shapes): one strided 2-D copy per slab of rows; `dst`'s other columns are left as they are
-/// (the summary's `[v | 0]` is zeroed once when its plan is made).
+/// columns of the last axis of `dst` (`[1, len, .., W + extra]`); `dst`'s other columns are
+/// left as they are (the summary's `[v | 0]` is zeroed once when its plan is made).
 pub(crate) fn copy_padded_rows(
     gpu: &Gpu,
     src: &DeviceTensor,
@@ -75,10 +74,41 @@ pub(crate) fn copy_padded_rows(
     dst: &mut DeviceTensor,
 ) -> GpuResult<()> {
     let w = *src.shape().last().unwrap_or(&1);
-    let wide = *dst.shape().last().unwrap_or(&1);
+    let first = start * (token_row_bytes(src) / (w * src.dtype().size_bytes()).max(1));
+    copy_columns(gpu, (src, first, 0), (dst, 0), w)
+}
+
+/// Copies `width` columns of the last axis: from row `row0 + r`, column `col` of `src` to row
+/// `r`, column `dst_col` of `dst`, for every row `r` of `dst` (both viewed as rows of their
+/// last axis, the same dtype): one strided 2-D copy per slab of rows. Errors (naming `dst`)
+/// where a copy would leave either tensor.
+pub(crate) fn copy_columns(
+    gpu: &Gpu,
+    (src, row0, col): (&DeviceTensor, usize, usize),
+    (dst, dst_col): (&mut DeviceTensor, usize),
+    width: usize,
+) -> GpuResult<()> {
+    let sw = *src.shape().last().unwrap_or(&1);
+    let dw = *dst.shape().last().unwrap_or(&1);
+    let rows = dst.numel() / dw.max(1);
+    let src_rows = src.numel() / sw.max(1);
+    if src.dtype() != dst.dtype()
+        || col + width > sw
+        || dst_col + width > dw
+        || row0 + rows > src_rows
+    {
+        return Err(Error::shape(
+            "dst",
+            format!(
+                "{width} columns from row {row0}, column {col} of {:?} ({})",
+                src.shape(),
+                src.dtype().name()
+            ),
+            dst.shape(),
+        )
+        .into());
+    }
     let es = src.dtype().size_bytes();
-    let rows = dst.numel() / wide.max(1);
-    let first = start * (token_row_bytes(src) / (w * es).max(1));
     gpu.bind()?;
     let stream = gpu.stream();
     let src_guard = src.buffer().device_ptr(stream);
@@ -87,31 +117,31 @@ pub(crate) fn copy_padded_rows(
     // in slabs, well below any limit on the height of a 2-D copy
     let slab = 1 << 20;
     let mut r0 = 0;
-    while r0 < rows && w > 0 {
+    while r0 < rows && width > 0 {
         let h = slab.min(rows - r0);
         let copy = sys::CUDA_MEMCPY2D {
             srcXInBytes: 0,
             srcY: 0,
             srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             srcHost: std::ptr::null(),
-            srcDevice: src + ((first + r0) * w * es) as u64,
+            srcDevice: src + (((row0 + r0) * sw + col) * es) as u64,
             srcArray: std::ptr::null_mut(),
-            srcPitch: w * es,
+            srcPitch: sw * es,
             dstXInBytes: 0,
             dstY: 0,
             dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             dstHost: std::ptr::null_mut(),
-            dstDevice: dst + (r0 * wide * es) as u64,
+            dstDevice: dst + ((r0 * dw + dst_col) * es) as u64,
             dstArray: std::ptr::null_mut(),
-            dstPitch: wide * es,
-            WidthInBytes: w * es,
+            dstPitch: dw * es,
+            WidthInBytes: width * es,
             Height: h,
         };
-        // SAFETY: `dst` holds `rows · wide` elements and `src` at least `(first + rows) · w`
-        // (the shapes the caller checked); the copies stay inside. The stream is this GPU's.
+        // SAFETY: the rows and columns copied lie inside both tensors (checked above); the
+        // stream is this GPU's.
         unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
             .result()
-            .map_err(GpuError::driver("2-D copy of padded values"))?;
+            .map_err(GpuError::driver("2-D copy of columns"))?;
         r0 += h;
     }
     drop((src_guard, dst_guard));
@@ -125,18 +155,20 @@ pub(crate) fn zero(gpu: &Gpu, t: &mut DeviceTensor) -> GpuResult<()> {
         .map_err(GpuError::driver("memset"))
 }
 
-/// The summary run's initial state `[1, HV, K, V + K] = [0 | I]` per head, in `dtype`.
+/// A summary run's initial state `[n, HV, K, V + K] = [0 | I]` per sequence and head, in
+/// `dtype`.
 pub(crate) fn zero_identity(
     gpu: &Gpu,
-    hv: usize,
-    k: usize,
-    v: usize,
+    n: usize,
+    (hv, k, v): (usize, usize, usize),
     dtype: Dtype,
 ) -> GpuResult<DeviceTensor> {
-    let mut a = ArrayD::<f64>::zeros(vec![1, hv, k, v + k]);
-    for h in 0..hv {
-        for i in 0..k {
-            a[[0, h, i, v + i]] = 1.0;
+    let mut a = ArrayD::<f64>::zeros(vec![n, hv, k, v + k]);
+    for s in 0..n {
+        for h in 0..hv {
+            for i in 0..k {
+                a[[s, h, i, v + i]] = 1.0;
+            }
         }
     }
     match dtype {
