@@ -924,7 +924,7 @@ pub fn threshold(
     f32: f64,
 ) -> Rule {
     let long = long(inputs, main);
-    threshold_when(long, inputs, main, candidate, half, half_long, f32)
+    threshold_when(long, inputs, main, candidate, (half, half_long, f32))
 }
 
 /// `o` and `final_state` of `kda_fwd` / `gdn_fwd` (§6.8, §8.8): half 5e-3, long 1e-2, float32
@@ -935,7 +935,7 @@ pub fn threshold(
 fn forward_threshold(inputs: &Tensors, p: &Params, candidate: DtypeClass) -> Rule {
     let longest = seq_lens(inputs, "q").into_iter().max().unwrap_or(0);
     let long = longest > LONG || (longest >= 1024 && long_memory(inputs, p).unwrap_or(false));
-    threshold_when(long, inputs, "q", candidate, 5e-3, 1e-2, 1e-5)
+    threshold_when(long, inputs, "q", candidate, (5e-3, 1e-2, 1e-5))
 }
 
 /// Whether every per-step log decay of the case lies in `[−1e-3, 0]`.
@@ -958,15 +958,13 @@ fn long_memory(inputs: &Tensors, p: &Params) -> Result<bool, Problem> {
     Ok(a.iter().all(|&x| (-1e-3..=0.0).contains(&x)))
 }
 
-/// The rows of [`threshold`] with "long" given.
+/// The rows of [`threshold`] with "long" given: `(half, half_long, f32)`.
 fn threshold_when(
     long: bool,
     inputs: &Tensors,
     main: &str,
     candidate: DtypeClass,
-    half: f64,
-    half_long: f64,
-    f32: f64,
+    (half, half_long, f32): (f64, f64, f64),
 ) -> Rule {
     if candidate == DtypeClass::Float64 {
         return Rule::Threshold(1e-10);

@@ -645,8 +645,8 @@ fn summary_sources<'a>(t: &ForwardTensors<'a>) -> [Option<&'a DeviceTensor>; 4] 
 }
 
 impl SummaryRun {
-    /// The run of `spec`'s op over the rows of `piece` (local to its shard `t`) from `h0` (`[0 | I]` per
-    /// sequence): one sequence, or the sequences `cu` (offsets within the rows).
+    /// The run of `spec`'s op over the rows of `piece` (local to its shard `t`) from `h0`
+    /// (`[0 | I]` per sequence): one sequence, or the sequences `cu` (offsets within the rows).
     fn new(
         gpu: &Gpu,
         spec: &SummarySpec,
