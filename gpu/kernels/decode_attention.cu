@@ -150,6 +150,16 @@ __device__ __forceinline__ const T* decode_source(const DecodeArgs& a, u64 cache
                  : reinterpret_cast<const T*>(cache) + cache_off + j * a.stride_s;
 }
 
+// Writes piece p of this step's key j (fused step) into the caches.
+template <typename T, int W>
+__device__ __forceinline__ void decode_store_fresh(const DecodeArgs& a, i64 cache_off, i64 j, int p, const Vec<T, W>& k,
+                                                   const Vec<T, W>& v) {
+    T* kw = reinterpret_cast<T*>(a.k_cache) + cache_off + j * a.stride_s + p * W;
+    T* vw = reinterpret_cast<T*>(a.v_cache) + cache_off + j * a.stride_s + p * W;
+    *reinterpret_cast<Vec<T, W>*>(kw) = k;
+    *reinterpret_cast<Vec<T, W>*>(vw) = v;
+}
+
 // Loads the K and V pieces of keys j0 + u * KPW + grp (u < U) of this lane into kr, vr (zeros
 // past `end`). Keys of this step (j >= n_old, fused step only) come from k_new / v_new and are
 // written into the caches here, by the one lane group that owns them.
@@ -172,12 +182,7 @@ __device__ __forceinline__ void decode_load(const DecodeArgs& a, i64 j0, i64 end
             if (j < end && p * W < a.d) {
                 kr[u][v] = load_stream<T, W>(ks + p * W);
                 vr[u][v] = load_stream<T, W>(vs + p * W);
-                if (fresh) {
-                    T* kw = reinterpret_cast<T*>(a.k_cache) + cache_off + j * a.stride_s + p * W;
-                    T* vw = reinterpret_cast<T*>(a.v_cache) + cache_off + j * a.stride_s + p * W;
-                    *reinterpret_cast<Vec<T, W>*>(kw) = kr[u][v];
-                    *reinterpret_cast<Vec<T, W>*>(vw) = vr[u][v];
-                }
+                if (fresh) decode_store_fresh<T, W>(a, cache_off, j, p, kr[u][v], vr[u][v]);
             }
         }
     }
@@ -209,12 +214,9 @@ __device__ __forceinline__ void decode_issue(const DecodeArgs& a, i64 j0, i64 en
             // past the end: nothing read (a valid address, 0 source bytes), 16 zero bytes written
             cp_async16(kd, in ? ks + p * W : reinterpret_cast<const T*>(a.k_cache), in ? 16 : 0);
             cp_async16(vd, in ? vs + p * W : reinterpret_cast<const T*>(a.v_cache), in ? 16 : 0);
-            if (in && fresh) {
-                T* kw = reinterpret_cast<T*>(a.k_cache) + cache_off + j * a.stride_s + p * W;
-                T* vw = reinterpret_cast<T*>(a.v_cache) + cache_off + j * a.stride_s + p * W;
-                *reinterpret_cast<Vec<T, W>*>(kw) = *reinterpret_cast<const Vec<T, W>*>(ks + p * W);
-                *reinterpret_cast<Vec<T, W>*>(vw) = *reinterpret_cast<const Vec<T, W>*>(vs + p * W);
-            }
+            if (in && fresh)
+                decode_store_fresh<T, W>(a, cache_off, j, p, *reinterpret_cast<const Vec<T, W>*>(ks + p * W),
+                                         *reinterpret_cast<const Vec<T, W>*>(vs + p * W));
         }
     }
 }
