@@ -9,8 +9,9 @@
 //!   the chunks, `D = u − w S`, `o = diag(qf) qg S + Aqk D`, `S ← diag(exp2(G_ℓ)) S + kgᵀ D`,
 //!   writing `o` and the final state only;
 //! - **staged** (every dtype, `K` up to 256): §2's `chunk_gated_delta_rule_fwd_h` on
-//!   `kg, w, u, G` writes `h` and `v_new`, and an output kernel forms
-//!   `o = diag(qf) qg h + Aqk v_new`: the checkable stages.
+//!   `kg, w, u, G` writes `h` and `v_new` (bf16 / f16: through §5's split in its automatic
+//!   mode, exact summaries and a merge where its policy expects a gain), and an output kernel
+//!   forms `o = diag(qf) qg h + Aqk v_new`: the checkable stages.
 //!
 //! GDN is the same with the scalar gate broadcast over `K` (§8.5); its staged path passes the
 //! raw keys and `g = G` to `fwd_h`, as FLA does. Its fused path is leaner: with a scalar gate
@@ -18,14 +19,18 @@
 //! `Tb = Akk diag(β)` (hi + lo halves), `Aqk` and `G`, and the fused kernel reads `q, k, v`
 //! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm). Both fused kernels split
 //! long sequences into pieces with exact warm-ups when the GPU would otherwise idle
-//! ([`SplitRule`], §5.9–5.10).
+//! ([`SplitRule`], §5.9–5.10). Where the gates do not let the pieces warm up (long memory,
+//! slow heads), a splitting plan over sequences of [`EXACT_FALLBACK_CHUNKS`] chunks or more
+//! runs the staged path instead, whose `fwd_h` split is exact without warm-ups: the choice is
+//! the warm-up policy's, read on the host once per run ([`DeltaFwdPlan::ran_exact_fallback`]).
 //! Float32 runs IEEE fp32 FMAs throughout, float64 fp64.
 
-use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
+use super::fwd_h::{FwdHDeviceOutputs, FwdHTensors};
 use super::intra::{
     acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
 };
 use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
+use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -768,7 +773,17 @@ pub struct DeltaFwdPlan {
     split_rule: Option<SplitRule>,
     /// The staged path's `fwd_h` call (its plan is made on the workspace's tensors).
     cu_seqlens: Option<Vec<i64>>,
+    /// The exact fallback: the same call on the staged path, whose `fwd_h` splits with exact
+    /// summaries ([`Staged`]); run instead of the fused split when the warm-up policy leaves a
+    /// long chain serial ([`Self::needs_exact_fallback`]). Made where the fused path splits a
+    /// sequence of at least [`EXACT_FALLBACK_CHUNKS`] chunks.
+    fallback: Option<Box<DeltaFwdPlan>>,
 }
+
+/// Chunks of a sequence from which a splitting fused plan holds the exact fallback: a serial
+/// chain of 256 chunks is ~0.7 ms at few heads (S12-2: ~2.7 µs a chunk), well above the host
+/// read of the policy's verdict the fallback's decision costs.
+pub const EXACT_FALLBACK_CHUNKS: usize = 256;
 
 /// The fused path's launches (either kernel): the pieces of the (split) launch and, when the
 /// split runs at a wider column block than the serial run, the serial launch it falls back to
@@ -786,6 +801,8 @@ struct Pieces {
     /// With a wider split: the serial table (one piece per sequence) and the longest chain of
     /// chunks a CTA of the split may run and still finish before the serial run would.
     serial: Option<(DeviceTensor, i64)>,
+    /// `table`'s rows on the host (the exact fallback's decision reads them).
+    rows: Vec<i64>,
 }
 
 /// Intermediate tensors of a forward (allocated once per plan).
@@ -797,6 +814,10 @@ pub struct DeltaFwdWorkspace {
     policy: Option<PolicyTensors>,
     /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
     verdict: Option<DeviceTensor>,
+    /// The exact fallback's workspace, when the plan holds the fallback.
+    fallback: Option<Box<DeltaFwdWorkspace>>,
+    /// Whether the last run took the exact fallback.
+    fell_back: bool,
 }
 
 /// The warm-up policy's tensors (§5.10; [`DeltaFwdPlan::run_warm_policy`]).
@@ -856,8 +877,19 @@ struct FullTiles {
     qf: DeviceTensor,
     /// Fused: `exp2(G_ℓ)` per chunk `[NT, HV, K]` f32. Staged: `G` `[B, T, HV(, K)]`.
     gate: DeviceTensor,
-    /// Staged only: `fwd_h`'s plan and outputs.
-    staged: Option<(FwdHPlan, FwdHDeviceOutputs)>,
+    /// Staged only: `fwd_h`'s plan, scratch and outputs.
+    staged: Option<Box<Staged>>,
+}
+
+/// The staged path's `fwd_h` call: the split op of §5 (`chunk_gated_delta_rule_fwd_h_split`),
+/// whose automatic mode cuts long sequences into pieces with exact summaries and a merge where
+/// its policy estimates a gain (bf16 / f16; serial for fp32 and fp64, whose thresholds the
+/// split's summaries would not keep: §5.7), else the serial recurrence.
+#[derive(Debug)]
+struct Staged {
+    plan: FwdHSplitPlan,
+    ws: FwdHSplitWorkspace,
+    out: FwdHDeviceOutputs,
 }
 
 impl DeltaFwdPlan {
@@ -927,6 +959,13 @@ impl DeltaFwdPlan {
         let (output_final_state, state_v_first) = call.state_flags();
         let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
+        let longest = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).max();
+        let fallback = match &pieces {
+            Some(p) if p.split && longest >= Some(EXACT_FALLBACK_CHUNKS) => Some(Box::new(
+                Self::new(gpu, t, cu_seqlens, call, ForwardPath::Staged)?,
+            )),
+            _ => None,
+        };
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
             call,
@@ -942,6 +981,7 @@ impl DeltaFwdPlan {
             pieces,
             split_rule,
             cu_seqlens: cu_seqlens.map(<[i64]>::to_vec),
+            fallback,
         })
     }
 
@@ -963,14 +1003,14 @@ impl DeltaFwdPlan {
             if rows.is_empty() {
                 rows.push(0);
             }
-            Ok::<_, crate::error::GpuError>((DeviceTensor::from_slice(gpu, &rows)?, n))
+            Ok::<_, crate::error::GpuError>((DeviceTensor::from_slice(gpu, &rows)?, n, rows))
         };
         let ones = vec![1; chunks.len()];
         let (choice, per_seq) = match rule {
             Some(r) => split_choice(geo.v, &chunks, geo.hv, gpu.sm_count(), serial, &r),
             None => (serial, ones.clone()),
         };
-        let (tab, n) = table(&per_seq)?;
+        let (tab, n, rows) = table(&per_seq)?;
         let split = per_seq.iter().any(|&m| m > 1);
         let serial_run = if choice != serial {
             let est = fused_estimate(serial, geo.v, &chunks, &ones, geo.hv, gpu.sm_count());
@@ -985,12 +1025,14 @@ impl DeltaFwdPlan {
             split,
             choice,
             serial: serial_run,
+            rows,
         }))
     }
 
     /// The plan with the fused path's automatic split under `rule`, or without a split
     /// (`None`: one serial run per sequence); other paths are unchanged. A rule's
-    /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1.
+    /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1. The exact fallback
+    /// (made with the plan) stays while the plan still splits.
     pub fn with_split(mut self, gpu: &Gpu, rule: Option<SplitRule>) -> GpuResult<DeltaFwdPlan> {
         if let Some(r) = rule {
             if !(1..=MAX_WARMUP_CHUNKS).contains(&r.max_warmup_chunks) || r.min_piece_chunks == 0 {
@@ -1005,6 +1047,9 @@ impl DeltaFwdPlan {
         if self.fused.is_some() {
             self.split_rule = rule;
             self.pieces = Self::pieces(gpu, &self.geo, self.fused, rule)?;
+            if !self.splits() {
+                self.fallback = None;
+            }
         }
         Ok(self)
     }
@@ -1079,8 +1124,13 @@ impl DeltaFwdPlan {
             }
             _ => None,
         };
+        let fallback = (self.fallback.as_deref())
+            .map(|f| f.alloc_workspace(gpu).map(Box::new))
+            .transpose()?;
         if self.fused.is_some_and(|f| f.lean) {
             return Ok(DeltaFwdWorkspace {
+                fallback,
+                fell_back: false,
                 aqk: tok(g.bt)?,
                 tiles: Tiles::Lean(Box::new(LeanTiles {
                     tbh: tok(g.bt)?,
@@ -1128,15 +1178,25 @@ impl DeltaFwdPlan {
             } else {
                 fwd.gk = Some(&ws.gate);
             }
-            let plan = FwdHPlan::new(gpu, &fwd, self.cu_seqlens.as_deref(), &params)?;
-            let out = plan.alloc_outputs(gpu)?;
-            ws.staged = Some((plan, out));
+            let mode = match d {
+                Dtype::BF16 | Dtype::F16 => SplitMode::Auto,
+                _ => SplitMode::Serial,
+            };
+            let cu = self.cu_seqlens.as_deref();
+            let plan = FwdHSplitPlan::new(gpu, &fwd, cu, mode, &params)?;
+            ws.staged = Some(Box::new(Staged {
+                ws: plan.alloc_workspace(gpu)?,
+                out: plan.alloc_outputs(gpu)?,
+                plan,
+            }));
         }
         Ok(DeltaFwdWorkspace {
             aqk: tok(g.bt)?,
             tiles: Tiles::Full(Box::new(ws)),
             policy,
             verdict,
+            fallback,
+            fell_back: false,
         })
     }
 
@@ -1267,6 +1327,7 @@ impl DeltaFwdPlan {
         self.check_call(t, out)?;
         if self.splits() != ws.policy.is_some()
             || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
+            || self.fallback.is_some() != ws.fallback.is_some()
         {
             return Err(Error::missing(
                 "ws",
@@ -1280,19 +1341,31 @@ impl DeltaFwdPlan {
             tiles,
             policy,
             verdict,
+            fallback,
+            fell_back,
         } = ws;
+        *fell_back = false;
         match (&self.pieces, self.split_rule, policy.as_mut()) {
             (Some(pc), Some(rule), Some(pt)) => {
+                let w = rule.max_warmup_chunks;
                 let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
-                // the policy reads only t's g, β and k: on the second stream, beside the intra
-                // stage (the fused launches wait for both)
-                gpu.beside(
-                    |side| {
-                        let w = rule.max_warmup_chunks;
-                        self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v)
-                    },
-                    |main| self.intra(main, t, aqk, tiles),
-                )?;
+                if let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) {
+                    // the policy alone, then its choice on the host: the exact fallback, or
+                    // the intra stage and the fused launches
+                    self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
+                    if self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())? {
+                        *fell_back = true;
+                        return fb.run(gpu, t, fws, out);
+                    }
+                    self.intra(gpu, t, aqk, tiles)?;
+                } else {
+                    // the policy reads only t's g, β and k: on the second stream, beside the
+                    // intra stage (the fused launches wait for both)
+                    gpu.beside(
+                        |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
+                        |main| self.intra(main, t, aqk, tiles),
+                    )?;
+                }
             }
             _ => self.intra(gpu, t, aqk, tiles)?,
         }
@@ -1309,9 +1382,9 @@ impl DeltaFwdPlan {
                 return Err(Error::missing("ws", "a workspace of this plan", "a lean one").into())
             }
         };
-        match (self.fused, full.staged.as_mut()) {
+        match (self.fused, full.staged.as_deref_mut()) {
             (Some(_), _) => self.run_fused(gpu, t, full, split, aqk, out),
-            (None, Some((plan, fo))) => {
+            (None, Some(st)) => {
                 let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
                 if self.prep.scalar_gate {
                     fwd.g = Some(&full.gate);
@@ -1321,8 +1394,9 @@ impl DeltaFwdPlan {
                 fwd.initial_state = t.initial_state;
                 // fwd_h writes the final state straight into the caller's tensor (same shape
                 // and dtype: checked above)
+                let fo = &mut st.out;
                 std::mem::swap(&mut fo.final_state, &mut out.final_state);
-                let ran = plan.run(gpu, &fwd, fo);
+                let ran = st.plan.run(gpu, &fwd, &mut st.ws, fo);
                 std::mem::swap(&mut fo.final_state, &mut out.final_state);
                 ran?;
                 let v_new = fo
@@ -1548,6 +1622,55 @@ impl DeltaFwdPlan {
             |main| self.launch_fused(main, kind, pc.choice, pc.n * g.hv, &wide),
         )?;
         gpu.wait_if_checked(&check)
+    }
+
+    /// Whether the fused split would leave a serial chain of at least [`EXACT_FALLBACK_CHUNKS`]
+    /// chunks, from the policy's `warm` (`[P · HV]`) and, with a wider split, its `verdict`
+    /// (`[N · HV]`), read on the host (one synchronisation): a (sequence, head) the verdict
+    /// gives to the serial launch runs its whole sequence as one chain; otherwise a chain is a
+    /// piece and the pieces after it marked `-1` (run through).
+    fn needs_exact_fallback(
+        &self,
+        gpu: &Gpu,
+        pc: &Pieces,
+        warm: &DeviceTensor,
+        verdict: Option<&DeviceTensor>,
+    ) -> GpuResult<bool> {
+        let (hv, bt) = (self.geo.hv, self.geo.bt);
+        let seq_chunks: Vec<usize> = self.geo.seqs.iter().map(|s| s.num_chunks(bt)).collect();
+        if let Some(v) = verdict {
+            let v: Vec<i64> = v.to_array::<i64>(gpu)?.iter().copied().collect();
+            let serial_long = (v.iter().enumerate()).any(|(i, &x)| {
+                x == 0
+                    && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= EXACT_FALLBACK_CHUNKS
+            });
+            if serial_long {
+                return Ok(true);
+            }
+        }
+        let warm: Vec<i64> = warm.to_array::<i64>(gpu)?.iter().copied().collect();
+        for h in 0..hv {
+            let mut chain = 0;
+            for p in 0..pc.n {
+                let chunks = (pc.rows[p * 5 + 1] as usize).div_ceil(bt);
+                // a piece marked -1 continues the chain of the piece before it (same sequence)
+                chain = if warm.get(p * hv + h).copied().unwrap_or(0) < 0 {
+                    chain + chunks
+                } else {
+                    chunks
+                };
+                if chain >= EXACT_FALLBACK_CHUNKS && warm.get(p * hv + h).copied().unwrap_or(0) < 0
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether the last run of `ws` took the exact fallback (the debug query of the choice).
+    pub fn ran_exact_fallback(&self, ws: &DeltaFwdWorkspace) -> bool {
+        ws.fell_back
     }
 
     /// Whether [`Self::run_warm_policy`] has kernels for this plan's dtype (bf16, f16).
