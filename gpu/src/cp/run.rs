@@ -548,10 +548,13 @@ impl Op {
         cu: Option<&[i64]>,
         path: ForwardPath,
     ) -> GpuResult<DeltaFwdPlan> {
-        match self {
+        // without the single-GPU exact fallback: its host read inside a rank's run would
+        // serialise the ranks' queueing (`DeltaFwdPlan::without_exact_fallback`)
+        let plan = match self {
             Op::Kda(p) => DeltaFwdPlan::kda(gpu, t, cu, p, path),
             Op::Gdn(p) => DeltaFwdPlan::gdn(gpu, t, cu, p, path),
-        }
+        };
+        plan.map(DeltaFwdPlan::without_exact_fallback)
     }
 
     /// The same forward returning the key-first final state (the summary run).

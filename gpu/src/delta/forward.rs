@@ -1668,6 +1668,15 @@ impl DeltaFwdPlan {
         Ok(false)
     }
 
+    /// The plan without the exact fallback (the fused split runs whatever its policy finds),
+    /// for callers that must not wait on the host inside [`Self::run`]: the context-parallel
+    /// plans queue every rank's work from one thread, and the fallback's host read of one
+    /// rank's policy would hold back the queueing of the next ranks.
+    pub fn without_exact_fallback(mut self) -> DeltaFwdPlan {
+        self.fallback = None;
+        self
+    }
+
     /// Whether the last run of `ws` took the exact fallback (the debug query of the choice).
     pub fn ran_exact_fallback(&self, ws: &DeltaFwdWorkspace) -> bool {
         ws.fell_back
