@@ -1654,13 +1654,9 @@ impl DeltaFwdPlan {
             for p in 0..pc.n {
                 let chunks = (pc.rows[p * 5 + 1] as usize).div_ceil(bt);
                 // a piece marked -1 continues the chain of the piece before it (same sequence)
-                chain = if warm.get(p * hv + h).copied().unwrap_or(0) < 0 {
-                    chain + chunks
-                } else {
-                    chunks
-                };
-                if chain >= EXACT_FALLBACK_CHUNKS && warm.get(p * hv + h).copied().unwrap_or(0) < 0
-                {
+                let through = warm.get(p * hv + h).is_some_and(|&w| w < 0);
+                chain = if through { chain + chunks } else { chunks };
+                if through && chain >= EXACT_FALLBACK_CHUNKS {
                     return Ok(true);
                 }
             }
