@@ -818,6 +818,8 @@ pub struct DeltaFwdWorkspace {
     fallback: Option<Box<DeltaFwdWorkspace>>,
     /// Whether the last run took the exact fallback.
     fell_back: bool,
+    /// The warm-up policy of the next run is already queued ([`DeltaFwdPlan::queue_policy`]).
+    policy_queued: bool,
 }
 
 /// The warm-up policy's tensors (§5.10; [`DeltaFwdPlan::run_warm_policy`]).
@@ -1131,6 +1133,7 @@ impl DeltaFwdPlan {
             return Ok(DeltaFwdWorkspace {
                 fallback,
                 fell_back: false,
+                policy_queued: false,
                 aqk: tok(g.bt)?,
                 tiles: Tiles::Lean(Box::new(LeanTiles {
                     tbh: tok(g.bt)?,
@@ -1197,6 +1200,7 @@ impl DeltaFwdPlan {
             verdict,
             fallback,
             fell_back: false,
+            policy_queued: false,
         })
     }
 
@@ -1343,16 +1347,20 @@ impl DeltaFwdPlan {
             verdict,
             fallback,
             fell_back,
+            policy_queued,
         } = ws;
         *fell_back = false;
+        let queued = std::mem::take(policy_queued);
         match (&self.pieces, self.split_rule, policy.as_mut()) {
             (Some(pc), Some(rule), Some(pt)) => {
                 let w = rule.max_warmup_chunks;
                 let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
                 if let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) {
-                    // the policy alone, then its choice on the host: the exact fallback, or
-                    // the intra stage and the fused launches
-                    self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
+                    // the policy alone (unless queued already), then its choice on the host:
+                    // the exact fallback, or the intra stage and the fused launches
+                    if !queued {
+                        self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
+                    }
                     if self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())? {
                         *fell_back = true;
                         return fb.run(gpu, t, fws, out);
@@ -1627,8 +1635,9 @@ impl DeltaFwdPlan {
     /// Whether the fused split would leave a serial chain of at least [`EXACT_FALLBACK_CHUNKS`]
     /// chunks, from the policy's `warm` (`[P · HV]`) and, with a wider split, its `verdict`
     /// (`[N · HV]`), read on the host (one synchronisation): a (sequence, head) the verdict
-    /// gives to the serial launch runs its whole sequence as one chain; otherwise a chain is a
-    /// piece and the pieces after it marked `-1` (run through).
+    /// gives to the serial launch runs its whole sequence as one chain; otherwise a CTA's chain
+    /// is its warm-up (up to the sequence's start under long memory), its piece and the pieces
+    /// after it marked `-1` (run through).
     fn needs_exact_fallback(
         &self,
         gpu: &Gpu,
@@ -1653,10 +1662,15 @@ impl DeltaFwdPlan {
             let mut chain = 0;
             for p in 0..pc.n {
                 let chunks = (pc.rows[p * 5 + 1] as usize).div_ceil(bt);
-                // a piece marked -1 continues the chain of the piece before it (same sequence)
-                let through = warm.get(p * hv + h).is_some_and(|&w| w < 0);
-                chain = if through { chain + chunks } else { chunks };
-                if through && chain >= EXACT_FALLBACK_CHUNKS {
+                // a CTA's chain: its warm-up, its piece, and the pieces after it marked -1
+                // (run through)
+                let w = warm.get(p * hv + h).copied().unwrap_or(0);
+                chain = if w < 0 {
+                    chain + chunks
+                } else {
+                    w as usize + chunks
+                };
+                if chain >= EXACT_FALLBACK_CHUNKS {
                     return Ok(true);
                 }
             }
@@ -1665,12 +1679,35 @@ impl DeltaFwdPlan {
     }
 
     /// The plan without the exact fallback (the fused split runs whatever its policy finds),
-    /// for callers that must not wait on the host inside [`Self::run`]: the context-parallel
-    /// plans queue every rank's work from one thread, and the fallback's host read of one
-    /// rank's policy would hold back the queueing of the next ranks.
+    /// for callers that must not wait on the host inside [`Self::run`] (the context-parallel
+    /// summaries, queued rank after rank from one thread).
     pub fn without_exact_fallback(mut self) -> DeltaFwdPlan {
         self.fallback = None;
         self
+    }
+
+    /// Queues the warm-up policy of the next [`Self::run`] of `t` with `ws` now, where the plan
+    /// holds the exact fallback (else nothing): that run then reads its choice without waiting
+    /// for the policy behind the work queued in between. The context-parallel plans queue every
+    /// rank's policy first, so that each rank's read finds it done.
+    pub fn queue_policy(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+    ) -> GpuResult<()> {
+        let (Some(pc), Some(rule), Some(_), Some(pt)) = (
+            &self.pieces,
+            self.split_rule,
+            &self.fallback,
+            ws.policy.as_mut(),
+        ) else {
+            return Ok(());
+        };
+        let v = ws.verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
+        self.run_warm_policy(gpu, t, &pc.table, pc.n, rule.max_warmup_chunks, pt, v)?;
+        ws.policy_queued = true;
+        Ok(())
     }
 
     /// Whether the last run of `ws` took the exact fallback (the debug query of the choice).
