@@ -747,6 +747,9 @@ fn fused_widths(v: usize) -> Vec<usize> {
 }
 
 /// Smem bytes of the output kernel (`OutSmem<Acc>`).
+/// Value columns per CTA of the tensor-core output kernel (`OUTM_BV`).
+const OUT_MMA_BV: usize = 64;
+
 fn out_smem(dtype: Dtype) -> u32 {
     ((MAX_BT * (KT + 1) + KT * (KT + 1)) * acc_dtype(dtype).size_bytes()) as u32
 }
@@ -784,6 +787,12 @@ pub struct DeltaFwdPlan {
 /// chain of 256 chunks is ~0.7 ms at few heads (S12-2: ~2.7 µs a chunk), well above the host
 /// read of the policy's verdict the fallback's decision costs.
 pub const EXACT_FALLBACK_CHUNKS: usize = 256;
+
+/// The staged path's time per (chunk, value head) over the fused chain's time per chunk step,
+/// inverted and rounded: the fallback pays where a chain is longer than the call's (chunk,
+/// value head) pairs over this. S13-3 (H100, H4 × 131072, bf16, K = V = 128): the staged path
+/// ~0.38 µs (GDN) and ~0.42 µs (KDA) per pair, the fused chain ~2.7 and ~2.9 µs a step.
+pub const FALLBACK_COST_RATIO: usize = 7;
 
 /// The fused path's launches (either kernel): the pieces of the (split) launch and, when the
 /// split runs at a wider column block than the serial run, the serial launch it falls back to
@@ -1632,12 +1641,13 @@ impl DeltaFwdPlan {
         gpu.wait_if_checked(&check)
     }
 
-    /// Whether the fused split would leave a serial chain of at least [`EXACT_FALLBACK_CHUNKS`]
-    /// chunks, from the policy's `warm` (`[P · HV]`) and, with a wider split, its `verdict`
-    /// (`[N · HV]`), read on the host (one synchronisation): a (sequence, head) the verdict
-    /// gives to the serial launch runs its whole sequence as one chain; otherwise a CTA's chain
-    /// is its warm-up (up to the sequence's start under long memory), its piece and the pieces
-    /// after it marked `-1` (run through).
+    /// Whether the fused split would leave a serial chain longer than the staged path's cost:
+    /// at least [`EXACT_FALLBACK_CHUNKS`] chunks and more than the call's (chunk, value head)
+    /// pairs over [`FALLBACK_COST_RATIO`]. From the policy's `warm` (`[P · HV]`) and, with a
+    /// wider split, its `verdict` (`[N · HV]`), read on the host (one synchronisation): a
+    /// (sequence, head) the verdict gives to the serial launch runs its whole sequence as one
+    /// chain; otherwise a CTA's chain is its warm-up (up to the sequence's start under long
+    /// memory), its piece and the pieces after it marked `-1` (run through).
     fn needs_exact_fallback(
         &self,
         gpu: &Gpu,
@@ -1647,11 +1657,12 @@ impl DeltaFwdPlan {
     ) -> GpuResult<bool> {
         let (hv, bt) = (self.geo.hv, self.geo.bt);
         let seq_chunks: Vec<usize> = self.geo.seqs.iter().map(|s| s.num_chunks(bt)).collect();
+        let chunk_heads: usize = seq_chunks.iter().sum::<usize>() * hv;
+        let long = EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1);
         if let Some(v) = verdict {
             let v: Vec<i64> = v.to_array::<i64>(gpu)?.iter().copied().collect();
             let serial_long = (v.iter().enumerate()).any(|(i, &x)| {
-                x == 0
-                    && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= EXACT_FALLBACK_CHUNKS
+                x == 0 && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= long
             });
             if serial_long {
                 return Ok(true);
@@ -1670,7 +1681,7 @@ impl DeltaFwdPlan {
                 } else {
                     w as usize + chunks
                 };
-                if chain >= EXACT_FALLBACK_CHUNKS {
+                if chain >= long {
                     return Ok(true);
                 }
             }
@@ -1874,12 +1885,20 @@ impl DeltaFwdPlan {
             v_first: self.state_v_first as i64,
         };
         let grid_x = grid_x(self.nchunks, "q", "fewer than 2^31 chunks")?;
+        // tensor cores where the tiles travel as 16-byte copies (bf16/f16, K and V multiples
+        // of 8); the FMA kernel otherwise (fp32/fp64 keep their IEEE products)
+        let mma = matches!(self.dtype, Dtype::BF16 | Dtype::F16) && g.k % 8 == 0 && g.v % 8 == 0;
+        let (kind, cols, smem) = if mma {
+            ("mma", OUT_MMA_BV, 0)
+        } else {
+            ("fma", KT, out_smem(self.dtype))
+        };
         gpu.launch_3d(
             Module::KdaIntra,
-            &format!("delta_output_fma_{}", tag(self.dtype)),
-            (grid_x, g.hv as u32, g.v.div_ceil(KT) as u32),
+            &format!("delta_output_{kind}_{}", tag(self.dtype)),
+            (grid_x, g.hv as u32, g.v.div_ceil(cols) as u32),
             THREADS,
-            out_smem(self.dtype),
+            smem,
             &args,
         )
     }
