@@ -1423,6 +1423,144 @@ __device__ void delta_output(const OutArgs& a) {
     }
 }
 
+// The same output on tensor cores (bf16 / f16 with K, V multiples of 8: 16-byte copies), one CTA
+// per (chunk, value head, block of OUTM_BV = 64 value columns); warp w owns rows 16 (w % 4) ..
+// + 15 and columns 32 (w / 4) .. + 31 of the 64 x 64 tile (4 m16n8k16 accumulators, fp32).
+// Stage s < nk = ceil(K / 64) multiplies the key block [64 s, 64 s + 64) of qg (A) and h (B);
+// after the last one the rows are scaled by qf; stage nk adds Aqk (A, zero above the diagonal by
+// a mask on its fragments) times v_new (B). Two buffers: stage s + 2 loads (cp.async, zero fill
+// past the valid rows and columns) while stage s computes. B is read [k][n] by ldmatrix.trans,
+// or [n][k] (h with v_first: S^T) by ldmatrix.
+
+#define OUTM_BV 64
+#define OUTM_KB 64
+
+template <typename T> struct OutMmaSmem {
+    static constexpr int P = OUTM_KB + 8;  // element pitch (padded against bank conflicts)
+    T a[2][INTRA_BT][P];
+    T b[2][OUTM_KB][P];
+};
+
+// Issues one stage's copies into buffer buf (one cp.async group, committed by the caller).
+template <typename T>
+__device__ __forceinline__ void delta_output_load(const OutArgs& a, OutMmaSmem<T>& sm, int buf, int s, int nk, i64 row0,
+                                                  int nc, i64 hv, i64 c0) {
+    const int tid = threadIdx.x, seg = (tid % 8) * 8;
+    const T* h = reinterpret_cast<const T*>(a.h);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int r = tid / 8 + 32 * p;  // tile row
+        const T *asrc, *bsrc;
+        bool aok, bok;
+        if (s < nk) {
+            const i64 k0 = (i64)s * OUTM_KB;
+            asrc = reinterpret_cast<const T*>(a.qg) + ((row0 + r) * a.HV + hv) * a.K + k0 + seg;
+            aok = r < nc && k0 + seg < a.K;
+            if (a.v_first) {
+                bsrc = h + (c0 + r) * a.K + k0 + seg;
+                bok = c0 + r < a.V && k0 + seg < a.K;
+            } else {
+                bsrc = h + (k0 + r) * a.V + c0 + seg;
+                bok = k0 + r < a.K && c0 + seg < a.V;
+            }
+        } else {
+            asrc = reinterpret_cast<const T*>(a.aqk) + ((row0 + r) * a.HV + hv) * a.bt + seg;
+            aok = r < nc && seg < a.bt;
+            bsrc = reinterpret_cast<const T*>(a.v_new) + ((row0 + r) * a.HV + hv) * a.V + c0 + seg;
+            bok = r < nc && c0 + seg < a.V;
+        }
+        cp_async16(smem_u32(&sm.a[buf][r][seg]), aok ? asrc : h, aok ? 16 : 0);
+        cp_async16(smem_u32(&sm.b[buf][r][seg]), bok ? bsrc : h, bok ? 16 : 0);
+    }
+}
+
+template <typename T>
+__device__ void delta_output_mma(const OutArgs& a) {
+    __shared__ __align__(16) OutMmaSmem<T> sm;
+    using Sm = OutMmaSmem<T>;
+    constexpr unsigned ROW = Sm::P * sizeof(T);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
+    const i64* ch = reinterpret_cast<const i64*>(a.chunks) + blockIdx.x * 3;
+    const i64 row0 = ch[0], cidx = ch[2];
+    const int nc = (int)ch[1];
+    const i64 hv = blockIdx.y, c0 = (i64)blockIdx.z * OUTM_BV;
+    OutArgs at = a;
+    at.h = a.h + (u64)((cidx * a.HV + hv) * a.K * a.V) * sizeof(T);
+    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+    const int nk = (int)((a.K + OUTM_KB - 1) / OUTM_KB);
+    const unsigned a_lane = (m0 + (lane & 15)) * ROW + (lane >> 4) * 16;
+    // B fragments of two n8 tiles per ldmatrix.x4: [k][n] (.trans) or [n][k]
+    const unsigned bt_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (n0 + (lane >> 4) * 8) * sizeof(T);
+    const unsigned bn_lane = (n0 + (lane & 7) + (lane >> 4) * 8) * ROW + ((lane >> 3) & 1) * 16;
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    delta_output_load<T>(at, sm, 0, 0, nk, row0, nc, hv, c0);
+    cp_async_commit();
+    delta_output_load<T>(at, sm, 1, 1, nk, row0, nc, hv, c0);
+    cp_async_commit();
+    for (int s = 0; s <= nk; ++s) {
+        const int buf = s & 1;
+        cp_async_wait<1>();
+        __syncthreads();
+        const bool last = s == nk;
+        const bool n_major = !last && a.v_first;
+        const int steps = last ? (int)((a.bt + 15) / 16) : OUTM_KB / 16;
+        const unsigned as = smem_u32(&sm.a[buf][0][0]), bs = smem_u32(&sm.b[buf][0][0]);
+        for (int kk = 0; kk < steps; ++kk) {
+            unsigned af[4];
+            ldsm_x4(af, as + a_lane + kk * 32);
+            if (last) {
+                // Aqk: zero above the diagonal (column j > row r): a0 (g, 2t..), a1 (g + 8, 2t..),
+                // a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = m0 + gid + (e & 1) * 8, j = kk * 16 + 2 * t4 + (e >> 1) * 8;
+                    const unsigned keep = (j <= r ? 0xffffu : 0u) | (j + 1 <= r ? 0xffff0000u : 0u);
+                    af[e] &= keep;
+                }
+            }
+#pragma unroll
+            for (int hp = 0; hp < 2; ++hp) {
+                unsigned bf[4];
+                if (n_major) ldsm_x4(bf, bs + bn_lane + hp * 16 * ROW + kk * 32);
+                else ldsm_x4_t(bf, bs + bt_lane + kk * 16 * ROW + hp * 16 * sizeof(T));
+                const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                Mma<T>::run(acc[2 * hp], af, b0);
+                Mma<T>::run(acc[2 * hp + 1], af, b1);
+            }
+        }
+        if (s == nk - 1) {
+            const float* qf = reinterpret_cast<const float*>(a.qf) + row0 * a.HV + hv;
+            const int r0 = m0 + gid, r1 = r0 + 8;
+            const float f0 = r0 < nc ? qf[r0 * a.HV] : 0.f, f1 = r1 < nc ? qf[r1 * a.HV] : 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc[j][0] *= f0;
+                acc[j][1] *= f0;
+                acc[j][2] *= f1;
+                acc[j][3] *= f1;
+            }
+        }
+        __syncthreads();
+        if (s + 2 <= nk) delta_output_load<T>(at, sm, buf, s + 2, nk, row0, nc, hv, c0);
+        cp_async_commit();
+    }
+    T* o = reinterpret_cast<T*>(a.o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const i64 c = c0 + n0 + 8 * j + 2 * t4;
+        if (c >= a.V) continue;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = m0 + gid + 8 * h2;
+            if (r < nc) *reinterpret_cast<Vec<T, 2>*>(o + ((row0 + r) * a.HV + hv) * a.V + c) = pack2<T>(acc[j][2 * h2], acc[j][2 * h2 + 1]);
+        }
+    }
+}
+
 #define INTRA_FMA_KERNEL(T, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_fma_##TAG(const IntraArgs a) { \
         GATE_DISPATCH(a, (intra_fma<T, T, FORM>(a))) \
@@ -1430,6 +1568,10 @@ __device__ void delta_output(const OutArgs& a) {
 #define OUTPUT_KERNEL(T, ACC, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) delta_output_fma_##TAG(const OutArgs a) { \
         delta_output<T, ACC>(a); \
+    }
+#define OUTPUT_MMA_KERNEL(T, TAG) \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS) delta_output_mma_##TAG(const OutArgs a) { \
+        delta_output_mma<T>(a); \
     }
 
 #define INTRA_MMA_KERNEL(T, TAG) \
@@ -1451,3 +1593,5 @@ OUTPUT_KERNEL(float, float, f32)
 OUTPUT_KERNEL(double, double, f64)
 OUTPUT_KERNEL(bf16, float, bf16)
 OUTPUT_KERNEL(f16, float, f16)
+OUTPUT_MMA_KERNEL(bf16, bf16)
+OUTPUT_MMA_KERNEL(f16, f16)

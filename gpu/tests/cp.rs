@@ -20,7 +20,9 @@ use attn_gpu::cp::{
     scatter_states, scatter_tokens, tail_levels, CpFwdHPlan, CpFwdPlan, CpGroup, CpId, Partition,
     SentSummary, SHORT_TAIL_CHUNKS,
 };
-use attn_gpu::delta::{DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, FwdHPlan};
+use attn_gpu::delta::{
+    DeltaFwdDeviceOutputs, DeltaFwdPlan, ForwardPath, FwdHPlan, EXACT_FALLBACK_CHUNKS,
+};
 use attn_gpu::{DeviceTensor, ForwardTensors, FwdHTensors, GpuError};
 use attn_reference::delta::{self as d, FwdHParams, GdnFwdParams, KdaFwdParams};
 use attn_reference::Dtype;
@@ -92,6 +94,16 @@ fn layouts() -> Vec<(&'static str, Vec<i64>, bool)> {
             true,
         ),
     ]
+}
+
+/// One sequence whose pieces hold `EXACT_FALLBACK_CHUNKS` chunks or more on up to 4 ranks
+/// (the local forwards' exact fallback; a cut is expected).
+fn long_shards() -> (&'static str, Vec<i64>, bool) {
+    (
+        "long shards",
+        vec![0, (4 * EXACT_FALLBACK_CHUNKS * 64 + 9) as i64],
+        true,
+    )
 }
 
 /// Minimum piece of the tests' partitions: small enough to cut the short test sequences.
@@ -254,7 +266,9 @@ impl ScatteredFwdH {
 /// One forward case over `ranks` GPUs: CP vs reference, CP vs GPU 0 alone, CP twice. With
 /// `tail = Some(c)`, through a plan whose summaries may cover the last `c` chunks only
 /// (`with_tail_chunks`): every rank whose continuing piece is longer sends its tail's summary
-/// under strong decay and the whole piece's under long memory.
+/// under strong decay and the whole piece's under long memory; and a rank whose local forward
+/// splits a piece of `EXACT_FALLBACK_CHUNKS` chunks or more takes the exact fallback under
+/// long memory and not under strong decay.
 fn forward_case(
     group: &CpGroup,
     per_key: bool,
@@ -264,7 +278,11 @@ fn forward_case(
     tail: Option<usize>,
 ) {
     let ranks = group.world();
-    let (name, cu, splits) = layouts().swap_remove(lay);
+    let (name, cu, splits) = layouts()
+        .into_iter()
+        .chain([long_shards()])
+        .nth(lay)
+        .unwrap();
     let what = format!(
         "{} R={ranks} {name} {regime:?} h0={h0} tail={tail:?}",
         if per_key { "kda" } else { "gdn" }
@@ -375,6 +393,22 @@ fn forward_case(
     let (o2, f2) = run();
     assert_bit_identical(&format!("{what}: o repeated"), &o, &o2);
     assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
+    if let (Some(p), Regime::Strong | Regime::Long) = (&plan, regime) {
+        for (r, choice) in p.local_choices().unwrap().into_iter().enumerate() {
+            let long = part
+                .shard(r)
+                .pieces
+                .iter()
+                .any(|q| q.len >= EXACT_FALLBACK_CHUNKS * 64);
+            if let (Some(choice), true) = (choice, long) {
+                assert_eq!(
+                    choice.exact_fallback,
+                    regime == Regime::Long,
+                    "{what}: rank {r}'s exact fallback"
+                );
+            }
+        }
+    }
     if let (Some(c), Some(p)) = (tail, &plan) {
         // strong decay: a tail (GDN's scalar gates, ~-50 nats a chunk, the short one; KDA's
         // least-decaying key may need a longer one); long memory: the whole piece
@@ -417,6 +451,10 @@ fn forward_all(group: &CpGroup, per_key: bool) {
     // summaries over 8-chunk tails where the decay allows (the one long sequence, 40 chunks)
     for regime in [Regime::Strong, Regime::Long] {
         forward_case(group, per_key, 0, regime, true, Some(8));
+    }
+    // shards long enough for the local forwards' exact fallback
+    for regime in [Regime::Strong, Regime::Long] {
+        forward_case(group, per_key, layouts().len(), regime, true, Some(64));
     }
 }
 

@@ -430,6 +430,52 @@ fn long_sequences(gpu: &Gpu) {
     }
 }
 
+/// The exact fallback: a splitting fused plan whose warm-up policy leaves a serial chain of
+/// `EXACT_FALLBACK_CHUNKS` chunks or more runs the staged path instead (its `fwd_h` split with
+/// exact summaries). On a 32768-token sequence (512 chunks) with two value heads (the plan
+/// splits), GDN and KDA: taken under long-memory gates (no piece warms up), not under strong
+/// decay (every piece does); the outputs within the long threshold of the reference either way.
+fn exact_fallback_takes_long_serial_chains(gpu: &Gpu) {
+    let mut row = 0;
+    for per_key in [false, true] {
+        for regime in [Regime::Strong, Regime::Long] {
+            row += 1;
+            if !table_row_runs(row - 1, 4) {
+                continue;
+            }
+            let mut c = base(per_key, Dtype::BF16);
+            c.draw.t = 32768;
+            c.draw.h = 1;
+            c.draw.hv = 2;
+            c.draw.regime = regime;
+            let what = format!("{} {regime:?}", ["gdn", "kda"][per_key as usize]);
+            let (host, dev) = draw_case(gpu, &c, 90 + row as u64);
+            let want = reference(&c, &host);
+            let p = plan(gpu, &c, &dev, ForwardPath::Auto);
+            assert!(p.splits(), "{what}: the plan splits");
+            let mut ws = p.alloc_workspace(gpu).unwrap();
+            let mut out = p.alloc_outputs(gpu).unwrap();
+            poison(gpu, &mut out);
+            p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+            assert_eq!(
+                p.ran_exact_fallback(&ws),
+                regime == Regime::Long,
+                "{what}: the exact fallback taken"
+            );
+            let t = half_threshold(regime, c.draw.t);
+            let o = download(gpu, &out.o);
+            assert_close(&format!("{what}: o"), &o, &want.o, t);
+            let fin = download(gpu, out.final_state.as_ref().unwrap());
+            assert_close(
+                &format!("{what}: final_state"),
+                &fin,
+                want.fin.as_ref().unwrap(),
+                t,
+            );
+        }
+    }
+}
+
 /// 100 launches of one plan give bit-identical outputs (fused and staged).
 fn hundred_launches_are_bit_identical(gpu: &Gpu) {
     for path in [ForwardPath::Fused, ForwardPath::Staged] {
@@ -1104,6 +1150,7 @@ fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule, choice: FusedChoice
 }
 
 gpu_tests!(
+    exact_fallback_takes_long_serial_chains,
     gdn_auto_split,
     kda_auto_split,
     warm_ups_match_a_host_bound,

@@ -541,6 +541,8 @@ enum Op {
 }
 
 impl Op {
+    /// The single-GPU plan of a rank's local op (with the exact fallback, whose policy
+    /// [`CpFwdPlan`] queues first on every rank: [`DeltaFwdPlan::queue_policy`]).
     fn plan(
         &self,
         gpu: &Gpu,
@@ -612,6 +614,9 @@ pub struct LocalChoice {
     /// Per (sequence, value head): whether the split ran it (`None`: the split runs at the
     /// serial width, no verdict).
     pub split: Option<Vec<bool>>,
+    /// Whether the rank's forward took the exact fallback (the staged path with `fwd_h`'s
+    /// exact split: [`DeltaFwdPlan::ran_exact_fallback`]).
+    pub exact_fallback: bool,
 }
 
 /// Which summary a rank sent in a [`CpFwdPlan`]'s last run.
@@ -660,10 +665,10 @@ impl SummaryRun {
         let wide = [1, piece.len, d.hv, d.v + d.k];
         let mut v = DeviceTensor::alloc(gpu, &wide, t.v.dtype())?;
         zero(gpu, &mut v)?;
-        let plan = spec
-            .op
-            .summary()
-            .plan(gpu, &Self::inputs(&rows, &v, h0, t)?, cu, spec.path)?;
+        // without the exact fallback: its host read would hold back the ranks' summaries
+        let plan = (spec.op.summary())
+            .plan(gpu, &Self::inputs(&rows, &v, h0, t)?, cu, spec.path)?
+            .without_exact_fallback();
         let ws = plan.alloc_workspace(gpu)?;
         let out = plan.alloc_outputs(gpu)?;
         Ok(SummaryRun {
@@ -1083,6 +1088,7 @@ impl<'g> CpFwdPlan<'g> {
                 Ok(Some(LocalChoice {
                     warmups,
                     split: plan.chosen_split(gpu, ws)?,
+                    exact_fallback: plan.ran_exact_fallback(ws),
                 }))
             })
             .collect()
@@ -1174,8 +1180,12 @@ impl<'g> CpFwdPlan<'g> {
                 plan.check_call(&call, out)?;
             }
         }
-        // the tails' bound checks on every rank, then each rank's summary (tail or whole)
+        // every rank's local warm-up policy (read by its local run, where the plan holds the
+        // exact fallback) and the tails' bound checks, then each rank's summary (tail or whole)
         for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
+            if let Some((local, ws)) = &mut rank.local {
+                local.queue_policy(gpu, t, ws)?;
+            }
             if let (Some(s), Some((local, _))) = (&mut rank.summary, &rank.local) {
                 s.check_tail(gpu, local, t)?;
             }

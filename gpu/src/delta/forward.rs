@@ -9,8 +9,9 @@
 //!   the chunks, `D = u − w S`, `o = diag(qf) qg S + Aqk D`, `S ← diag(exp2(G_ℓ)) S + kgᵀ D`,
 //!   writing `o` and the final state only;
 //! - **staged** (every dtype, `K` up to 256): §2's `chunk_gated_delta_rule_fwd_h` on
-//!   `kg, w, u, G` writes `h` and `v_new`, and an output kernel forms
-//!   `o = diag(qf) qg h + Aqk v_new`: the checkable stages.
+//!   `kg, w, u, G` writes `h` and `v_new` (bf16 / f16: through §5's split in its automatic
+//!   mode, exact summaries and a merge where its policy expects a gain), and an output kernel
+//!   forms `o = diag(qf) qg h + Aqk v_new`: the checkable stages.
 //!
 //! GDN is the same with the scalar gate broadcast over `K` (§8.5); its staged path passes the
 //! raw keys and `g = G` to `fwd_h`, as FLA does. Its fused path is leaner: with a scalar gate
@@ -18,14 +19,18 @@
 //! `Tb = Akk diag(β)` (hi + lo halves), `Aqk` and `G`, and the fused kernel reads `q, k, v`
 //! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm). Both fused kernels split
 //! long sequences into pieces with exact warm-ups when the GPU would otherwise idle
-//! ([`SplitRule`], §5.9–5.10).
+//! ([`SplitRule`], §5.9–5.10). Where the gates do not let the pieces warm up (long memory,
+//! slow heads), a splitting plan over sequences of [`EXACT_FALLBACK_CHUNKS`] chunks or more
+//! runs the staged path instead, whose `fwd_h` split is exact without warm-ups: the choice is
+//! the warm-up policy's, read on the host once per run ([`DeltaFwdPlan::ran_exact_fallback`]).
 //! Float32 runs IEEE fp32 FMAs throughout, float64 fp64.
 
-use super::fwd_h::{FwdHDeviceOutputs, FwdHPlan, FwdHTensors};
+use super::fwd_h::{FwdHDeviceOutputs, FwdHTensors};
 use super::intra::{
     acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
 };
 use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
+use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -742,6 +747,9 @@ fn fused_widths(v: usize) -> Vec<usize> {
 }
 
 /// Smem bytes of the output kernel (`OutSmem<Acc>`).
+/// Value columns per CTA of the tensor-core output kernel (`OUTM_BV`).
+const OUT_MMA_BV: usize = 64;
+
 fn out_smem(dtype: Dtype) -> u32 {
     ((MAX_BT * (KT + 1) + KT * (KT + 1)) * acc_dtype(dtype).size_bytes()) as u32
 }
@@ -768,7 +776,23 @@ pub struct DeltaFwdPlan {
     split_rule: Option<SplitRule>,
     /// The staged path's `fwd_h` call (its plan is made on the workspace's tensors).
     cu_seqlens: Option<Vec<i64>>,
+    /// The exact fallback: the same call on the staged path, whose `fwd_h` splits with exact
+    /// summaries ([`Staged`]); run instead of the fused split when the warm-up policy leaves a
+    /// long chain serial ([`Self::needs_exact_fallback`]). Made where the fused path splits a
+    /// sequence of at least [`EXACT_FALLBACK_CHUNKS`] chunks.
+    fallback: Option<Box<DeltaFwdPlan>>,
 }
+
+/// Chunks of a sequence from which a splitting fused plan holds the exact fallback: a serial
+/// chain of 256 chunks is ~0.7 ms at few heads (S12-2: ~2.7 µs a chunk), well above the host
+/// read of the policy's verdict the fallback's decision costs.
+pub const EXACT_FALLBACK_CHUNKS: usize = 256;
+
+/// The staged path's time per (chunk, value head) over the fused chain's time per chunk step,
+/// inverted and rounded: the fallback pays where a chain is longer than the call's (chunk,
+/// value head) pairs over this. S13-3 (H100, H4 × 131072, bf16, K = V = 128): the staged path
+/// ~0.38 µs (GDN) and ~0.42 µs (KDA) per pair, the fused chain ~2.7 and ~2.9 µs a step.
+pub const FALLBACK_COST_RATIO: usize = 7;
 
 /// The fused path's launches (either kernel): the pieces of the (split) launch and, when the
 /// split runs at a wider column block than the serial run, the serial launch it falls back to
@@ -786,6 +810,8 @@ struct Pieces {
     /// With a wider split: the serial table (one piece per sequence) and the longest chain of
     /// chunks a CTA of the split may run and still finish before the serial run would.
     serial: Option<(DeviceTensor, i64)>,
+    /// `table`'s rows on the host (the exact fallback's decision reads them).
+    rows: Vec<i64>,
 }
 
 /// Intermediate tensors of a forward (allocated once per plan).
@@ -797,6 +823,12 @@ pub struct DeltaFwdWorkspace {
     policy: Option<PolicyTensors>,
     /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
     verdict: Option<DeviceTensor>,
+    /// The exact fallback's workspace, when the plan holds the fallback.
+    fallback: Option<Box<DeltaFwdWorkspace>>,
+    /// Whether the last run took the exact fallback.
+    fell_back: bool,
+    /// The warm-up policy of the next run is already queued ([`DeltaFwdPlan::queue_policy`]).
+    policy_queued: bool,
 }
 
 /// The warm-up policy's tensors (§5.10; [`DeltaFwdPlan::run_warm_policy`]).
@@ -856,8 +888,19 @@ struct FullTiles {
     qf: DeviceTensor,
     /// Fused: `exp2(G_ℓ)` per chunk `[NT, HV, K]` f32. Staged: `G` `[B, T, HV(, K)]`.
     gate: DeviceTensor,
-    /// Staged only: `fwd_h`'s plan and outputs.
-    staged: Option<(FwdHPlan, FwdHDeviceOutputs)>,
+    /// Staged only: `fwd_h`'s plan, scratch and outputs.
+    staged: Option<Box<Staged>>,
+}
+
+/// The staged path's `fwd_h` call: the split op of §5 (`chunk_gated_delta_rule_fwd_h_split`),
+/// whose automatic mode cuts long sequences into pieces with exact summaries and a merge where
+/// its policy estimates a gain (bf16 / f16; serial for fp32 and fp64, whose thresholds the
+/// split's summaries would not keep: §5.7), else the serial recurrence.
+#[derive(Debug)]
+struct Staged {
+    plan: FwdHSplitPlan,
+    ws: FwdHSplitWorkspace,
+    out: FwdHDeviceOutputs,
 }
 
 impl DeltaFwdPlan {
@@ -927,6 +970,13 @@ impl DeltaFwdPlan {
         let (output_final_state, state_v_first) = call.state_flags();
         let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
+        let longest = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).max();
+        let fallback = match &pieces {
+            Some(p) if p.split && longest >= Some(EXACT_FALLBACK_CHUNKS) => Some(Box::new(
+                Self::new(gpu, t, cu_seqlens, call, ForwardPath::Staged)?,
+            )),
+            _ => None,
+        };
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
             call,
@@ -942,6 +992,7 @@ impl DeltaFwdPlan {
             pieces,
             split_rule,
             cu_seqlens: cu_seqlens.map(<[i64]>::to_vec),
+            fallback,
         })
     }
 
@@ -963,14 +1014,14 @@ impl DeltaFwdPlan {
             if rows.is_empty() {
                 rows.push(0);
             }
-            Ok::<_, crate::error::GpuError>((DeviceTensor::from_slice(gpu, &rows)?, n))
+            Ok::<_, crate::error::GpuError>((DeviceTensor::from_slice(gpu, &rows)?, n, rows))
         };
         let ones = vec![1; chunks.len()];
         let (choice, per_seq) = match rule {
             Some(r) => split_choice(geo.v, &chunks, geo.hv, gpu.sm_count(), serial, &r),
             None => (serial, ones.clone()),
         };
-        let (tab, n) = table(&per_seq)?;
+        let (tab, n, rows) = table(&per_seq)?;
         let split = per_seq.iter().any(|&m| m > 1);
         let serial_run = if choice != serial {
             let est = fused_estimate(serial, geo.v, &chunks, &ones, geo.hv, gpu.sm_count());
@@ -985,12 +1036,14 @@ impl DeltaFwdPlan {
             split,
             choice,
             serial: serial_run,
+            rows,
         }))
     }
 
     /// The plan with the fused path's automatic split under `rule`, or without a split
     /// (`None`: one serial run per sequence); other paths are unchanged. A rule's
-    /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1.
+    /// `max_warmup_chunks` must be 1..=64 and `min_piece_chunks` at least 1. The exact fallback
+    /// (made with the plan) stays while the plan still splits.
     pub fn with_split(mut self, gpu: &Gpu, rule: Option<SplitRule>) -> GpuResult<DeltaFwdPlan> {
         if let Some(r) = rule {
             if !(1..=MAX_WARMUP_CHUNKS).contains(&r.max_warmup_chunks) || r.min_piece_chunks == 0 {
@@ -1005,6 +1058,9 @@ impl DeltaFwdPlan {
         if self.fused.is_some() {
             self.split_rule = rule;
             self.pieces = Self::pieces(gpu, &self.geo, self.fused, rule)?;
+            if !self.splits() {
+                self.fallback = None;
+            }
         }
         Ok(self)
     }
@@ -1079,8 +1135,14 @@ impl DeltaFwdPlan {
             }
             _ => None,
         };
+        let fallback = (self.fallback.as_deref())
+            .map(|f| f.alloc_workspace(gpu).map(Box::new))
+            .transpose()?;
         if self.fused.is_some_and(|f| f.lean) {
             return Ok(DeltaFwdWorkspace {
+                fallback,
+                fell_back: false,
+                policy_queued: false,
                 aqk: tok(g.bt)?,
                 tiles: Tiles::Lean(Box::new(LeanTiles {
                     tbh: tok(g.bt)?,
@@ -1128,15 +1190,26 @@ impl DeltaFwdPlan {
             } else {
                 fwd.gk = Some(&ws.gate);
             }
-            let plan = FwdHPlan::new(gpu, &fwd, self.cu_seqlens.as_deref(), &params)?;
-            let out = plan.alloc_outputs(gpu)?;
-            ws.staged = Some((plan, out));
+            let mode = match d {
+                Dtype::BF16 | Dtype::F16 => SplitMode::Auto,
+                _ => SplitMode::Serial,
+            };
+            let cu = self.cu_seqlens.as_deref();
+            let plan = FwdHSplitPlan::new(gpu, &fwd, cu, mode, &params)?;
+            ws.staged = Some(Box::new(Staged {
+                ws: plan.alloc_workspace(gpu)?,
+                out: plan.alloc_outputs(gpu)?,
+                plan,
+            }));
         }
         Ok(DeltaFwdWorkspace {
             aqk: tok(g.bt)?,
             tiles: Tiles::Full(Box::new(ws)),
             policy,
             verdict,
+            fallback,
+            fell_back: false,
+            policy_queued: false,
         })
     }
 
@@ -1267,6 +1340,7 @@ impl DeltaFwdPlan {
         self.check_call(t, out)?;
         if self.splits() != ws.policy.is_some()
             || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
+            || self.fallback.is_some() != ws.fallback.is_some()
         {
             return Err(Error::missing(
                 "ws",
@@ -1280,19 +1354,35 @@ impl DeltaFwdPlan {
             tiles,
             policy,
             verdict,
+            fallback,
+            fell_back,
+            policy_queued,
         } = ws;
+        *fell_back = false;
+        let queued = std::mem::take(policy_queued);
         match (&self.pieces, self.split_rule, policy.as_mut()) {
             (Some(pc), Some(rule), Some(pt)) => {
+                let w = rule.max_warmup_chunks;
                 let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
-                // the policy reads only t's g, β and k: on the second stream, beside the intra
-                // stage (the fused launches wait for both)
-                gpu.beside(
-                    |side| {
-                        let w = rule.max_warmup_chunks;
-                        self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v)
-                    },
-                    |main| self.intra(main, t, aqk, tiles),
-                )?;
+                if let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) {
+                    // the policy alone (unless queued already), then its choice on the host:
+                    // the exact fallback, or the intra stage and the fused launches
+                    if !queued {
+                        self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
+                    }
+                    if self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())? {
+                        *fell_back = true;
+                        return fb.run(gpu, t, fws, out);
+                    }
+                    self.intra(gpu, t, aqk, tiles)?;
+                } else {
+                    // the policy reads only t's g, β and k: on the second stream, beside the
+                    // intra stage (the fused launches wait for both)
+                    gpu.beside(
+                        |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
+                        |main| self.intra(main, t, aqk, tiles),
+                    )?;
+                }
             }
             _ => self.intra(gpu, t, aqk, tiles)?,
         }
@@ -1309,9 +1399,9 @@ impl DeltaFwdPlan {
                 return Err(Error::missing("ws", "a workspace of this plan", "a lean one").into())
             }
         };
-        match (self.fused, full.staged.as_mut()) {
+        match (self.fused, full.staged.as_deref_mut()) {
             (Some(_), _) => self.run_fused(gpu, t, full, split, aqk, out),
-            (None, Some((plan, fo))) => {
+            (None, Some(st)) => {
                 let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
                 if self.prep.scalar_gate {
                     fwd.g = Some(&full.gate);
@@ -1321,8 +1411,9 @@ impl DeltaFwdPlan {
                 fwd.initial_state = t.initial_state;
                 // fwd_h writes the final state straight into the caller's tensor (same shape
                 // and dtype: checked above)
+                let fo = &mut st.out;
                 std::mem::swap(&mut fo.final_state, &mut out.final_state);
-                let ran = plan.run(gpu, &fwd, fo);
+                let ran = st.plan.run(gpu, &fwd, &mut st.ws, fo);
                 std::mem::swap(&mut fo.final_state, &mut out.final_state);
                 ran?;
                 let v_new = fo
@@ -1550,6 +1641,91 @@ impl DeltaFwdPlan {
         gpu.wait_if_checked(&check)
     }
 
+    /// Whether the fused split would leave a serial chain longer than the staged path's cost:
+    /// at least [`EXACT_FALLBACK_CHUNKS`] chunks and more than the call's (chunk, value head)
+    /// pairs over [`FALLBACK_COST_RATIO`]. From the policy's `warm` (`[P · HV]`) and, with a
+    /// wider split, its `verdict` (`[N · HV]`), read on the host (one synchronisation): a
+    /// (sequence, head) the verdict gives to the serial launch runs its whole sequence as one
+    /// chain; otherwise a CTA's chain is its warm-up (up to the sequence's start under long
+    /// memory), its piece and the pieces after it marked `-1` (run through).
+    fn needs_exact_fallback(
+        &self,
+        gpu: &Gpu,
+        pc: &Pieces,
+        warm: &DeviceTensor,
+        verdict: Option<&DeviceTensor>,
+    ) -> GpuResult<bool> {
+        let (hv, bt) = (self.geo.hv, self.geo.bt);
+        let seq_chunks: Vec<usize> = self.geo.seqs.iter().map(|s| s.num_chunks(bt)).collect();
+        let chunk_heads: usize = seq_chunks.iter().sum::<usize>() * hv;
+        let long = EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1);
+        if let Some(v) = verdict {
+            let v: Vec<i64> = v.to_array::<i64>(gpu)?.iter().copied().collect();
+            let serial_long = (v.iter().enumerate()).any(|(i, &x)| {
+                x == 0 && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= long
+            });
+            if serial_long {
+                return Ok(true);
+            }
+        }
+        let warm: Vec<i64> = warm.to_array::<i64>(gpu)?.iter().copied().collect();
+        for h in 0..hv {
+            let mut chain = 0;
+            for p in 0..pc.n {
+                let chunks = (pc.rows[p * 5 + 1] as usize).div_ceil(bt);
+                // a CTA's chain: its warm-up, its piece, and the pieces after it marked -1
+                // (run through)
+                let w = warm.get(p * hv + h).copied().unwrap_or(0);
+                chain = if w < 0 {
+                    chain + chunks
+                } else {
+                    w as usize + chunks
+                };
+                if chain >= long {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The plan without the exact fallback (the fused split runs whatever its policy finds),
+    /// for callers that must not wait on the host inside [`Self::run`] (the context-parallel
+    /// summaries, queued rank after rank from one thread).
+    pub fn without_exact_fallback(mut self) -> DeltaFwdPlan {
+        self.fallback = None;
+        self
+    }
+
+    /// Queues the warm-up policy of the next [`Self::run`] of `t` with `ws` now, where the plan
+    /// holds the exact fallback (else nothing): that run then reads its choice without waiting
+    /// for the policy behind the work queued in between. The context-parallel plans queue every
+    /// rank's policy first, so that each rank's read finds it done.
+    pub fn queue_policy(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+    ) -> GpuResult<()> {
+        let (Some(pc), Some(rule), Some(_), Some(pt)) = (
+            &self.pieces,
+            self.split_rule,
+            &self.fallback,
+            ws.policy.as_mut(),
+        ) else {
+            return Ok(());
+        };
+        let v = ws.verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
+        self.run_warm_policy(gpu, t, &pc.table, pc.n, rule.max_warmup_chunks, pt, v)?;
+        ws.policy_queued = true;
+        Ok(())
+    }
+
+    /// Whether the last run of `ws` took the exact fallback (the debug query of the choice).
+    pub fn ran_exact_fallback(&self, ws: &DeltaFwdWorkspace) -> bool {
+        ws.fell_back
+    }
+
     /// Whether [`Self::run_warm_policy`] has kernels for this plan's dtype (bf16, f16).
     pub(crate) fn has_warm_policy(&self) -> bool {
         matches!(self.dtype, Dtype::BF16 | Dtype::F16)
@@ -1709,12 +1885,20 @@ impl DeltaFwdPlan {
             v_first: self.state_v_first as i64,
         };
         let grid_x = grid_x(self.nchunks, "q", "fewer than 2^31 chunks")?;
+        // tensor cores where the tiles travel as 16-byte copies (bf16/f16, K and V multiples
+        // of 8); the FMA kernel otherwise (fp32/fp64 keep their IEEE products)
+        let mma = matches!(self.dtype, Dtype::BF16 | Dtype::F16) && g.k % 8 == 0 && g.v % 8 == 0;
+        let (kind, cols, smem) = if mma {
+            ("mma", OUT_MMA_BV, 0)
+        } else {
+            ("fma", KT, out_smem(self.dtype))
+        };
         gpu.launch_3d(
             Module::KdaIntra,
-            &format!("delta_output_fma_{}", tag(self.dtype)),
-            (grid_x, g.hv as u32, g.v.div_ceil(KT) as u32),
+            &format!("delta_output_{kind}_{}", tag(self.dtype)),
+            (grid_x, g.hv as u32, g.v.div_ceil(cols) as u32),
             THREADS,
-            out_smem(self.dtype),
+            smem,
             &args,
         )
     }

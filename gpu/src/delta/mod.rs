@@ -25,7 +25,7 @@ pub mod truncation;
 
 pub use forward::{
     fused_choice, gdn_fwd, kda_fwd, piece_rows, split_pieces, DeltaFwdDeviceOutputs, DeltaFwdPlan,
-    DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, SplitRule,
+    DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, SplitRule, EXACT_FALLBACK_CHUNKS,
 };
 pub use fwd_h::{
     check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,

@@ -191,7 +191,8 @@ struct CpTiming {
 }
 
 /// A rank's local split in a few words: the longest warm-up, the pieces run through by the
-/// one before them, and the (sequence, value head) pairs the split ran.
+/// one before them, the (sequence, value head) pairs the split ran, and whether the exact
+/// fallback ran instead.
 fn describe(c: &Option<LocalChoice>) -> String {
     let Some(c) = c else {
         return "-".into();
@@ -202,8 +203,13 @@ fn describe(c: &Option<LocalChoice>) -> String {
         format!("{}/{}", s.iter().filter(|&&x| x).count(), s.len())
     });
     format!(
-        "warm-up <= {longest}, run through {through}/{}, split {split}",
-        c.warmups.len()
+        "warm-up <= {longest}, run through {through}/{}, split {split}{}",
+        c.warmups.len(),
+        if c.exact_fallback {
+            ", exact fallback"
+        } else {
+            ""
+        }
     )
 }
 

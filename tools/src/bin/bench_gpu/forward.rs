@@ -270,6 +270,7 @@ pub fn run(
         .map(|w| (SplitSummary::new(&w), w));
     let verdict = plan_auto.chosen_split(gpu, &ws)?;
     let split_bv = plan_auto.split_choice().map(|c| c.bv);
+    let fell_back = plan_auto.ran_exact_fallback(&ws);
     drop(ws);
     let serial_ms = if case.regime.is_some() || plan_auto.splits() {
         let serial = plan(gpu, case, &data[0], &cu)?.with_split(gpu, None)?;
@@ -292,7 +293,7 @@ pub fn run(
                 ", verdict: split for {} of {} (sequence, head)",
                 v.iter().filter(|&&x| x).count(),
                 v.len()
-            ))
+            )) + if fell_back { ", exact fallback (staged, fwd_h split)" } else { "" }
         ),
         (None, Some(_)) => ", no split".to_string(),
         (None, None) => String::new(),
@@ -328,7 +329,7 @@ pub fn run(
         "sets": nsets, "kernel": format!("{choice:?}"), "tflops": tflops, "path": format!("{:?}", plan_auto.path()),
         "intra_ms": intra_ms, "serial_ms": serial_ms, "regime": case.regime.map(GateRegime::name),
         "split": split.as_ref().map(|(s, _)| s.json()), "warmups": split.map(|(_, w)| w),
-        "split_bv": split_bv, "split_verdict": verdict,
+        "split_bv": split_bv, "split_verdict": verdict, "exact_fallback": fell_back,
     }))
 }
 
