@@ -20,9 +20,11 @@
 //! themselves (`delta_fused_gdn`; the normalised `q, k` with l2norm). Both fused kernels split
 //! long sequences into pieces with exact warm-ups when the GPU would otherwise idle
 //! ([`SplitRule`], §5.9–5.10). Where the gates do not let the pieces warm up (long memory,
-//! slow heads), a splitting plan over sequences of [`EXACT_FALLBACK_CHUNKS`] chunks or more
-//! runs the staged path instead, whose `fwd_h` split is exact without warm-ups: the choice is
-//! the warm-up policy's, read on the host once per run ([`DeltaFwdPlan::ran_exact_fallback`]).
+//! slow heads) and the chain left serial would cost more than the staged path
+//! ([`FALLBACK_COST_RATIO`]), a splitting plan over sequences of [`EXACT_FALLBACK_CHUNKS`]
+//! chunks or more runs the staged path instead, whose `fwd_h` split is exact without warm-ups:
+//! the choice is the warm-up policy's, read on the host once per run
+//! ([`DeltaFwdPlan::ran_exact_fallback`]).
 //! Float32 runs IEEE fp32 FMAs throughout, float64 fp64.
 
 use super::fwd_h::{FwdHDeviceOutputs, FwdHTensors};
@@ -746,10 +748,10 @@ fn fused_widths(v: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Smem bytes of the output kernel (`OutSmem<Acc>`).
 /// Value columns per CTA of the tensor-core output kernel (`OUTM_BV`).
 const OUT_MMA_BV: usize = 64;
 
+/// Smem bytes of the FMA output kernel (`OutSmem<Acc>`).
 fn out_smem(dtype: Dtype) -> u32 {
     ((MAX_BT * (KT + 1) + KT * (KT + 1)) * acc_dtype(dtype).size_bytes()) as u32
 }
@@ -790,8 +792,8 @@ pub const EXACT_FALLBACK_CHUNKS: usize = 256;
 
 /// The staged path's time per (chunk, value head) over the fused chain's time per chunk step,
 /// inverted and rounded: the fallback pays where a chain is longer than the call's (chunk,
-/// value head) pairs over this. S13-3 (H100, H4 × 131072, bf16, K = V = 128): the staged path
-/// ~0.38 µs (GDN) and ~0.42 µs (KDA) per pair, the fused chain ~2.7 and ~2.9 µs a step.
+/// value head) pairs over this. S13-6 (H100, H4 × 131072, bf16, K = V = 128): the staged path
+/// ~0.36 µs (GDN) and ~0.42 µs (KDA) per pair, the fused chain ~2.7 and ~2.9 µs a step.
 pub const FALLBACK_COST_RATIO: usize = 7;
 
 /// The fused path's launches (either kernel): the pieces of the (split) launch and, when the

@@ -136,8 +136,8 @@ pub(crate) fn chunk_table(
 }
 
 /// The intra kernel of `args` for `dtype` and its shared memory: tensor cores for bf16/f16
-/// (`IntraMmaSmem<T>`, key tiles of 64; per-key gates with K and V multiples of 8 and an fp32
-/// `g` take the `fast` instance, compiled without the other layouts' code), FMAs for
+/// (`IntraMmaSmem<T>`, key tiles of 64; K and V multiples of 8 take a `fast` instance, compiled
+/// without the other layouts' code, where the gate is scalar or an fp32 `g`), FMAs for
 /// float32/float64 (`IntraSmem<Acc>`).
 fn intra_kernel(dtype: Dtype, args: &IntraArgs) -> (String, u32) {
     let sq = MAX_BT * (MAX_BT + 1);
@@ -147,13 +147,12 @@ fn intra_kernel(dtype: Dtype, args: &IntraArgs) -> (String, u32) {
             // which the solve's L, Aqk, X and tmp lie; G (pitch 68); the per-row values
             let tiles = (6 * MAX_BT + 2 * 96) * (64 + 8) * 2;
             let bytes = tiles + MAX_BT * (64 + 4) * 4 + 4 * MAX_BT * 4;
-            let fast = args.k_dim % 8 == 0
-                && args.v_dim % 8 == 0
-                && args.g_dtype == dtype_code(Dtype::F32);
-            let kind = match (args.scalar_gate != 0, fast) {
-                (true, _) => "mma_scalar",
-                (false, true) => "mma_fast",
-                (false, false) => "mma",
+            let whole = args.k_dim % 8 == 0 && args.v_dim % 8 == 0;
+            let kind = match (args.scalar_gate != 0, whole) {
+                (true, true) => "mma_scalar_fast",
+                (true, false) => "mma_scalar",
+                (false, true) if args.g_dtype == dtype_code(Dtype::F32) => "mma_fast",
+                (false, _) => "mma",
             };
             (format!("kda_intra_{kind}_{}", tag(dtype)), bytes as u32)
         }
