@@ -1561,6 +1561,118 @@ __device__ void delta_output_mma(const OutArgs& a) {
     }
 }
 
+// The staged GDN path's operands from the lean intra stage (the exact fallback of a lean fused
+// plan: gdn_intra runs beside the warm-up policy either way; bf16 / f16, K and V multiples of 8):
+// one CTA per (chunk, value head, block of 64 columns of [w | u]), from Tb = Akk diag(β) (hi + lo),
+// G and the (normalised) q, k of gdn_intra:
+//   w_r = Σ_{j<=r} Tb[r, j] (k_j exp2(G_j)),   u_r = Σ_{j<=r} Tb[r, j] v_j
+// (B rounded to T, A as hi + lo, fp32 accumulation: the warps as in delta_output_mma); the key
+// blocks also copy kg = k and qg = q per value head, and the first block writes qf =
+// scale exp2(G_r) and the gate G, as the full intra stage does for a scalar gate.
+
+struct ExpandArgs {
+    u64 q, k, v, tbh, tbl, g, chunks;  // inputs (q, k: [rows][H][K], normalised with l2norm)
+    u64 w, u, kg, qg, qf, gate;        // outputs
+    i64 H, HV, K, V, bt;
+    double scale;
+};
+
+template <typename T>
+__device__ void gdn_expand(const ExpandArgs& a) {
+    __shared__ __align__(16) OutMmaSmem<T> sm;  // a[0], a[1]: Tb hi, lo; b[0]: k exp2(G) or v
+    using Sm = OutMmaSmem<T>;
+    constexpr unsigned ROW = Sm::P * sizeof(T);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
+    const i64* ch = reinterpret_cast<const i64*>(a.chunks) + blockIdx.x * 3;
+    const i64 row0 = ch[0];
+    const int nc = (int)ch[1];
+    const i64 hv = blockIdx.y, kh = hv / (a.HV / a.H);
+    const i64 nbk = (a.K + OUTM_BV - 1) / OUTM_BV;
+    const bool keys = (i64)blockIdx.z < nbk;
+    const i64 c0 = ((i64)blockIdx.z - (keys ? 0 : nbk)) * OUTM_BV, width = keys ? a.K : a.V;
+    const T* tbh = reinterpret_cast<const T*>(a.tbh);
+    const T* tbl = reinterpret_cast<const T*>(a.tbl);
+    const i64 rs = keys ? a.H * a.K : a.HV * a.V;
+    const T* src = keys ? reinterpret_cast<const T*>(a.k) + (row0 * a.H + kh) * a.K + c0
+                        : reinterpret_cast<const T*>(a.v) + (row0 * a.HV + hv) * a.V + c0;
+    const float* g = reinterpret_cast<const float*>(a.g) + row0 * a.HV + hv;
+    const int seg = (tid % 8) * 8;
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int r = tid / 8 + 32 * p;
+        const bool aok = r < nc && seg < a.bt, bok = r < nc && c0 + seg < width;
+        const i64 ao = ((row0 + r) * a.HV + hv) * a.bt + seg;
+        cp_async16(smem_u32(&sm.a[0][r][seg]), aok ? tbh + ao : tbh, aok ? 16 : 0);
+        cp_async16(smem_u32(&sm.a[1][r][seg]), aok ? tbl + ao : tbh, aok ? 16 : 0);
+        cp_async16(smem_u32(&sm.b[0][r][seg]), bok ? src + r * rs + seg : tbh, bok ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    if (keys) {
+        // this thread's own pieces: k_j exp2(G_j) rounded to T (rows past n_c stay 0)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int r = tid / 8 + 32 * p;
+            if (r >= nc) continue;
+            const float f = ex2_ftz(g[r * a.HV]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sm.b[0][r][seg + e] = Narrow<T>::from(widen(sm.b[0][r][seg + e]) * f);
+        }
+    }
+    __syncthreads();
+    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+    const unsigned a_lane = (m0 + (lane & 15)) * ROW + (lane >> 4) * 16;
+    const unsigned bt_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * ROW + (n0 + (lane >> 4) * 8) * sizeof(T);
+    const unsigned ah = smem_u32(&sm.a[0][0][0]), al = smem_u32(&sm.a[1][0][0]), bs = smem_u32(&sm.b[0][0][0]);
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int kk = 0; kk < (int)((a.bt + 15) / 16); ++kk) {
+        unsigned fh[4], fl[4];
+        ldsm_x4(fh, ah + a_lane + kk * 32);
+        ldsm_x4(fl, al + a_lane + kk * 32);
+#pragma unroll
+        for (int hp = 0; hp < 2; ++hp) {
+            unsigned bf[4];
+            ldsm_x4_t(bf, bs + bt_lane + kk * 16 * ROW + hp * 16 * sizeof(T));
+            const unsigned b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+            Mma<T>::run(acc[2 * hp], fh, b0);
+            Mma<T>::run(acc[2 * hp], fl, b0);
+            Mma<T>::run(acc[2 * hp + 1], fh, b1);
+            Mma<T>::run(acc[2 * hp + 1], fl, b1);
+        }
+    }
+    T* dst = reinterpret_cast<T*>(keys ? a.w : a.u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const i64 c = c0 + n0 + 8 * j + 2 * t4;
+        if (c >= width) continue;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = m0 + gid + 8 * h2;
+            if (r < nc) *reinterpret_cast<Vec<T, 2>*>(dst + ((row0 + r) * a.HV + hv) * width + c) = pack2<T>(acc[j][2 * h2], acc[j][2 * h2 + 1]);
+        }
+    }
+    if (keys) {
+        for (int i = tid; i < nc * 8; i += INTRA_THREADS) {
+            const int r = i / 8, sg = (i % 8) * 8;
+            if (c0 + sg >= a.K) continue;
+            const i64 from = ((row0 + r) * a.H + kh) * a.K + c0 + sg, to = ((row0 + r) * a.HV + hv) * a.K + c0 + sg;
+            *reinterpret_cast<Vec<T, 8>*>(reinterpret_cast<T*>(a.kg) + to) = *reinterpret_cast<const Vec<T, 8>*>(reinterpret_cast<const T*>(a.k) + from);
+            *reinterpret_cast<Vec<T, 8>*>(reinterpret_cast<T*>(a.qg) + to) = *reinterpret_cast<const Vec<T, 8>*>(reinterpret_cast<const T*>(a.q) + from);
+        }
+    }
+    if (blockIdx.z == 0) {
+        for (int r = tid; r < nc; r += INTRA_THREADS) {
+            const float gr = g[r * a.HV];
+            reinterpret_cast<float*>(a.qf)[(row0 + r) * a.HV + hv] = (float)a.scale * ex2_ftz(gr);
+            reinterpret_cast<float*>(a.gate)[(row0 + r) * a.HV + hv] = gr;
+        }
+    }
+}
+
 #define INTRA_FMA_KERNEL(T, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) kda_intra_fma_##TAG(const IntraArgs a) { \
         GATE_DISPATCH(a, (intra_fma<T, T, FORM>(a))) \
@@ -1568,6 +1680,10 @@ __device__ void delta_output_mma(const OutArgs& a) {
 #define OUTPUT_KERNEL(T, ACC, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) delta_output_fma_##TAG(const OutArgs a) { \
         delta_output<T, ACC>(a); \
+    }
+#define GDN_EXPAND_KERNEL(T, TAG) \
+    extern "C" __global__ void __launch_bounds__(INTRA_THREADS) gdn_expand_##TAG(const ExpandArgs a) { \
+        gdn_expand<T>(a); \
     }
 #define OUTPUT_MMA_KERNEL(T, TAG) \
     extern "C" __global__ void __launch_bounds__(INTRA_THREADS) delta_output_mma_##TAG(const OutArgs a) { \
@@ -1598,3 +1714,5 @@ OUTPUT_KERNEL(bf16, float, bf16)
 OUTPUT_KERNEL(f16, float, f16)
 OUTPUT_MMA_KERNEL(bf16, bf16)
 OUTPUT_MMA_KERNEL(f16, f16)
+GDN_EXPAND_KERNEL(bf16, bf16)
+GDN_EXPAND_KERNEL(f16, f16)

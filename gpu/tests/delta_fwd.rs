@@ -432,47 +432,65 @@ fn long_sequences(gpu: &Gpu) {
 
 /// The exact fallback: a splitting fused plan whose warm-up policy leaves a serial chain of
 /// `EXACT_FALLBACK_CHUNKS` chunks or more runs the staged path instead (its `fwd_h` split with
-/// exact summaries). On a 32768-token sequence (512 chunks) with two value heads (the plan
-/// splits), GDN and KDA: taken under long-memory gates (no piece warms up), not under strong
-/// decay (every piece does); the outputs within the long threshold of the reference either way.
+/// exact summaries; GDN's from the lean intra stage through `gdn_expand`). On a 32768-token
+/// sequence (512 chunks) with two value heads (the plan splits), GDN and KDA: taken under
+/// long-memory gates (no piece warms up), not under strong decay (every piece does); GDN also
+/// with K = V = 128 (two column blocks each of `w` and `u`) and q, k normalised in the kernel;
+/// the outputs within the long threshold of the reference either way, and a second run
+/// bit-identical.
 fn exact_fallback_takes_long_serial_chains(gpu: &Gpu) {
-    let mut row = 0;
-    for per_key in [false, true] {
-        for regime in [Regime::Strong, Regime::Long] {
-            row += 1;
-            if !table_row_runs(row - 1, 4) {
-                continue;
-            }
-            let mut c = base(per_key, Dtype::BF16);
-            c.draw.t = 32768;
-            c.draw.h = 1;
-            c.draw.hv = 2;
-            c.draw.regime = regime;
-            let what = format!("{} {regime:?}", ["gdn", "kda"][per_key as usize]);
-            let (host, dev) = draw_case(gpu, &c, 90 + row as u64);
-            let want = reference(&c, &host);
-            let p = plan(gpu, &c, &dev, ForwardPath::Auto);
-            assert!(p.splits(), "{what}: the plan splits");
-            let mut ws = p.alloc_workspace(gpu).unwrap();
-            let mut out = p.alloc_outputs(gpu).unwrap();
-            poison(gpu, &mut out);
-            p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
-            assert_eq!(
-                p.ran_exact_fallback(&ws),
-                regime == Regime::Long,
-                "{what}: the exact fallback taken"
-            );
-            let t = half_threshold(regime, c.draw.t);
-            let o = download(gpu, &out.o);
-            assert_close(&format!("{what}: o"), &o, &want.o, t);
-            let fin = download(gpu, out.final_state.as_ref().unwrap());
-            assert_close(
-                &format!("{what}: final_state"),
-                &fin,
-                want.fin.as_ref().unwrap(),
-                t,
-            );
+    let rows = [
+        (false, Regime::Strong, false),
+        (false, Regime::Long, false),
+        (true, Regime::Strong, false),
+        (true, Regime::Long, false),
+        (false, Regime::Long, true),
+    ];
+    for (row, &(per_key, regime, wide)) in rows.iter().enumerate() {
+        if !table_row_runs(row, rows.len()) {
+            continue;
         }
+        let mut c = base(per_key, Dtype::BF16);
+        c.draw.t = 32768;
+        c.draw.h = 1;
+        c.draw.hv = 2;
+        c.draw.regime = regime;
+        if wide {
+            c.draw.k = 128;
+            c.draw.v = 128;
+            c.draw.raw_qk = true;
+        }
+        let what = format!(
+            "{} {regime:?}{}",
+            ["gdn", "kda"][per_key as usize],
+            if wide { " K 128, l2norm" } else { "" }
+        );
+        let (host, dev) = draw_case(gpu, &c, 91 + row as u64);
+        let want = reference(&c, &host);
+        let p = plan(gpu, &c, &dev, ForwardPath::Auto);
+        assert!(p.splits(), "{what}: the plan splits");
+        let mut ws = p.alloc_workspace(gpu).unwrap();
+        let mut out = p.alloc_outputs(gpu).unwrap();
+        poison(gpu, &mut out);
+        p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+        assert_eq!(
+            p.ran_exact_fallback(&ws),
+            regime == Regime::Long,
+            "{what}: the exact fallback taken"
+        );
+        let t = half_threshold(regime, c.draw.t);
+        let o = download(gpu, &out.o);
+        assert_close(&format!("{what}: o"), &o, &want.o, t);
+        poison(gpu, &mut out);
+        p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+        assert_bit_identical(&format!("{what}: o repeated"), &download(gpu, &out.o), &o);
+        let fin = download(gpu, out.final_state.as_ref().unwrap());
+        assert_close(
+            &format!("{what}: final_state"),
+            &fin,
+            want.fin.as_ref().unwrap(),
+            t,
+        );
     }
 }
 

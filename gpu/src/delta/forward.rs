@@ -150,6 +150,33 @@ struct OutArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for OutArgs {}
 
+/// Mirror of `ExpandArgs` (kda_intra.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct ExpandArgs {
+    q: u64,
+    k: u64,
+    v: u64,
+    tbh: u64,
+    tbl: u64,
+    g: u64,
+    chunks: u64,
+    w: u64,
+    u: u64,
+    kg: u64,
+    qg: u64,
+    qf: u64,
+    gate: u64,
+    heads: i64,
+    value_heads: i64,
+    k_dim: i64,
+    v_dim: i64,
+    bt: i64,
+    scale: f64,
+}
+// SAFETY: as above.
+unsafe impl DeviceRepr for ExpandArgs {}
+
 /// Mirror of `FusedArgs` (delta_fwd.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -1367,16 +1394,33 @@ impl DeltaFwdPlan {
                 let w = rule.max_warmup_chunks;
                 let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
                 if let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) {
-                    // the policy alone (unless queued already), then its choice on the host:
-                    // the exact fallback, or the intra stage and the fused launches
-                    if !queued {
+                    let shared = matches!(tiles, Tiles::Lean(_)) && fb.expands_lean();
+                    if shared {
+                        // GDN's lean intra stage serves both paths: beside the policy (unless
+                        // queued already), then the choice on the host while nothing waits
+                        if queued {
+                            self.intra(gpu, t, aqk, tiles)?;
+                        } else {
+                            gpu.beside(
+                                |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
+                                |main| self.intra(main, t, aqk, tiles),
+                            )?;
+                        }
+                    } else if !queued {
+                        // the policy alone, then its choice on the host: the exact fallback,
+                        // or the intra stage and the fused launches
                         self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
                     }
                     if self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())? {
                         *fell_back = true;
-                        return fb.run(gpu, t, fws, out);
+                        return match tiles {
+                            Tiles::Lean(l) if shared => fb.run_expanded(gpu, t, l, aqk, fws, out),
+                            _ => fb.run(gpu, t, fws, out),
+                        };
                     }
-                    self.intra(gpu, t, aqk, tiles)?;
+                    if !shared {
+                        self.intra(gpu, t, aqk, tiles)?;
+                    }
                 } else {
                     // the policy reads only t's g, β and k: on the second stream, beside the
                     // intra stage (the fused launches wait for both)
@@ -1401,36 +1445,116 @@ impl DeltaFwdPlan {
                 return Err(Error::missing("ws", "a workspace of this plan", "a lean one").into())
             }
         };
-        match (self.fused, full.staged.as_deref_mut()) {
-            (Some(_), _) => self.run_fused(gpu, t, full, split, aqk, out),
-            (None, Some(st)) => {
-                let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
-                if self.prep.scalar_gate {
-                    fwd.g = Some(&full.gate);
-                } else {
-                    fwd.gk = Some(&full.gate);
-                }
-                fwd.initial_state = t.initial_state;
-                // fwd_h writes the final state straight into the caller's tensor (same shape
-                // and dtype: checked above)
-                let fo = &mut st.out;
-                std::mem::swap(&mut fo.final_state, &mut out.final_state);
-                let ran = st.plan.run(gpu, &fwd, &mut st.ws, fo);
-                std::mem::swap(&mut fo.final_state, &mut out.final_state);
-                ran?;
-                let v_new = fo
-                    .v_new
-                    .as_ref()
-                    .ok_or_else(|| Error::missing("v_new", "the staged plan's v_new", "none"))?;
-                self.run_output(gpu, [&full.qg, &full.qf, aqk], &fo.h, v_new, &mut out.o)
-            }
-            (None, None) => {
-                Err(Error::missing("ws", "a workspace of this plan", "a fused one").into())
-            }
+        match self.fused {
+            Some(_) => self.run_fused(gpu, t, full, split, aqk, out),
+            None => self.run_staged(gpu, t, full, aqk, out),
         }
     }
 
-    /// The intra kernel's arguments for `t` (outputs left 0).
+    /// The staged path after its intra stage (`full`'s `w, u, kg, qg, qf, G` and `aqk`):
+    /// `fwd_h` (through its split) writes `h`, `v_new` and the final state, then the output.
+    fn run_staged(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        full: &mut FullTiles,
+        aqk: &DeviceTensor,
+        out: &mut DeltaFwdDeviceOutputs,
+    ) -> GpuResult<()> {
+        let Some(st) = full.staged.as_deref_mut() else {
+            return Err(Error::missing("ws", "a workspace of this plan", "a fused one").into());
+        };
+        let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
+        if self.prep.scalar_gate {
+            fwd.g = Some(&full.gate);
+        } else {
+            fwd.gk = Some(&full.gate);
+        }
+        fwd.initial_state = t.initial_state;
+        // fwd_h writes the final state straight into the caller's tensor (same shape and
+        // dtype: checked by the caller)
+        let fo = &mut st.out;
+        std::mem::swap(&mut fo.final_state, &mut out.final_state);
+        let ran = st.plan.run(gpu, &fwd, &mut st.ws, fo);
+        std::mem::swap(&mut fo.final_state, &mut out.final_state);
+        ran?;
+        let v_new = fo
+            .v_new
+            .as_ref()
+            .ok_or_else(|| Error::missing("v_new", "the staged plan's v_new", "none"))?;
+        self.run_output(gpu, [&full.qg, &full.qf, aqk], &fo.h, v_new, &mut out.o)
+    }
+
+    /// Whether this (staged) plan can take its intra stage's results from a lean fused plan's
+    /// (`gdn_intra`: Tb, G, Aqk) through `gdn_expand`: a scalar gate, bf16 / f16, `K` and `V`
+    /// multiples of 8.
+    fn expands_lean(&self) -> bool {
+        self.fused.is_none()
+            && self.prep.scalar_gate
+            && matches!(self.dtype, Dtype::BF16 | Dtype::F16)
+            && self.geo.k % 8 == 0
+            && self.geo.v % 8 == 0
+    }
+
+    /// The exact fallback of a lean fused plan (this plan: its staged twin) on the lean intra
+    /// stage's `lean` tiles and `aqk`: `gdn_expand` forms `w, u, kg, qg, qf, G` into `ws`, then
+    /// the staged path runs ([`Self::run_staged`]).
+    fn run_expanded(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        lean: &LeanTiles,
+        aqk: &DeviceTensor,
+        ws: &mut DeltaFwdWorkspace,
+        out: &mut DeltaFwdDeviceOutputs,
+    ) -> GpuResult<()> {
+        let Tiles::Full(full) = &mut ws.tiles else {
+            return Err(Error::missing("ws", "a staged workspace", "a lean one").into());
+        };
+        let g = &self.geo;
+        if self.nchunks > 0 && g.hv > 0 {
+            let (q, k) = match &lean.qk {
+                Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu)),
+                None => (t.q.ptr(gpu), t.k.ptr(gpu)),
+            };
+            let args = ExpandArgs {
+                q,
+                k,
+                v: t.v.ptr(gpu),
+                tbh: lean.tbh.ptr(gpu),
+                tbl: lean.tbl.ptr(gpu),
+                g: lean.g.ptr(gpu),
+                chunks: self.chunks.ptr(gpu),
+                w: full.w.ptr_mut(gpu),
+                u: full.u.ptr_mut(gpu),
+                kg: full.kg.ptr_mut(gpu),
+                qg: full.qg.ptr_mut(gpu),
+                qf: full.qf.ptr_mut(gpu),
+                gate: full.gate.ptr_mut(gpu),
+                heads: g.h as i64,
+                value_heads: g.hv as i64,
+                k_dim: g.k as i64,
+                v_dim: g.v as i64,
+                bt: g.bt as i64,
+                scale: self.prep.scale,
+            };
+            let blocks = g.k.div_ceil(OUT_MMA_BV) + g.v.div_ceil(OUT_MMA_BV);
+            gpu.launch_3d(
+                Module::KdaIntra,
+                &format!("gdn_expand_{}", tag(self.dtype)),
+                (
+                    grid_x(self.nchunks, "q", "fewer than 2^31 chunks")?,
+                    g.hv as u32,
+                    blocks as u32,
+                ),
+                THREADS,
+                0,
+                &args,
+            )?;
+        }
+        self.run_staged(gpu, t, full, aqk, out)
+    }
+
     /// The in-kernel gate's side inputs of `t` (none for a decay `g`).
     fn gate_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GateArgs {
         match self.prep.gate {
@@ -1455,6 +1579,7 @@ impl DeltaFwdPlan {
         }
     }
 
+    /// The intra kernel's arguments for `t` (outputs left 0).
     fn intra_args(&self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<IntraArgs> {
         let g = &self.geo;
         let gate = self.gate_args(gpu, t);
