@@ -149,7 +149,7 @@ impl Case {
         Ok(case)
     }
 
-    /// The safetensors bytes of this case (written as is, without [`check`](Case::check)).
+    /// The safetensors bytes of this case (written as is, without [`check`](crate::registry::check)).
     /// The `safetensors` crate takes the metadata as a hash map, so the header's key order (and
     /// hence the file's sha256) may differ between two writes of the same case.
     pub fn to_bytes(&self) -> Result<Vec<u8>, Problem> {

@@ -59,7 +59,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Also write the float64 reference outputs of every case, as a case file
-        /// DIR/<op>/<file name> (same inputs and parameters), for diffing.
+        /// DIR/OP/NAME (the case's op and file name; same inputs and parameters), for diffing.
         #[arg(long, value_name = "DIR")]
         dump_reference: Option<PathBuf>,
         #[arg(required = true, value_name = "FILE_OR_DIR")]

@@ -3,7 +3,7 @@
 //! parameters with their defaults, which outputs and tolerances it may name.
 //!
 //! Adding an op is one entry in its family's `OPS` table under [`crate::ops`] (with its runners
-//! beside it); adding a family is one more table in [`FAMILIES`].
+//! beside it); adding a family is one more table in `FAMILIES`.
 
 use crate::case::Case;
 use crate::error::{Problem, Result};

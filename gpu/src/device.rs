@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// An open GPU: one context and its stream (a second stream on first use of [`Gpu::beside`]);
+/// An open GPU: one context and its stream (a second stream on first use of `beside`);
 /// kernels are compiled on first use.
 pub struct Gpu {
     ctx: Arc<CudaContext>,

@@ -62,7 +62,7 @@ impl GateRegime {
 
     /// The decays of `t` tokens × `cols` columns (row-major `[t, cols]`), `cols = HV · gk` with
     /// `gk` columns per value head (1 for GDN, `K` for KDA). Deterministic per `seed`: the
-    /// trained regime's parameters come from `seed`, each block of [`BLOCK_ROWS`] tokens from
+    /// trained regime's parameters come from `seed`, each block of `BLOCK_ROWS` tokens from
     /// its own stream derived from `seed` and the block index.
     pub fn decays(self, t: usize, hv: usize, gk: usize, seed: u64) -> Vec<f32> {
         self.decays_with(t, hv, gk, seed, seed)

@@ -5,7 +5,7 @@
 //! checks, reference and comparison as a case file under `attn-conform verify`.
 //!
 //! Every [`Problem`] becomes a Python exception naming the argument it concerns
-//! ([`errors`]); nothing here panics on bad input.
+//! (`errors`); nothing here panics on bad input.
 
 mod errors;
 

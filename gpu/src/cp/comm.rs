@@ -228,7 +228,7 @@ impl CpGroup {
     }
 
     /// This process's rank `rank` of `world`, on its GPU `ordinal`, with the group's `id`
-    /// (blocks until every rank has joined and the ranks are connected: [`Self::connect`]).
+    /// (blocks until every rank has joined and the ranks are connected: `connect`).
     pub fn join(ordinal: usize, rank: usize, world: usize, id: &CpId) -> GpuResult<CpGroup> {
         if rank >= world {
             return Err(

@@ -10,7 +10,7 @@
 //!    running the rank's own forward on the piece with values `[v | 0]` from the state `[0 | I]`
 //!    (the recurrence is linear in `(S, v)`, so the first `V` state columns end at `b` and the
 //!    last `K` at `M`), over the piece's sub-pieces side by side and their summaries merged
-//!    ([`whole`]), or over a tail (below);
+//!    (`whole`), or over a tail (below);
 //! 2. **one all-gather** of the `R` summary slots (NCCL);
 //! 3. **merge**: a rank whose first piece continues sequence `n` chains the summaries of the
 //!    earlier ranks holding `n` from `initial_state[n]`, `X ← M_q X + b_q` (`fwd_h_merge`), which

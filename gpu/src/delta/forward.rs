@@ -385,7 +385,7 @@ pub(crate) const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
 /// CTAs of the table in order (heads fastest, the column block slowest), so whether the pieces
 /// beyond one wave wait for short ones depends on `L`: `L` and the lengths `⌈longest / m⌉`
 /// (`m` up to twice the longest sequence's pieces at `L` and at most `slots`) are scored by
-/// [`makespan`] and the least wins (fewer pieces on a tie; one piece per sequence when none
+/// `makespan` and the least wins (fewer pieces on a tie; one piece per sequence when none
 /// beats it). No sequence is split when none is longer than `L`.
 pub fn split_pieces(
     seq_chunks: &[usize],
@@ -541,7 +541,7 @@ fn fused_estimate(
 
 /// The split of a fused path (GDN's lean kernel or KDA's) under `rule`: the serial run (one piece per sequence at the
 /// `serial` width) against, per allowed column width, the pieces of [`split_pieces`] and their
-/// [`fused_estimate`]; a split (some sequence in more than one piece) wins only with a strictly
+/// `fused_estimate`; a split (some sequence in more than one piece) wins only with a strictly
 /// lower estimate than the serial run and every earlier candidate. A wider width than
 /// `serial`'s runs fewer CTAs per piece, so more pieces fill the GPU when the gates let them
 /// warm up.

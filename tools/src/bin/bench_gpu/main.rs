@@ -230,7 +230,7 @@ fn time_ms(
     Ok(t[t.len() / 2])
 }
 
-/// The read ceiling: 2 GiB read once and reduced to one word ([`read_stream`]), the best median
+/// The read ceiling: 2 GiB read once and reduced to one word ([`read_stream()`]), the best median
 /// over 16-byte loads in flight per thread ([`READ_UNROLLS`]) and blocks per multiprocessor
 /// (2, 4, 8): `(GB/s, ms, the best configuration)`.
 fn read_ceiling(gpu: &Gpu, iters: usize) -> GpuResult<(f64, f64, String)> {
