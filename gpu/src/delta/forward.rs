@@ -823,6 +823,41 @@ pub const EXACT_FALLBACK_CHUNKS: usize = 256;
 /// ~0.36 µs (GDN) and ~0.42 µs (KDA) per pair, the fused chain ~2.7 and ~2.9 µs a step.
 pub const FALLBACK_COST_RATIO: usize = 7;
 
+/// The exact fallback's rule ([`DeltaFwdPlan::needs_exact_fallback`]) on host copies: sequences
+/// of `seq_chunks` chunks, `hv` value heads, pieces of `piece_chunks` chunks (the pieces table's
+/// order), the policy's `warm` (`[P · HV]`: a warm-up in chunks, `-1` for a piece run through by
+/// the one before) and `verdict` (`[N · HV]`, `0`: the serial launch). A chain counts when it
+/// reaches max([`EXACT_FALLBACK_CHUNKS`], chunk-heads / [`FALLBACK_COST_RATIO`] + 1) chunks.
+fn exact_fallback_due(
+    seq_chunks: &[usize],
+    hv: usize,
+    piece_chunks: &[usize],
+    warm: &[i64],
+    verdict: Option<&[i64]>,
+) -> bool {
+    let chunk_heads = seq_chunks.iter().sum::<usize>() * hv;
+    let long = EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1);
+    let serial_long = verdict.is_some_and(|v| {
+        (v.iter().enumerate())
+            .any(|(i, &x)| x == 0 && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= long)
+    });
+    serial_long
+        || (0..hv).any(|h| {
+            // a CTA's chain: its warm-up, its piece, and the pieces after it marked -1 (run
+            // through)
+            let mut chain = 0;
+            piece_chunks.iter().enumerate().any(|(p, &chunks)| {
+                let w = warm.get(p * hv + h).copied().unwrap_or(0);
+                chain = if w < 0 {
+                    chain + chunks
+                } else {
+                    w as usize + chunks
+                };
+                chain >= long
+            })
+        })
+}
+
 /// The fused path's launches (either kernel): the pieces of the (split) launch and, when the
 /// split runs at a wider column block than the serial run, the serial launch it falls back to
 /// per (sequence, value head) where the warm-ups do not shorten the chains (`warm_walk`'s verdict,
@@ -1784,36 +1819,23 @@ impl DeltaFwdPlan {
     ) -> GpuResult<bool> {
         let (hv, bt) = (self.geo.hv, self.geo.bt);
         let seq_chunks: Vec<usize> = self.geo.seqs.iter().map(|s| s.num_chunks(bt)).collect();
-        let chunk_heads: usize = seq_chunks.iter().sum::<usize>() * hv;
-        let long = EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1);
-        if let Some(v) = verdict {
-            let v: Vec<i64> = v.to_array::<i64>(gpu)?.iter().copied().collect();
-            let serial_long = (v.iter().enumerate()).any(|(i, &x)| {
-                x == 0 && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= long
-            });
-            if serial_long {
-                return Ok(true);
-            }
-        }
+        let piece_chunks: Vec<usize> = (0..pc.n)
+            .map(|p| (pc.rows[p * 5 + 1] as usize).div_ceil(bt))
+            .collect();
+        let verdict = verdict
+            .map(|v| {
+                v.to_array::<i64>(gpu)
+                    .map(|a| a.iter().copied().collect::<Vec<_>>())
+            })
+            .transpose()?;
         let warm: Vec<i64> = warm.to_array::<i64>(gpu)?.iter().copied().collect();
-        for h in 0..hv {
-            let mut chain = 0;
-            for p in 0..pc.n {
-                let chunks = (pc.rows[p * 5 + 1] as usize).div_ceil(bt);
-                // a CTA's chain: its warm-up, its piece, and the pieces after it marked -1
-                // (run through)
-                let w = warm.get(p * hv + h).copied().unwrap_or(0);
-                chain = if w < 0 {
-                    chain + chunks
-                } else {
-                    w as usize + chunks
-                };
-                if chain >= long {
-                    return Ok(true);
-                }
-            }
-        }
-        Ok(false)
+        Ok(exact_fallback_due(
+            &seq_chunks,
+            hv,
+            &piece_chunks,
+            &warm,
+            verdict.as_deref(),
+        ))
     }
 
     /// The plan without the exact fallback (the fused split runs whatever its policy finds),
@@ -2070,6 +2092,121 @@ fn run_new(
 mod tests {
     use super::*;
     use attn_reference::varlen::Seq;
+    use proptest::prelude::*;
+
+    /// The chain length from which [`exact_fallback_due`] falls back, for `chunk_heads`.
+    fn long(chunk_heads: usize) -> usize {
+        EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1)
+    }
+
+    /// One sequence of `pieces` equal pieces of `len` chunks over `hv` heads, every warm-up `w`.
+    fn even(pieces: usize, len: usize, hv: usize, w: i64) -> (Vec<usize>, Vec<usize>, Vec<i64>) {
+        (vec![pieces * len], vec![len; pieces], vec![w; pieces * hv])
+    }
+
+    #[test]
+    fn short_warm_ups_keep_the_fused_split() {
+        let (seq, pc, mut warm) = even(16, 128, 4, 2);
+        (0..4).for_each(|h| warm[h] = 0); // the first piece starts at the sequence start
+        assert!(!exact_fallback_due(&seq, 4, &pc, &warm, None));
+        assert!(!exact_fallback_due(
+            &seq,
+            4,
+            &pc,
+            &warm,
+            Some(&[1, 1, 1, 1])
+        ));
+    }
+
+    #[test]
+    fn run_throughs_fall_back_once_their_chain_is_long() {
+        let (hv, len) = (4, 128);
+        let (seq, pc, mut warm) = even(16, len, hv, 2);
+        let need = long(seq[0] * hv).div_ceil(len); // pieces in the shortest long chain
+        assert!(need > 1 && need <= 16);
+        // head 1: its first piece from the start, the next need - 2 run through: one short
+        for p in 1..need - 1 {
+            warm[p * hv + 1] = -1;
+        }
+        warm[1] = 0;
+        assert!(!exact_fallback_due(&seq, hv, &pc, &warm, None));
+        warm[(need - 1) * hv + 1] = -1;
+        assert!(exact_fallback_due(&seq, hv, &pc, &warm, None));
+    }
+
+    #[test]
+    fn a_serial_verdict_falls_back_on_long_sequences_only() {
+        // a sequence of 16 pieces of 64 chunks and one of 40 chunks in one piece, no warm-ups
+        // (short chains): only the verdict can make one long
+        let hv = 2;
+        let seq = vec![16 * 64, 40];
+        let mut pc = vec![64; 16];
+        pc.push(40);
+        assert!(seq[0] >= long((seq[0] + seq[1]) * hv) && 64 < long((seq[0] + seq[1]) * hv));
+        let warm = vec![0; pc.len() * hv];
+        assert!(exact_fallback_due(
+            &seq,
+            hv,
+            &pc,
+            &warm,
+            Some(&[1, 0, 1, 1])
+        ));
+        assert!(!exact_fallback_due(
+            &seq,
+            hv,
+            &pc,
+            &warm,
+            Some(&[1, 1, 0, 0])
+        ));
+        assert!(!exact_fallback_due(
+            &seq,
+            hv,
+            &pc,
+            &warm,
+            Some(&[1, 1, 1, 1])
+        ));
+    }
+
+    #[test]
+    fn many_heads_raise_the_bar() {
+        // one head run through its whole 512-chunk sequence: a fallback at 2 heads, not at 64
+        // (the staged path's cost grows with the heads, the chain does not)
+        for (hv, due) in [(2, true), (64, false)] {
+            let (seq, pc, mut warm) = even(8, 64, hv, 1);
+            for p in 0..8 {
+                warm[p * hv] = if p == 0 { 0 } else { -1 };
+            }
+            assert_eq!(
+                exact_fallback_due(&seq, hv, &pc, &warm, None),
+                due,
+                "hv {hv}"
+            );
+        }
+    }
+
+    proptest! {
+        /// Running one more piece through never turns a fallback into none (its chain only
+        /// grows), and warm-ups are read per (piece, head).
+        #[test]
+        fn running_through_more_never_undoes_a_fallback(
+            hv in 1usize..5,
+            lens in proptest::collection::vec(1usize..200, 1..24),
+            warm_seed in proptest::collection::vec(-1i64..40, 24 * 4),
+            flip in 0usize..96,
+        ) {
+            let pc = lens.clone();
+            let seq = vec![lens.iter().sum::<usize>()];
+            let mut warm: Vec<i64> = warm_seed[..pc.len() * hv].to_vec();
+            (0..hv).for_each(|h| warm[h] = warm[h].max(0));
+            let before = exact_fallback_due(&seq, hv, &pc, &warm, None);
+            let i = flip % warm.len();
+            if i >= hv {
+                warm[i] = -1;
+            }
+            let after = exact_fallback_due(&seq, hv, &pc, &warm, None);
+            prop_assert!(!before || after);
+        }
+    }
 
     fn geo(lens: &[usize], bt: usize) -> Geometry {
         let mut bos = 0;
