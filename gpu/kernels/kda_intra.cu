@@ -19,9 +19,10 @@
 // `exp2(G_r - G_j)` is only formed for j <= r, where it is <= 1 for non-positive gates.
 //
 // intra_mma<T> (bf16 / f16): the products on tensor cores (see its section below). Its FAST
-// instances (kernels kda_intra_mma_fast_*: K and V multiples of 8, fp32 g; kda_intra_mma_scalar_fast_*:
-// a scalar gate, K and V multiples of 8) drop the code of the other layouts: the kernel runs once per CTA as a straight line of ~7.6k instructions, and the
-// cold code between them was three quarters of the program (S9: no_inst 31% of its stalls).
+// instances (kernels kda_intra_mma_fast_*: K and V multiples of 8, fp32 g;
+// kda_intra_mma_scalar_fast_*: a scalar gate, K and V multiples of 8) drop the code of the other
+// layouts: the kernel runs once per CTA as a straight line of ~7.6k instructions, and the cold
+// code between them was three quarters of the program (S9: no_inst 31% of its stalls).
 // gdn_intra<T, KP> (bf16 / f16, scalar gate, K <= 128): the lean stage of the fused GDN path.
 // intra_fma<T, Acc> (fp32 / fp64 data): every product with FMAs in Acc (IEEE fp32, or fp64), over key tiles of INTRA_KT columns recomputed from the inputs in each pass. The
 // solve: the four diagonal 16 x 16 blocks by forward substitution, then the off-diagonal blocks

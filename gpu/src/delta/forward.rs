@@ -2144,27 +2144,10 @@ mod tests {
         pc.push(40);
         assert!(seq[0] >= long((seq[0] + seq[1]) * hv) && 64 < long((seq[0] + seq[1]) * hv));
         let warm = vec![0; pc.len() * hv];
-        assert!(exact_fallback_due(
-            &seq,
-            hv,
-            &pc,
-            &warm,
-            Some(&[1, 0, 1, 1])
-        ));
-        assert!(!exact_fallback_due(
-            &seq,
-            hv,
-            &pc,
-            &warm,
-            Some(&[1, 1, 0, 0])
-        ));
-        assert!(!exact_fallback_due(
-            &seq,
-            hv,
-            &pc,
-            &warm,
-            Some(&[1, 1, 1, 1])
-        ));
+        let due = |verdict: [i64; 4]| exact_fallback_due(&seq, hv, &pc, &warm, Some(&verdict));
+        assert!(due([1, 0, 1, 1]), "the long sequence's head 1 serial");
+        assert!(!due([1, 1, 0, 0]), "the short sequence serial");
+        assert!(!due([1, 1, 1, 1]), "everything split");
     }
 
     #[test]
