@@ -1475,6 +1475,23 @@ __device__ __forceinline__ void delta_output_load(const OutArgs& a, OutMmaSmem<T
     }
 }
 
+// Stores a warp's 16 x 32 tile of 4 m16n8k16 accumulators (rows m0 .., columns n0 .. of a
+// block at column c0) into rows < nc of dst (row pitch `pitch`), columns < width, in pairs.
+template <typename T>
+__device__ __forceinline__ void store_warp_tile(T* dst, i64 pitch, const float (&acc)[4][4], i64 c0, i64 width, int m0, int n0, int nc) {
+    const int lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const i64 c = c0 + n0 + 8 * j + 2 * t4;
+        if (c >= width) continue;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = m0 + gid + 8 * h2;
+            if (r < nc) *reinterpret_cast<Vec<T, 2>*>(dst + r * pitch + c) = pack2<T>(acc[j][2 * h2], acc[j][2 * h2 + 1]);
+        }
+    }
+}
+
 template <typename T>
 __device__ void delta_output_mma(const OutArgs& a) {
     __shared__ __align__(16) OutMmaSmem<T> sm;
@@ -1549,17 +1566,7 @@ __device__ void delta_output_mma(const OutArgs& a) {
         if (s + 2 <= nk) delta_output_load<T>(at, sm, buf, s + 2, nk, row0, nc, hv, c0);
         cp_async_commit();
     }
-    T* o = reinterpret_cast<T*>(a.o);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const i64 c = c0 + n0 + 8 * j + 2 * t4;
-        if (c >= a.V) continue;
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-            const int r = m0 + gid + 8 * h2;
-            if (r < nc) *reinterpret_cast<Vec<T, 2>*>(o + ((row0 + r) * a.HV + hv) * a.V + c) = pack2<T>(acc[j][2 * h2], acc[j][2 * h2 + 1]);
-        }
-    }
+    store_warp_tile<T>(reinterpret_cast<T*>(a.o) + (row0 * a.HV + hv) * a.V, a.HV * a.V, acc, c0, a.V, m0, n0, nc);
 }
 
 // The staged GDN path's operands from the lean intra stage (the exact fallback of a lean fused
@@ -1583,7 +1590,7 @@ __device__ void gdn_expand(const ExpandArgs& a) {
     __shared__ __align__(16) OutMmaSmem<T> sm;  // a[0], a[1]: Tb hi, lo; b[0]: k exp2(G) or v
     using Sm = OutMmaSmem<T>;
     constexpr unsigned ROW = Sm::P * sizeof(T);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, t4 = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const i64* ch = reinterpret_cast<const i64*>(a.chunks) + blockIdx.x * 3;
     const i64 row0 = ch[0];
     const int nc = (int)ch[1];
@@ -1645,17 +1652,7 @@ __device__ void gdn_expand(const ExpandArgs& a) {
             Mma<T>::run(acc[2 * hp + 1], fl, b1);
         }
     }
-    T* dst = reinterpret_cast<T*>(keys ? a.w : a.u);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const i64 c = c0 + n0 + 8 * j + 2 * t4;
-        if (c >= width) continue;
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-            const int r = m0 + gid + 8 * h2;
-            if (r < nc) *reinterpret_cast<Vec<T, 2>*>(dst + ((row0 + r) * a.HV + hv) * width + c) = pack2<T>(acc[j][2 * h2], acc[j][2 * h2 + 1]);
-        }
-    }
+    store_warp_tile<T>(reinterpret_cast<T*>(keys ? a.w : a.u) + (row0 * a.HV + hv) * width, a.HV * width, acc, c0, width, m0, n0, nc);
     if (keys) {
         for (int i = tid; i < nc * 8; i += INTRA_THREADS) {
             const int r = i / 8, sg = (i % 8) * 8;
