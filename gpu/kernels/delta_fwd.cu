@@ -25,7 +25,7 @@ struct FusedArgs {
     u64 warm;                        // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
     u64 gate;                        // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
     u64 seqs;                        // i64 [N][3] (seq_table): first packed row, length, lam row of the first chunk
-    u64 o, ht;                       // outputs (ht: 0 when absent)
+    u64 o, ht;                       // outputs (o: 0 for the final state alone; ht: 0 when absent)
     i64 HV, K, V, bt;
     i64 h0_dtype, v_first, npieces, gate_mode;
 };
@@ -228,7 +228,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                 }
             }
         }
-        const bool out = c >= w;  // a chunk of the piece itself (else warm-up: state only)
+        const bool out = c >= w && a.o != 0;  // a chunk of the piece itself with o asked (else: state only)
         // 3. W S and Qg S over this warp's chunk tiles (two accumulators each: even and odd key
         //    steps, so that the dependent chains are half as long)
         const int ntiles = (bt / 16) * NTN;
@@ -377,7 +377,7 @@ struct GdnFusedArgs {
     u64 pieces;                         // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
     u64 warm;                           // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
     u64 gate;                           // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
-    u64 o, ht;
+    u64 o, ht;                          // outputs (o: 0 for the final state alone; ht: 0 when absent)
     i64 QH, HV, K, V, bt;
     i64 h0_dtype, v_first, npieces, gate_mode;
     double scale;
@@ -541,7 +541,7 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] *= lam;
         const bool active = mt * 16 < bt;  // the warp's row tile exists in this chunk size
-        const bool out = c >= w;            // a chunk of the piece itself (else warm-up: state only)
+        const bool out = c >= w && a.o != 0;  // a chunk of the piece itself with o asked (else: state only)
         // the warp's rows: gate factors
         const int r0 = mt * 16 + gid, r1 = r0 + 8;
         const bool v0 = r0 < nc, v1 = r1 < nc;

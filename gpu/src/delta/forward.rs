@@ -810,6 +810,9 @@ pub struct DeltaFwdPlan {
     /// long chain serial ([`Self::needs_exact_fallback`]). Made where the fused path splits a
     /// sequence of at least [`EXACT_FALLBACK_CHUNKS`] chunks.
     fallback: Option<Box<DeltaFwdPlan>>,
+    /// The fused kernels run without `o` (its pointer 0): the final state alone
+    /// ([`DeltaFwdPlan::final_state_only`]).
+    state_only: bool,
 }
 
 /// Chunks of a sequence from which a splitting fused plan holds the exact fallback: a serial
@@ -1057,6 +1060,7 @@ impl DeltaFwdPlan {
             split_rule,
             cu_seqlens: cu_seqlens.map(<[i64]>::to_vec),
             fallback,
+            state_only: false,
         })
     }
 
@@ -1675,7 +1679,11 @@ impl DeltaFwdPlan {
                 .as_ref()
                 .ok_or_else(|| Error::missing("plan", "the fused kernel's sequence table", "none"))?
                 .ptr(gpu),
-            o: out.o.ptr_mut(gpu),
+            o: if self.state_only {
+                0
+            } else {
+                out.o.ptr_mut(gpu)
+            },
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             value_heads: g.hv as i64,
             k_dim: g.k as i64,
@@ -1748,7 +1756,11 @@ impl DeltaFwdPlan {
             aqk: aqk.ptr(gpu),
             g: l.g.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
-            o: out.o.ptr_mut(gpu),
+            o: if self.state_only {
+                0
+            } else {
+                out.o.ptr_mut(gpu)
+            },
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             qk_heads: qk_heads as i64,
             value_heads: g.hv as i64,
@@ -1843,6 +1855,16 @@ impl DeltaFwdPlan {
     /// summaries, queued rank after rank from one thread).
     pub fn without_exact_fallback(mut self) -> DeltaFwdPlan {
         self.fallback = None;
+        self
+    }
+
+    /// The plan whose fused runs compute the final state alone and leave `o` unwritten (the
+    /// output's products and stores skipped in every chunk, as in a warm-up; the state chain
+    /// and its rounding unchanged): the context-parallel summaries, which read only the final
+    /// state. Crate-internal, so that no caller gets an `o` that looks written. A staged plan
+    /// (or its exact fallback) still writes `o`.
+    pub(crate) fn final_state_only(mut self) -> DeltaFwdPlan {
+        self.state_only = self.fused.is_some();
         self
     }
 
