@@ -890,7 +890,9 @@ pub struct DeltaFwdWorkspace {
     policy: Option<PolicyTensors>,
     /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
     verdict: Option<DeviceTensor>,
-    /// The exact fallback's workspace, when the plan holds the fallback.
+    /// The exact fallback's workspace: allocated by the first run that takes the fallback
+    /// (a call whose gates never need it, e.g. strong decay, never holds the staged path's
+    /// `w, u, kg, qg, h, v_new`).
     fallback: Option<Box<DeltaFwdWorkspace>>,
     /// Whether the last run took the exact fallback.
     fell_back: bool,
@@ -1203,12 +1205,9 @@ impl DeltaFwdPlan {
             }
             _ => None,
         };
-        let fallback = (self.fallback.as_deref())
-            .map(|f| f.alloc_workspace(gpu).map(Box::new))
-            .transpose()?;
         if self.fused.is_some_and(|f| f.lean) {
             return Ok(DeltaFwdWorkspace {
-                fallback,
+                fallback: None,
                 fell_back: false,
                 policy_queued: false,
                 aqk: tok(g.bt)?,
@@ -1275,7 +1274,7 @@ impl DeltaFwdPlan {
             tiles: Tiles::Full(Box::new(ws)),
             policy,
             verdict,
-            fallback,
+            fallback: None,
             fell_back: false,
             policy_queued: false,
         })
@@ -1408,7 +1407,7 @@ impl DeltaFwdPlan {
         self.check_call(t, out)?;
         if self.splits() != ws.policy.is_some()
             || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
-            || self.fallback.is_some() != ws.fallback.is_some()
+            || (self.fallback.is_none() && ws.fallback.is_some())
         {
             return Err(Error::missing(
                 "ws",
@@ -1432,7 +1431,7 @@ impl DeltaFwdPlan {
             (Some(pc), Some(rule), Some(pt)) => {
                 let w = rule.max_warmup_chunks;
                 let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
-                if let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) {
+                if let Some(fb) = self.fallback.as_deref() {
                     let shared = matches!(tiles, Tiles::Lean(_)) && fb.expands_lean();
                     if shared {
                         // GDN's lean intra stage serves both paths: beside the policy (unless
@@ -1452,6 +1451,10 @@ impl DeltaFwdPlan {
                     }
                     if self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())? {
                         *fell_back = true;
+                        let fws = match fallback {
+                            Some(f) => f,
+                            None => fallback.insert(Box::new(fb.alloc_workspace(gpu)?)),
+                        };
                         return match tiles {
                             Tiles::Lean(l) if shared => fb.run_expanded(gpu, t, l, aqk, fws, out),
                             _ => fb.run(gpu, t, fws, out),
