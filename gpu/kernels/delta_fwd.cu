@@ -25,7 +25,7 @@ struct FusedArgs {
     u64 warm;                        // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
     u64 gate;                        // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
     u64 seqs;                        // i64 [N][3] (seq_table): first packed row, length, lam row of the first chunk
-    u64 o, ht;                       // outputs (ht: 0 when absent)
+    u64 o, ht;                       // outputs (o: 0 for the final state alone; ht: 0 when absent)
     i64 HV, K, V, bt;
     i64 h0_dtype, v_first, npieces, gate_mode;
 };
@@ -109,14 +109,14 @@ __device__ __forceinline__ void load_fused(const FusedArgs& a, FusedSmem<T, KP, 
         const int k = (int)a.K;
         copy_tile16<T, KP / 8>(smem_u32(&sm.kg[b][0][0]), Sm::KROW, kp, ks, bt, nc, k);
         copy_tile16<T, KP / 8>(smem_u32(&sm.w[b][0][0]), Sm::KROW, wp, ks, bt, nc, k);
-        copy_tile16<T, KP / 8>(smem_u32(&sm.qg[b][0][0]), Sm::KROW, qp, ks, bt, nc, k);
+        if (a.o != 0) copy_tile16<T, KP / 8>(smem_u32(&sm.qg[b][0][0]), Sm::KROW, qp, ks, bt, nc, k);
     } else {
         for (int i = tid; i < bt * KP; i += FWDH_THREADS) {
             const int r = i / KP, e = i % KP;
             const bool ok = r < nc && e < a.K;
             sm.kg[b][r][e] = ok ? kp[r * ks + e] : T{0};
             sm.w[b][r][e] = ok ? wp[r * ks + e] : T{0};
-            sm.qg[b][r][e] = ok ? qp[r * ks + e] : T{0};
+            if (a.o != 0) sm.qg[b][r][e] = ok ? qp[r * ks + e] : T{0};
         }
     }
     if (a.V % 8 == 0) {
@@ -127,8 +127,8 @@ __device__ __forceinline__ void load_fused(const FusedArgs& a, FusedSmem<T, KP, 
             sm.u[b][r][e] = (r < nc && e < nb) ? up[r * us + e] : T{0};
         }
     }
-    // bt is 16, 32 or 64: columns bt.. of the row are zero-filled
-    copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.aq[b][0][0]), Sm::AROW, ap, as, bt, nc, bt);
+    // bt is 16, 32 or 64: columns bt.. of the row are zero-filled (Aqk and qg only for o)
+    if (a.o != 0) copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.aq[b][0][0]), Sm::AROW, ap, as, bt, nc, bt);
     const float* fp = reinterpret_cast<const float*>(a.qf) + row0 * a.HV + hv;
     for (int r = tid; r < bt; r += FWDH_THREADS) cp_async4(smem_u32(&sm.qf[b][r]), fp + (r < nc ? r * a.HV : 0), r < nc ? 4 : 0);
     const float* lp = reinterpret_cast<const float*>(a.lam) + (ci * a.HV + hv) * a.K;
@@ -228,7 +228,7 @@ __device__ __forceinline__ void delta_fused(const FusedArgs& a) {
                 }
             }
         }
-        const bool out = c >= w;  // a chunk of the piece itself (else warm-up: state only)
+        const bool out = c >= w && a.o != 0;  // a chunk of the piece itself with o asked (else: state only)
         // 3. W S and Qg S over this warp's chunk tiles (two accumulators each: even and odd key
         //    steps, so that the dependent chains are half as long)
         const int ntiles = (bt / 16) * NTN;
@@ -377,7 +377,7 @@ struct GdnFusedArgs {
     u64 pieces;                         // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
     u64 warm;                           // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
     u64 gate;                           // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
-    u64 o, ht;
+    u64 o, ht;                          // outputs (o: 0 for the final state alone; ht: 0 when absent)
     i64 QH, HV, K, V, bt;
     i64 h0_dtype, v_first, npieces, gate_mode;
     double scale;
@@ -418,13 +418,13 @@ __device__ __forceinline__ void load_gdn(const GdnFusedArgs& a, GdnFusedSmem<T, 
     if (a.K % 8 == 0) {
         const int k = (int)a.K;
         copy_tile16<T, KP / 8>(smem_u32(&sm.k[b][0][0]), Sm::KROW, kp, ks, bt, nc, k);
-        copy_tile16<T, KP / 8>(smem_u32(&sm.q[b][0][0]), Sm::KROW, qp, ks, bt, nc, k);
+        if (a.o != 0) copy_tile16<T, KP / 8>(smem_u32(&sm.q[b][0][0]), Sm::KROW, qp, ks, bt, nc, k);
     } else {
         for (int i = tid; i < bt * KP; i += FWDH_THREADS) {
             const int r = i / KP, e = i % KP;
             const bool ok = r < nc && e < a.K;
             sm.k[b][r][e] = ok ? kp[r * ks + e] : T{0};
-            sm.q[b][r][e] = ok ? qp[r * ks + e] : T{0};
+            if (a.o != 0) sm.q[b][r][e] = ok ? qp[r * ks + e] : T{0};
         }
     }
     if (a.V % 8 == 0) {
@@ -435,10 +435,10 @@ __device__ __forceinline__ void load_gdn(const GdnFusedArgs& a, GdnFusedSmem<T, 
             sm.v[b][r][e] = (r < nc && e < nb) ? vp[r * vs + e] : T{0};
         }
     }
-    // bt is 16, 32 or 64: columns bt.. of the rows are zero-filled
+    // bt is 16, 32 or 64: columns bt.. of the rows are zero-filled (Aqk and q only for o)
     copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.tbh[b][0][0]), Sm::AROW, hp, as, bt, nc, bt);
     copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.tbl[b][0][0]), Sm::AROW, lp, as, bt, nc, bt);
-    copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.aq[b][0][0]), Sm::AROW, ap, as, bt, nc, bt);
+    if (a.o != 0) copy_tile16<T, FWDH_BT / 8>(smem_u32(&sm.aq[b][0][0]), Sm::AROW, ap, as, bt, nc, bt);
     const float* gp = reinterpret_cast<const float*>(a.g) + row0 * a.HV + hv;
     for (int r = tid; r < bt; r += FWDH_THREADS) cp_async4(smem_u32(&sm.g[b][r]), gp + (r < nc ? r * a.HV : 0), r < nc ? 4 : 0);
     cp_async_commit();
@@ -541,7 +541,7 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] *= lam;
         const bool active = mt * 16 < bt;  // the warp's row tile exists in this chunk size
-        const bool out = c >= w;            // a chunk of the piece itself (else warm-up: state only)
+        const bool out = c >= w && a.o != 0;  // a chunk of the piece itself with o asked (else: state only)
         // the warp's rows: gate factors
         const int r0 = mt * 16 + gid, r1 = r0 + 8;
         const bool v0 = r0 < nc, v1 = r1 < nc;

@@ -665,10 +665,12 @@ impl SummaryRun {
         let wide = [1, piece.len, d.hv, d.v + d.k];
         let mut v = DeviceTensor::alloc(gpu, &wide, t.v.dtype())?;
         zero(gpu, &mut v)?;
-        // without the exact fallback: its host read would hold back the ranks' summaries
+        // without the exact fallback (its host read would hold back the ranks' summaries), and
+        // without `o` (a summary is the final state alone)
         let plan = (spec.op.summary())
             .plan(gpu, &Self::inputs(&rows, &v, h0, t)?, cu, spec.path)?
-            .without_exact_fallback();
+            .without_exact_fallback()
+            .final_state_only();
         let ws = plan.alloc_workspace(gpu)?;
         let out = plan.alloc_outputs(gpu)?;
         Ok(SummaryRun {

@@ -810,6 +810,9 @@ pub struct DeltaFwdPlan {
     /// long chain serial ([`Self::needs_exact_fallback`]). Made where the fused path splits a
     /// sequence of at least [`EXACT_FALLBACK_CHUNKS`] chunks.
     fallback: Option<Box<DeltaFwdPlan>>,
+    /// The fused kernels run without `o` (its pointer 0): the final state alone
+    /// ([`DeltaFwdPlan::final_state_only`]).
+    state_only: bool,
 }
 
 /// Chunks of a sequence from which a splitting fused plan holds the exact fallback: a serial
@@ -887,7 +890,9 @@ pub struct DeltaFwdWorkspace {
     policy: Option<PolicyTensors>,
     /// With a wider split: its verdict per (sequence, value head) (`[N · HV]` i64, 1: split).
     verdict: Option<DeviceTensor>,
-    /// The exact fallback's workspace, when the plan holds the fallback.
+    /// The exact fallback's workspace: allocated by the first run that takes the fallback
+    /// (a call whose gates never need it, e.g. strong decay, never holds the staged path's
+    /// `w, u, kg, qg, h, v_new`).
     fallback: Option<Box<DeltaFwdWorkspace>>,
     /// Whether the last run took the exact fallback.
     fell_back: bool,
@@ -1057,6 +1062,7 @@ impl DeltaFwdPlan {
             split_rule,
             cu_seqlens: cu_seqlens.map(<[i64]>::to_vec),
             fallback,
+            state_only: false,
         })
     }
 
@@ -1199,12 +1205,9 @@ impl DeltaFwdPlan {
             }
             _ => None,
         };
-        let fallback = (self.fallback.as_deref())
-            .map(|f| f.alloc_workspace(gpu).map(Box::new))
-            .transpose()?;
         if self.fused.is_some_and(|f| f.lean) {
             return Ok(DeltaFwdWorkspace {
-                fallback,
+                fallback: None,
                 fell_back: false,
                 policy_queued: false,
                 aqk: tok(g.bt)?,
@@ -1271,7 +1274,7 @@ impl DeltaFwdPlan {
             tiles: Tiles::Full(Box::new(ws)),
             policy,
             verdict,
-            fallback,
+            fallback: None,
             fell_back: false,
             policy_queued: false,
         })
@@ -1404,7 +1407,7 @@ impl DeltaFwdPlan {
         self.check_call(t, out)?;
         if self.splits() != ws.policy.is_some()
             || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
-            || self.fallback.is_some() != ws.fallback.is_some()
+            || (self.fallback.is_none() && ws.fallback.is_some())
         {
             return Err(Error::missing(
                 "ws",
@@ -1428,7 +1431,7 @@ impl DeltaFwdPlan {
             (Some(pc), Some(rule), Some(pt)) => {
                 let w = rule.max_warmup_chunks;
                 let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
-                if let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) {
+                if let Some(fb) = self.fallback.as_deref() {
                     let shared = matches!(tiles, Tiles::Lean(_)) && fb.expands_lean();
                     if shared {
                         // GDN's lean intra stage serves both paths: beside the policy (unless
@@ -1448,6 +1451,10 @@ impl DeltaFwdPlan {
                     }
                     if self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())? {
                         *fell_back = true;
+                        let fws = match fallback {
+                            Some(f) => f,
+                            None => fallback.insert(Box::new(fb.alloc_workspace(gpu)?)),
+                        };
                         return match tiles {
                             Tiles::Lean(l) if shared => fb.run_expanded(gpu, t, l, aqk, fws, out),
                             _ => fb.run(gpu, t, fws, out),
@@ -1675,7 +1682,11 @@ impl DeltaFwdPlan {
                 .as_ref()
                 .ok_or_else(|| Error::missing("plan", "the fused kernel's sequence table", "none"))?
                 .ptr(gpu),
-            o: out.o.ptr_mut(gpu),
+            o: if self.state_only {
+                0
+            } else {
+                out.o.ptr_mut(gpu)
+            },
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             value_heads: g.hv as i64,
             k_dim: g.k as i64,
@@ -1748,7 +1759,11 @@ impl DeltaFwdPlan {
             aqk: aqk.ptr(gpu),
             g: l.g.ptr(gpu),
             h0: t.initial_state.map_or(0, |x| x.ptr(gpu)),
-            o: out.o.ptr_mut(gpu),
+            o: if self.state_only {
+                0
+            } else {
+                out.o.ptr_mut(gpu)
+            },
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
             qk_heads: qk_heads as i64,
             value_heads: g.hv as i64,
@@ -1843,6 +1858,16 @@ impl DeltaFwdPlan {
     /// summaries, queued rank after rank from one thread).
     pub fn without_exact_fallback(mut self) -> DeltaFwdPlan {
         self.fallback = None;
+        self
+    }
+
+    /// The plan whose fused runs compute the final state alone and leave `o` unwritten (the
+    /// output's products and stores skipped in every chunk, as in a warm-up; the state chain
+    /// and its rounding unchanged): the context-parallel summaries, which read only the final
+    /// state. Crate-internal, so that no caller gets an `o` that looks written. A staged plan
+    /// (or its exact fallback) still writes `o`.
+    pub(crate) fn final_state_only(mut self) -> DeltaFwdPlan {
+        self.state_only = self.fused.is_some();
         self
     }
 
