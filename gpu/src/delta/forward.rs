@@ -1433,23 +1433,25 @@ impl DeltaFwdPlan {
                 let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
                 if let Some(fb) = self.fallback.as_deref() {
                     let shared = matches!(tiles, Tiles::Lean(_)) && fb.expands_lean();
-                    if shared {
-                        // GDN's lean intra stage serves both paths: beside the policy (unless
-                        // queued already), then the choice on the host while nothing waits
-                        if queued {
-                            self.intra(gpu, t, aqk, tiles)?;
-                        } else {
-                            gpu.beside(
-                                |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
-                                |main| self.intra(main, t, aqk, tiles),
-                            )?;
-                        }
+                    // Unqueued, GDN's lean intra stage (it serves both paths) runs beside the
+                    // policy, and the choice is read on the host while nothing else waits.
+                    // Queued (the context-parallel ranks, one host thread), the choice is read
+                    // before anything of this run is queued: a read behind this rank's intra
+                    // stage would hold back the next rank's launches.
+                    let intra_queued = shared && !queued;
+                    if intra_queued {
+                        gpu.beside(
+                            |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
+                            |main| self.intra(main, t, aqk, tiles),
+                        )?;
                     } else if !queued {
-                        // the policy alone, then its choice on the host: the exact fallback,
-                        // or the intra stage and the fused launches
                         self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
                     }
-                    if self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())? {
+                    let due = self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())?;
+                    if !intra_queued && (!due || shared) {
+                        self.intra(gpu, t, aqk, tiles)?;
+                    }
+                    if due {
                         *fell_back = true;
                         let fws = match fallback {
                             Some(f) => f,
@@ -1459,9 +1461,6 @@ impl DeltaFwdPlan {
                             Tiles::Lean(l) if shared => fb.run_expanded(gpu, t, l, aqk, fws, out),
                             _ => fb.run(gpu, t, fws, out),
                         };
-                    }
-                    if !shared {
-                        self.intra(gpu, t, aqk, tiles)?;
                     }
                 } else {
                     // the policy reads only t's g, β and k: on the second stream, beside the
