@@ -416,7 +416,7 @@ fn forward_case(
         let want = |sent: SentSummary| match regime {
             Regime::Strong if !per_key => Some(sent == SentSummary::Tail(SHORT_TAIL_CHUNKS)),
             Regime::Strong => Some(matches!(sent, SentSummary::Tail(n) if levels.contains(&n))),
-            Regime::Long => Some(sent == SentSummary::Whole),
+            Regime::Long => Some(matches!(sent, SentSummary::Whole | SentSummary::PreScanned)),
             _ => None,
         };
         let mut checked = 0;
@@ -429,6 +429,19 @@ fn forward_case(
                     assert!(ok, "{what}: rank {r} sent {sent:?}");
                     checked += 1;
                 }
+            }
+        }
+        // a rank whose local forward took the exact fallback sends the whole piece's summary
+        // from its tiles
+        let choices = p.local_choices().unwrap();
+        for (r, (sent, choice)) in p.tail_summaries().into_iter().zip(choices).enumerate() {
+            if let (Some(SentSummary::Whole | SentSummary::PreScanned), Some(c)) = (sent, choice) {
+                let want = if c.exact_fallback {
+                    SentSummary::PreScanned
+                } else {
+                    SentSummary::Whole
+                };
+                assert_eq!(sent, Some(want), "{what}: rank {r}'s whole summary");
             }
         }
         if ranks > 1 && splits && matches!(regime, Regime::Strong | Regime::Long) {

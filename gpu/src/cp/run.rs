@@ -10,7 +10,13 @@
 //!    running the rank's own forward on the piece with values `[v | 0]` from the state `[0 | I]`
 //!    (the recurrence is linear in `(S, v)`, so the first `V` state columns end at `b` and the
 //!    last `K` at `M`), over the piece's sub-pieces side by side and their summaries merged
-//!    (`whole`), or over a tail (below);
+//!    (`whole`), or over a tail (below). Where the rank's local forward takes its exact fallback
+//!    (long memory at a long shard), the whole piece's summary is `fwd_h_pre_scan` over the
+//!    fallback's own tiles (`kg, w, u`, the gate) instead, over the same sub-pieces and merge
+//!    ([`whole::PreScanned`]): no intra stage of its own. To that end every rank queues its
+//!    local forward's first half (the warm-up choice, the intra stage of the chosen path, none
+//!    of which reads the entering state: [`DeltaFwdPlan::run_head`]) here, before the
+//!    all-gather, where it overlaps the other ranks' summaries;
 //! 2. **one all-gather** of the `R` summary slots (NCCL);
 //! 3. **merge**: a rank whose first piece continues sequence `n` chains the summaries of the
 //!    earlier ranks holding `n` from `initial_state[n]`, `X ← M_q X + b_q` (`fwd_h_merge`), which
@@ -51,12 +57,12 @@
 //! forever). [`cp_kda_fwd`], [`cp_gdn_fwd`] and [`cp_chunk_gated_delta_rule_fwd_h`] are a plan,
 //! new outputs, one run and that wait.
 //!
-//! Not yet done: rank `r`'s summary beside its local op (on a second stream). Only a rank whose
-//! first piece starts its sequence (no merge) could start its local op before the all-gather;
-//! queued ahead of the collective on its stream it would hold the collective every rank waits
-//! for, and on a second stream it would share the GPU with the summary the later ranks wait for,
-//! lengthening the critical path (summary, all-gather, local op of a rank with a merge) rather
-//! than shortening it.
+//! Not yet done: a rank's summary beside its local forward's second half (on a second stream).
+//! Only a rank whose first piece starts its sequence (no merge) could start that half before
+//! the all-gather; queued ahead of the collective on its stream it would hold the collective
+//! every rank waits for, and on a second stream it would share the GPU with the summary the
+//! later ranks wait for, lengthening the critical path (summary, all-gather, local forward of a
+//! rank with a merge) rather than shortening it.
 
 use super::comm::CpGroup;
 use super::partition::{Partition, Piece};
@@ -77,7 +83,7 @@ use attn_reference::delta::{
     FwdHMergeParams, FwdHParams, FwdHPreScanParams, GdnFwdParams, KdaFwdParams,
 };
 use attn_reference::{Dtype, Error};
-use whole::WholeSummary;
+use whole::{PreScanned, WholeSummary};
 
 mod whole;
 
@@ -624,8 +630,11 @@ pub struct LocalChoice {
 pub enum SentSummary {
     /// The summary of the continuing piece's last `n` chunks (the bound allowed it).
     Tail(usize),
-    /// The whole continuing piece's summary.
+    /// The whole continuing piece's summary, by the rank's own forward over its sub-pieces.
     Whole,
+    /// The whole continuing piece's summary, by `fwd_h_pre_scan` over the `fwd_h` inputs of
+    /// the exact fallback the rank's local forward took ([`whole::PreScanned`]).
+    PreScanned,
 }
 
 /// One summary run (step 1 for the forwards) over rows of a rank's continuing piece: the
@@ -777,6 +786,9 @@ struct ForwardSummary {
     /// whose tails always suffice never allocates it.
     full: Option<WholeSummary>,
     spec: SummarySpec,
+    /// The whole piece's summary from the tiles of the local forward's exact fallback: made by
+    /// the first run that sends it.
+    prescanned: Option<PreScanned>,
     /// The bound check over the longest tail, where the piece is longer.
     check: Option<TailCheck>,
     /// The tail runs, shortest first: `(chunks, run)`.
@@ -827,6 +839,7 @@ impl ForwardSummary {
         Ok(ForwardSummary {
             h0,
             full,
+            prescanned: None,
             spec,
             check,
             tails,
@@ -847,24 +860,61 @@ impl ForwardSummary {
         }
     }
 
-    /// Reads the bound check's verdict (waiting for it), then queues the shortest tail's
-    /// summary run the bound allows, else the whole piece's.
-    fn run(&mut self, gpu: &Gpu, t: &ForwardTensors<'_>) -> GpuResult<()> {
+    /// Reads the bound check's verdict (waiting for it: called before anything of this run but
+    /// the policies and bound checks is queued on the rank) and records the summary the run
+    /// sends: the shortest tail the bound allows, else the whole piece's.
+    fn decide(&mut self, gpu: &Gpu) -> GpuResult<()> {
         let lens: Vec<usize> = self.tails.iter().map(|(n, _)| *n).collect();
         let allowed = match &self.check {
             Some(c) => c.allowed(gpu, self.spec.dims.hv, &lens)?,
             None => None,
         };
         self.sent = Some(allowed.map_or(SentSummary::Whole, SentSummary::Tail));
-        if let Some((_, run)) = self.tails.iter_mut().find(|(n, _)| Some(*n) == allowed) {
-            return run.run(gpu, t, &self.h0);
+        Ok(())
+    }
+
+    /// Queues the summary [`Self::decide`] chose; `fallback`: the `fwd_h` inputs of the rank's
+    /// exact fallback, where its local forward's first half queued it: the whole piece's
+    /// summary is then [`SentSummary::PreScanned`] over them.
+    fn run(
+        &mut self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        fallback: Option<&FwdHTensors<'_>>,
+    ) -> GpuResult<()> {
+        if fallback.is_some() && self.sent == Some(SentSummary::Whole) {
+            self.sent = Some(SentSummary::PreScanned);
         }
-        if self.full.is_none() {
-            self.full = Some(WholeSummary::new(gpu, &self.spec, t, &self.h0)?);
-        }
-        match &mut self.full {
-            Some(full) => full.run(gpu, t, &self.h0),
-            None => Err(Error::missing("summary", "the whole piece's run", "none").into()),
+        match (self.sent, fallback) {
+            (Some(SentSummary::Tail(n)), _) => match self.tails.iter_mut().find(|(c, _)| *c == n) {
+                Some((_, run)) => run.run(gpu, t, &self.h0),
+                None => Err(Error::missing("summary", "the tail's run", "none").into()),
+            },
+            (Some(SentSummary::PreScanned), Some(tiles)) => {
+                if self.prescanned.is_none() {
+                    let p = PreScanned::new(gpu, &self.spec, tiles, &self.h0)?;
+                    self.prescanned = Some(p);
+                }
+                match &mut self.prescanned {
+                    Some(p) => p.run(gpu, tiles, &self.h0),
+                    None => Err(Error::missing("summary", "the pre-scan", "none").into()),
+                }
+            }
+            (Some(SentSummary::Whole), _) => {
+                if self.full.is_none() {
+                    self.full = Some(WholeSummary::new(gpu, &self.spec, t, &self.h0)?);
+                }
+                match &mut self.full {
+                    Some(full) => full.run(gpu, t, &self.h0),
+                    None => Err(Error::missing("summary", "the whole piece's run", "none").into()),
+                }
+            }
+            _ => Err(Error::missing(
+                "summary",
+                "a decided summary (and the fallback's tiles for a pre-scan)",
+                "none",
+            )
+            .into()),
         }
     }
 
@@ -873,6 +923,7 @@ impl ForwardSummary {
         match self.sent {
             Some(SentSummary::Tail(c)) => (self.tails.iter().find(|(n, _)| *n == c))
                 .and_then(|(_, run)| run.out.final_state.as_ref()),
+            Some(SentSummary::PreScanned) => self.prescanned.as_ref().and_then(PreScanned::slot),
             _ => self.full.as_ref().and_then(WholeSummary::slot),
         }
     }
@@ -905,7 +956,8 @@ struct ForwardRank {
 enum CpPhase {
     /// The tails' bound checks (the warm-up policy over each continuing piece's tail).
     TailChecks,
-    /// Each rank's summary of its continuing piece (its tail's, or the whole piece's).
+    /// Each rank's local forward's first half (the warm-up choice, the intra stage) and the
+    /// summary of its continuing piece (its tail's, or the whole piece's).
     Summaries,
     /// The all-gather of the summaries and each rank's merge into its entering states.
     Exchange,
@@ -919,11 +971,11 @@ enum CpPhase {
 pub struct CpPhaseTimes {
     /// The tails' bound checks.
     pub tail_checks_ms: f64,
-    /// The ranks' summaries (tails or whole pieces).
+    /// The ranks' local first halves and summaries (tails or whole pieces).
     pub summaries_ms: f64,
     /// The all-gather and the merges.
     pub exchange_ms: f64,
-    /// The local forwards.
+    /// The local forwards' second halves (the recurrence and the output).
     pub local_ms: f64,
 }
 
@@ -1193,9 +1245,23 @@ impl<'g> CpFwdPlan<'g> {
             }
         }
         mark(CpPhase::TailChecks)?;
-        for (((_, gpu), t), rank) in group.ranks().zip(shards).zip(&mut self.ranks) {
+        // per rank, both host reads (the summary's tail verdict, the local forward's choice)
+        // before its launches, so that neither waits behind this rank's intra stage
+        let each = group.ranks().zip(shards).zip(&mut self.ranks);
+        for (i, ((_, gpu), t), rank) in each.enumerate().map(|(i, (a, r))| (i, a, r)) {
+            let Some((local, ws)) = &mut rank.local else {
+                continue;
+            };
             if let Some(s) = &mut rank.summary {
-                s.run(gpu, t)?;
+                s.decide(gpu)?;
+            }
+            let call = ForwardTensors {
+                initial_state: self.frame.entering(i, t.initial_state),
+                ..*t
+            };
+            local.run_head(gpu, &call, ws)?;
+            if let Some(s) = &mut rank.summary {
+                s.run(gpu, t, local.fallback_fwd_h_inputs(ws).as_ref())?;
             }
         }
         mark(CpPhase::Summaries)?;

@@ -898,6 +898,18 @@ pub struct DeltaFwdWorkspace {
     fell_back: bool,
     /// The warm-up policy of the next run is already queued ([`DeltaFwdPlan::queue_policy`]).
     policy_queued: bool,
+    /// The first half of the next run is already queued ([`DeltaFwdPlan::run_head`]).
+    head: Option<Head>,
+}
+
+/// The path a run's first half ([`DeltaFwdPlan::run_head`]) queued the intra stage of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// The plan's own path (fused, or staged for a staged plan).
+    Own,
+    /// The exact fallback's staged path; `shared`: its tiles expanded from the lean intra
+    /// stage's (GDN), whose Aqk it uses.
+    Fallback { shared: bool },
 }
 
 /// The warm-up policy's tensors (§5.10; [`DeltaFwdPlan::run_warm_policy`]).
@@ -1210,6 +1222,7 @@ impl DeltaFwdPlan {
                 fallback: None,
                 fell_back: false,
                 policy_queued: false,
+                head: None,
                 aqk: tok(g.bt)?,
                 tiles: Tiles::Lean(Box::new(LeanTiles {
                     tbh: tok(g.bt)?,
@@ -1277,6 +1290,7 @@ impl DeltaFwdPlan {
             fallback: None,
             fell_back: false,
             policy_queued: false,
+            head: None,
         })
     }
 
@@ -1405,6 +1419,67 @@ impl DeltaFwdPlan {
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         self.check_call(t, out)?;
+        let head = match ws.head.take() {
+            Some(h) => h,
+            None => self.head(gpu, t, ws)?,
+        };
+        self.finish(gpu, t, ws, head, out)
+    }
+
+    /// Queues the first half of the next [`Self::run`] of `t` with `ws` now: the warm-up
+    /// policy's choice (read on the host where the plan holds the exact fallback) and the intra
+    /// stage of the path it chose, none of which reads `initial_state`. That run (on the same
+    /// tensors but `initial_state`) then queues only the rest: the recurrence and the output.
+    /// The context-parallel plans queue every
+    /// rank's first half before the all-gather: it overlaps the other ranks' summaries, and
+    /// the exact fallback's tiles serve the rank's own whole-piece summary
+    /// ([`Self::fallback_fwd_h_inputs`]).
+    pub(crate) fn run_head(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+    ) -> GpuResult<()> {
+        let geo = self.call.validate(t, self.cu_seqlens.as_deref())?;
+        if geo != self.geo || t.q.dtype() != self.dtype {
+            return Err(Error::shape(
+                "q",
+                "the shapes and dtype the plan was made for",
+                t.q.shape(),
+            )
+            .into());
+        }
+        ws.head = None;
+        let head = self.head(gpu, t, ws)?;
+        ws.head = Some(head);
+        Ok(())
+    }
+
+    /// The exact fallback's `fwd_h` inputs (`kg, w, u` and the gate, `[B, T, HV, ·]`) that the
+    /// last [`Self::run_head`] with `ws` queued, where it took the fallback (else `None`).
+    pub(crate) fn fallback_fwd_h_inputs<'a>(
+        &self,
+        ws: &'a DeltaFwdWorkspace,
+    ) -> Option<FwdHTensors<'a>> {
+        let (Some(fb), Some(Head::Fallback { .. }), Some(fws)) =
+            (self.fallback.as_deref(), ws.head, ws.fallback.as_deref())
+        else {
+            return None;
+        };
+        match &fws.tiles {
+            Tiles::Full(f) => Some(fb.fwd_h_inputs([&f.kg, &f.w, &f.u, &f.gate])),
+            Tiles::Lean(_) => None,
+        }
+    }
+
+    /// The first half of a run (see [`Self::run_head`]): the policy (unless queued), the
+    /// choice, and the intra stage of the chosen path.
+    fn head(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+    ) -> GpuResult<Head> {
         if self.splits() != ws.policy.is_some()
             || self.pieces.as_ref().is_some_and(|p| p.serial.is_some()) != ws.verdict.is_some()
             || (self.fallback.is_none() && ws.fallback.is_some())
@@ -1424,54 +1499,88 @@ impl DeltaFwdPlan {
             fallback,
             fell_back,
             policy_queued,
+            head: _,
         } = ws;
         *fell_back = false;
         let queued = std::mem::take(policy_queued);
-        match (&self.pieces, self.split_rule, policy.as_mut()) {
-            (Some(pc), Some(rule), Some(pt)) => {
-                let w = rule.max_warmup_chunks;
-                let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
-                if let Some(fb) = self.fallback.as_deref() {
-                    let shared = matches!(tiles, Tiles::Lean(_)) && fb.expands_lean();
-                    // Unqueued, GDN's lean intra stage (it serves both paths) runs beside the
-                    // policy, and the choice is read on the host while nothing else waits.
-                    // Queued (the context-parallel ranks, one host thread), the choice is read
-                    // before anything of this run is queued: a read behind this rank's intra
-                    // stage would hold back the next rank's launches.
-                    let intra_queued = shared && !queued;
-                    if intra_queued {
-                        gpu.beside(
-                            |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
-                            |main| self.intra(main, t, aqk, tiles),
-                        )?;
-                    } else if !queued {
-                        self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
-                    }
-                    let due = self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())?;
-                    if !intra_queued && (!due || shared) {
-                        self.intra(gpu, t, aqk, tiles)?;
-                    }
-                    if due {
-                        *fell_back = true;
-                        let fws = match fallback {
-                            Some(f) => f,
-                            None => fallback.insert(Box::new(fb.alloc_workspace(gpu)?)),
-                        };
-                        return match tiles {
-                            Tiles::Lean(l) if shared => fb.run_expanded(gpu, t, l, aqk, fws, out),
-                            _ => fb.run(gpu, t, fws, out),
-                        };
-                    }
-                } else {
-                    // the policy reads only t's g, β and k: on the second stream, beside the
-                    // intra stage (the fused launches wait for both)
-                    gpu.beside(
-                        |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
-                        |main| self.intra(main, t, aqk, tiles),
-                    )?;
-                }
-            }
-            _ => self.intra(gpu, t, aqk, tiles)?,
+        let (Some(pc), Some(rule), Some(pt)) = (&self.pieces, self.split_rule, policy.as_mut())
+        else {
+            self.intra(gpu, t, aqk, tiles)?;
+            return Ok(Head::Own);
+        };
+        let w = rule.max_warmup_chunks;
+        let v = verdict.as_mut().zip(pc.serial.as_ref().map(|s| s.1));
+        let Some(fb) = self.fallback.as_deref() else {
+            // the policy reads only t's g, β and k: on the second stream, beside the intra
+            // stage (the fused launches wait for both)
+            gpu.beside(
+                |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
+                |main| self.intra(main, t, aqk, tiles),
+            )?;
+            return Ok(Head::Own);
+        };
+        let shared = matches!(tiles, Tiles::Lean(_)) && fb.expands_lean();
+        // Unqueued, GDN's lean intra stage (it serves both paths) runs beside the policy, and
+        // the choice is read on the host while nothing else waits. Queued (the
+        // context-parallel ranks, one host thread), the choice is read before anything of
+        // this run is queued: a read behind this rank's intra stage would hold back the next
+        // rank's launches.
+        let intra_queued = shared && !queued;
+        if intra_queued {
+            gpu.beside(
+                |side| self.run_warm_policy(side, t, &pc.table, pc.n, w, pt, v),
+                |main| self.intra(main, t, aqk, tiles),
+            )?;
+        } else if !queued {
+            self.run_warm_policy(gpu, t, &pc.table, pc.n, w, pt, v)?;
+        }
+        let due = self.needs_exact_fallback(gpu, pc, &pt.warm, verdict.as_ref())?;
+        if !intra_queued && (!due || shared) {
+            self.intra(gpu, t, aqk, tiles)?;
+        }
+        if !due {
+            return Ok(Head::Own);
+        }
+        *fell_back = true;
+        let fws = match fallback {
+            Some(f) => f,
+            None => fallback.insert(Box::new(fb.alloc_workspace(gpu)?)),
+        };
+        match (tiles, &mut fws.tiles) {
+            (Tiles::Lean(l), Tiles::Full(full)) if shared => fb.expand(gpu, t, l, full)?,
+            _ => fb.intra(gpu, t, &mut fws.aqk, &mut fws.tiles)?,
+        }
+        Ok(Head::Fallback { shared })
+    }
+
+    /// The second half of a run after `head`: the recurrence and the output, on this plan's
+    /// path or on the exact fallback's.
+    fn finish(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+        head: Head,
+        out: &mut DeltaFwdDeviceOutputs,
+    ) -> GpuResult<()> {
+        let DeltaFwdWorkspace {
+            aqk,
+            tiles,
+            policy,
+            verdict,
+            fallback,
+            ..
+        } = ws;
+        if let Head::Fallback { shared } = head {
+            let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) else {
+                return Err(Error::missing("ws", "the exact fallback's workspace", "none").into());
+            };
+            let Tiles::Full(full) = &mut fws.tiles else {
+                return Err(Error::missing("ws", "a staged workspace", "a lean one").into());
+            };
+            // GDN's expanded tiles go with the lean stage's Aqk
+            let aqk = if shared { &*aqk } else { &fws.aqk };
+            return fb.run_staged(gpu, t, full, aqk, out);
         }
         let split = SplitTensors {
             warm: policy.as_ref().map(|p| &p.warm),
@@ -1492,6 +1601,18 @@ impl DeltaFwdPlan {
         }
     }
 
+    /// `fwd_h`'s inputs on a staged workspace's tiles `[kg, w, u, gate]` (the gate as `g` for a
+    /// scalar gate, else as `gk`).
+    fn fwd_h_inputs<'a>(&self, [kg, w, u, gate]: [&'a DeviceTensor; 4]) -> FwdHTensors<'a> {
+        let mut fwd = FwdHTensors::new(kg, w, u);
+        if self.prep.scalar_gate {
+            fwd.g = Some(gate);
+        } else {
+            fwd.gk = Some(gate);
+        }
+        fwd
+    }
+
     /// The staged path after its intra stage (`full`'s `w, u, kg, qg, qf, G` and `aqk`):
     /// `fwd_h` (through its split) writes `h`, `v_new` and the final state, then the output.
     fn run_staged(
@@ -1505,12 +1626,7 @@ impl DeltaFwdPlan {
         let Some(st) = full.staged.as_deref_mut() else {
             return Err(Error::missing("ws", "a workspace of this plan", "a fused one").into());
         };
-        let mut fwd = FwdHTensors::new(&full.kg, &full.w, &full.u);
-        if self.prep.scalar_gate {
-            fwd.g = Some(&full.gate);
-        } else {
-            fwd.gk = Some(&full.gate);
-        }
+        let mut fwd = self.fwd_h_inputs([&full.kg, &full.w, &full.u, &full.gate]);
         fwd.initial_state = t.initial_state;
         // fwd_h writes the final state straight into the caller's tensor (same shape and
         // dtype: checked by the caller)
@@ -1537,21 +1653,17 @@ impl DeltaFwdPlan {
             && self.geo.v % 8 == 0
     }
 
-    /// The exact fallback of a lean fused plan (this plan: its staged twin) on the lean intra
-    /// stage's `lean` tiles and `aqk`: `gdn_expand` forms `w, u, kg, qg, qf, G` into `ws`, then
-    /// the staged path runs ([`Self::run_staged`]).
-    fn run_expanded(
+    /// The intra stage of the exact fallback of a lean fused plan (this plan: its staged twin)
+    /// from the lean intra stage's `lean` tiles: `gdn_expand` forms `w, u, kg, qg, qf, G` into
+    /// `full`; the staged path ([`Self::run_staged`]) then runs on them with the lean stage's
+    /// Aqk.
+    fn expand(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
         lean: &LeanTiles,
-        aqk: &DeviceTensor,
-        ws: &mut DeltaFwdWorkspace,
-        out: &mut DeltaFwdDeviceOutputs,
+        full: &mut FullTiles,
     ) -> GpuResult<()> {
-        let Tiles::Full(full) = &mut ws.tiles else {
-            return Err(Error::missing("ws", "a staged workspace", "a lean one").into());
-        };
         let g = &self.geo;
         if self.nchunks > 0 && g.hv > 0 {
             let (q, k) = match &lean.qk {
@@ -1593,7 +1705,7 @@ impl DeltaFwdPlan {
                 &args,
             )?;
         }
-        self.run_staged(gpu, t, full, aqk, out)
+        Ok(())
     }
 
     /// The in-kernel gate's side inputs of `t` (none for a decay `g`).

@@ -37,6 +37,8 @@ pub fn check_fwd_h_pre_scan(
 #[derive(Debug)]
 pub struct FwdHPreScanPlan {
     geo: Geometry,
+    /// Summaries written: the sequences of `cu_seqlens`, or the rows of [`Self::over_rows`].
+    n: usize,
     cu: Option<Vec<i64>>,
     params: FwdHPreScanParams,
     dtype: Dtype,
@@ -65,12 +67,57 @@ impl FwdHPreScanPlan {
         let choice = kernel_choice(&work, gpu.sm_count());
         let seqs = seq_table(gpu, &geo, cu_seqlens.is_some())?;
         Ok(FwdHPreScanPlan {
+            n: geo.n(),
             geo,
             cu: cu_seqlens.map(<[i64]>::to_vec),
             params: *params,
             dtype,
             choice,
             seqs,
+        })
+    }
+
+    /// A pre-scan of the row ranges `rows` (`(first token row, length)` over `inputs`' flattened
+    /// `B · T` rows, one summary each, chunks counted from each range's first row) of inputs of
+    /// one batch row without `cu_seqlens`: the context-parallel summary of a piece from tiles
+    /// that cover its whole shard.
+    pub(crate) fn over_rows(
+        gpu: &Gpu,
+        inputs: &FwdHTensors<'_>,
+        rows: &[(usize, usize)],
+        params: &FwdHPreScanParams,
+    ) -> GpuResult<FwdHPreScanPlan> {
+        let geo = check_fwd_h_pre_scan(&inputs.meta(), None, params)?;
+        let total = geo.b * geo.t;
+        if let Some(&(a, len)) = rows.iter().find(|&&(a, len)| a + len > total) {
+            let want = format!("row ranges within the {total} rows");
+            return Err(Error::shape("rows", want, [a, len]).into());
+        }
+        let dtype = inputs.k.dtype();
+        let chunks: Vec<usize> = rows.iter().map(|&(_, len)| len.div_ceil(geo.bt)).collect();
+        let work = Workload {
+            dtype,
+            k: geo.k,
+            col_groups: &[geo.v, geo.k],
+            seq_chunks: &chunks,
+            hv: geo.hv,
+        };
+        let choice = kernel_choice(&work, gpu.sm_count());
+        let mut table: Vec<i64> = rows
+            .iter()
+            .flat_map(|&(a, len)| [a as i64, len as i64, 0])
+            .collect();
+        if table.is_empty() {
+            table.push(0);
+        }
+        Ok(FwdHPreScanPlan {
+            n: rows.len(),
+            geo,
+            cu: None,
+            params: *params,
+            dtype,
+            choice,
+            seqs: DeviceTensor::from_slice(gpu, &table)?,
         })
     }
 
@@ -82,7 +129,7 @@ impl FwdHPreScanPlan {
     /// The shape of `hm`: `[S, HV, K, V + K]`.
     pub fn hm_shape(&self) -> [usize; 4] {
         let g = &self.geo;
-        [g.n(), g.hv, g.k, g.v + g.k]
+        [self.n, g.hv, g.k, g.v + g.k]
     }
 
     /// The dtype of `hm`: float32 (float64 for float64 inputs).
@@ -141,7 +188,7 @@ impl FwdHPreScanPlan {
             Module::FwdHPreScan,
             self.choice,
             self.dtype,
-            g.n() * g.hv,
+            self.n * g.hv,
             g.v.div_ceil(bv) + g.k.div_ceil(bv),
             &args,
         )

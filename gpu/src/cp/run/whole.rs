@@ -15,11 +15,14 @@
 
 use super::{copy_columns, zero, zero_identity, SummaryRun, SummarySpec};
 use crate::delta::forward::ForwardTensors;
+use crate::delta::fwd_h::FwdHTensors;
 use crate::delta::merge::{FwdHMergeDeviceOutputs, FwdHMergePlan};
+use crate::delta::prescan::FwdHPreScanPlan;
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::tensor::DeviceTensor;
-use attn_reference::delta::FwdHMergeParams;
+use attn_reference::delta::{FwdHMergeParams, FwdHPreScanParams};
+use attn_reference::Error;
 
 /// Chunks a sub-piece has at least.
 const SUB_CHUNKS: usize = 8;
@@ -53,6 +56,43 @@ struct Chain {
     out: FwdHMergeDeviceOutputs,
 }
 
+impl Chain {
+    /// The merge of `m` sub-pieces' summaries of `spec`'s piece from `one` (`None` for one).
+    fn new(
+        gpu: &Gpu,
+        m: usize,
+        spec: &SummarySpec,
+        one: &DeviceTensor,
+    ) -> GpuResult<Option<Chain>> {
+        if m < 2 {
+            return Ok(None);
+        }
+        let d = spec.dims;
+        let mut wide = DeviceTensor::alloc(gpu, &[m, d.hv, d.k, d.v + 2 * d.k], d.state)?;
+        zero(gpu, &mut wide)?;
+        let params = FwdHMergeParams {
+            state_v_first: false,
+            output_final_state: true,
+        };
+        let plan = FwdHMergePlan::new(gpu, &wide, Some(one), &[0, m as i64], &params)?;
+        let out = plan.alloc_outputs(gpu)?;
+        Ok(Some(Chain { wide, plan, out }))
+    }
+
+    /// Queues the merge of `parts` (`[m, HV, K, V + K]`: `[b_j | M_j]`) from `one`.
+    fn run(
+        &mut self,
+        gpu: &Gpu,
+        parts: &DeviceTensor,
+        one: &DeviceTensor,
+        (v, k): (usize, usize),
+    ) -> GpuResult<()> {
+        copy_columns(gpu, (parts, 0, 0), (&mut self.wide, 0), v)?;
+        copy_columns(gpu, (parts, 0, v), (&mut self.wide, v + k), k)?;
+        self.plan.run(gpu, &self.wide, Some(one), &mut self.out)
+    }
+}
+
 /// The whole piece's summary of one rank: the forward over its sub-pieces and their merge.
 #[derive(Debug)]
 pub(super) struct WholeSummary {
@@ -79,19 +119,7 @@ impl WholeSummary {
         let m = cu.len() - 1;
         let h0 = zero_identity(gpu, m, (d.hv, d.k, d.v), d.state)?;
         let run = SummaryRun::new(gpu, spec, t, &spec.piece, &h0, Some(&cu))?;
-        let chain = if m > 1 {
-            let mut wide = DeviceTensor::alloc(gpu, &[m, d.hv, d.k, d.v + 2 * d.k], d.state)?;
-            zero(gpu, &mut wide)?;
-            let params = FwdHMergeParams {
-                state_v_first: false,
-                output_final_state: true,
-            };
-            let plan = FwdHMergePlan::new(gpu, &wide, Some(one), &[0, m as i64], &params)?;
-            let out = plan.alloc_outputs(gpu)?;
-            Some(Chain { wide, plan, out })
-        } else {
-            None
-        };
+        let chain = Chain::new(gpu, m, spec, one)?;
         Ok(WholeSummary {
             run,
             h0,
@@ -121,10 +149,7 @@ impl WholeSummary {
             )
             .into());
         };
-        let (v, k) = (self.v, self.k);
-        copy_columns(gpu, (parts, 0, 0), (&mut c.wide, 0), v)?;
-        copy_columns(gpu, (parts, 0, v), (&mut c.wide, v + k), k)?;
-        c.plan.run(gpu, &c.wide, Some(one), &mut c.out)
+        c.run(gpu, parts, one, (self.v, self.k))
     }
 
     /// The slot the last run filled: `[1, HV, K, V + K]`.
@@ -132,6 +157,79 @@ impl WholeSummary {
         match &self.chain {
             Some(c) => c.out.final_state.as_ref(),
             None => self.run.out.final_state.as_ref(),
+        }
+    }
+}
+
+/// The whole piece's summary from the tiles of the rank's own exact fallback (the staged path
+/// its local forward took: `kg, w, u` and the gate of every shard row, written by the local
+/// forward's first half): `fwd_h_pre_scan` over the piece's sub-pieces (the same
+/// [`boundaries`]) writes their `[b_j | M_j]` (hi + lo operands on the `M` columns, about fp32),
+/// and the same merge chains them. No intra stage of its own and no `[v | 0]` copy: where the
+/// local forward falls back (long memory at long shards), the summary costs the pre-scan and
+/// the merge chain beside what the local forward computes anyway.
+#[derive(Debug)]
+pub(super) struct PreScanned {
+    plan: FwdHPreScanPlan,
+    /// `[m, HV, K, V + K]`.
+    hm: DeviceTensor,
+    chain: Option<Chain>,
+    v: usize,
+    k: usize,
+}
+
+impl PreScanned {
+    /// The pre-scan of `spec`'s piece over `tiles` (the fallback's `fwd_h` inputs of the shard).
+    pub(super) fn new(
+        gpu: &Gpu,
+        spec: &SummarySpec,
+        tiles: &FwdHTensors<'_>,
+        one: &DeviceTensor,
+    ) -> GpuResult<PreScanned> {
+        let d = spec.dims;
+        let bt = spec.op.flags().0 as usize;
+        let cu = boundaries(spec.piece.len, bt);
+        let rows: Vec<(usize, usize)> = cu
+            .windows(2)
+            .map(|w| (spec.piece.start + w[0] as usize, (w[1] - w[0]) as usize))
+            .collect();
+        let params = FwdHPreScanParams {
+            chunk_size: bt as i64,
+        };
+        let plan = FwdHPreScanPlan::over_rows(gpu, tiles, &rows, &params)?;
+        if plan.hm_dtype() != d.state {
+            let want = format!("the summaries' {}", d.state.name());
+            return Err(Error::dtype("hm", want, plan.hm_dtype().name()).into());
+        }
+        let hm = DeviceTensor::alloc(gpu, &plan.hm_shape(), plan.hm_dtype())?;
+        Ok(PreScanned {
+            plan,
+            hm,
+            chain: Chain::new(gpu, rows.len(), spec, one)?,
+            v: d.v,
+            k: d.k,
+        })
+    }
+
+    /// Queues the pre-scan over `tiles` and the merge (`one` as at [`PreScanned::new`]).
+    pub(super) fn run(
+        &mut self,
+        gpu: &Gpu,
+        tiles: &FwdHTensors<'_>,
+        one: &DeviceTensor,
+    ) -> GpuResult<()> {
+        self.plan.run(gpu, tiles, &mut self.hm)?;
+        match &mut self.chain {
+            Some(c) => c.run(gpu, &self.hm, one, (self.v, self.k)),
+            None => Ok(()),
+        }
+    }
+
+    /// The slot the last run filled: `[1, HV, K, V + K]`.
+    pub(super) fn slot(&self) -> Option<&DeviceTensor> {
+        match &self.chain {
+            Some(c) => c.out.final_state.as_ref(),
+            None => Some(&self.hm),
         }
     }
 }

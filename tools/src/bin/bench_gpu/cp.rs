@@ -421,6 +421,7 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
                 .map(|t| match t {
                     Some(SentSummary::Tail(n)) => format!("tail {n}"),
                     Some(SentSummary::Whole) => "whole".into(),
+                    Some(SentSummary::PreScanned) => "whole (pre-scan)".into(),
                     None => "-".into(),
                 })
                 .collect();
