@@ -11,11 +11,13 @@
 //!    (the recurrence is linear in `(S, v)`, so the first `V` state columns end at `b` and the
 //!    last `K` at `M`), over the piece's sub-pieces side by side and their summaries merged
 //!    (`whole`), or over a tail (below). Where the rank's local forward takes its exact fallback
-//!    (long memory at a long shard), the whole piece's summary is `fwd_h_pre_scan` over the
-//!    fallback's own tiles (`kg, w, u`, the gate) instead, over the same sub-pieces and merge
-//!    ([`whole::PreScanned`]): no intra stage of its own. To that end every rank queues its
+//!    (long memory at a long shard), the whole piece's summary comes from that staged path
+//!    instead: its split `fwd_h`'s own pre-scan, which then also summarises the piece's last
+//!    piece, chained (`whole::SplitRows`); or, where that `fwd_h` runs serial,
+//!    `fwd_h_pre_scan` over its tiles (`kg, w, u`, the gate: `whole::PreScanned`). No intra
+//!    stage of its own, and no pre-scan twice. To that end every rank queues its
 //!    local forward's first half (the warm-up choice, the intra stage of the chosen path, none
-//!    of which reads the entering state: [`DeltaFwdPlan::run_head`]) here, before the
+//!    of which reads the entering state: `DeltaFwdPlan::run_head`) here, before the
 //!    all-gather, where it overlaps the other ranks' summaries;
 //! 2. **one all-gather** of the `R` summary slots (NCCL);
 //! 3. **merge**: a rank whose first piece continues sequence `n` chains the summaries of the
@@ -83,7 +85,7 @@ use attn_reference::delta::{
     FwdHMergeParams, FwdHParams, FwdHPreScanParams, GdnFwdParams, KdaFwdParams,
 };
 use attn_reference::{Dtype, Error};
-use whole::{PreScanned, WholeSummary};
+use whole::{PreScanned, SplitRows, WholeSummary};
 
 mod whole;
 
@@ -632,8 +634,10 @@ pub enum SentSummary {
     Tail(usize),
     /// The whole continuing piece's summary, by the rank's own forward over its sub-pieces.
     Whole,
-    /// The whole continuing piece's summary, by `fwd_h_pre_scan` over the `fwd_h` inputs of
-    /// the exact fallback the rank's local forward took ([`whole::PreScanned`]).
+    /// The whole continuing piece's summary from the exact fallback the rank's local forward
+    /// took: its split `fwd_h`'s own pre-scan of the piece's pieces, chained
+    /// (`whole::SplitRows`), or, where that `fwd_h` runs serial, `fwd_h_pre_scan` over its
+    /// inputs (`whole::PreScanned`).
     PreScanned,
 }
 
@@ -789,6 +793,11 @@ struct ForwardSummary {
     /// The whole piece's summary from the tiles of the local forward's exact fallback: made by
     /// the first run that sends it.
     prescanned: Option<PreScanned>,
+    /// The whole piece's summary from the exact fallback's own split pre-scan (its rows of the
+    /// piece chained): made by the first run that sends it.
+    split_rows: Option<SplitRows>,
+    /// The last [`SentSummary::PreScanned`] came from `split_rows`.
+    from_rows: bool,
     /// The bound check over the longest tail, where the piece is longer.
     check: Option<TailCheck>,
     /// The tail runs, shortest first: `(chunks, run)`.
@@ -840,6 +849,8 @@ impl ForwardSummary {
             h0,
             full,
             prescanned: None,
+            split_rows: None,
+            from_rows: false,
             spec,
             check,
             tails,
@@ -873,14 +884,14 @@ impl ForwardSummary {
         Ok(())
     }
 
-    /// Queues the summary [`Self::decide`] chose; `fallback`: the `fwd_h` inputs of the rank's
-    /// exact fallback, where its local forward's first half queued it: the whole piece's
-    /// summary is then [`SentSummary::PreScanned`] over them.
+    /// Queues the summary [`Self::decide`] chose; `fallback`: what the rank's exact fallback
+    /// offers, where its local forward's first half took it: the whole piece's summary is then
+    /// [`SentSummary::PreScanned`].
     fn run(
         &mut self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        fallback: Option<&FwdHTensors<'_>>,
+        fallback: Option<FromFallback<'_>>,
     ) -> GpuResult<()> {
         if fallback.is_some() && self.sent == Some(SentSummary::Whole) {
             self.sent = Some(SentSummary::PreScanned);
@@ -890,13 +901,24 @@ impl ForwardSummary {
                 Some((_, run)) => run.run(gpu, t, &self.h0),
                 None => Err(Error::missing("summary", "the tail's run", "none").into()),
             },
-            (Some(SentSummary::PreScanned), Some(tiles)) => {
+            (Some(SentSummary::PreScanned), Some(FromFallback::Rows(hm, row0, m))) => {
+                self.from_rows = true;
+                if self.split_rows.is_none() {
+                    self.split_rows = Some(SplitRows::new(gpu, &self.spec, m, &self.h0)?);
+                }
+                match &mut self.split_rows {
+                    Some(c) => c.run(gpu, (hm, row0, m), &self.h0),
+                    None => Err(Error::missing("summary", "the chain", "none").into()),
+                }
+            }
+            (Some(SentSummary::PreScanned), Some(FromFallback::Tiles(tiles))) => {
+                self.from_rows = false;
                 if self.prescanned.is_none() {
-                    let p = PreScanned::new(gpu, &self.spec, tiles, &self.h0)?;
+                    let p = PreScanned::new(gpu, &self.spec, &tiles, &self.h0)?;
                     self.prescanned = Some(p);
                 }
                 match &mut self.prescanned {
-                    Some(p) => p.run(gpu, tiles, &self.h0),
+                    Some(p) => p.run(gpu, &tiles, &self.h0),
                     None => Err(Error::missing("summary", "the pre-scan", "none").into()),
                 }
             }
@@ -923,7 +945,11 @@ impl ForwardSummary {
         match self.sent {
             Some(SentSummary::Tail(c)) => (self.tails.iter().find(|(n, _)| *n == c))
                 .and_then(|(_, run)| run.out.final_state.as_ref()),
-            Some(SentSummary::PreScanned) => self.prescanned.as_ref().and_then(PreScanned::slot),
+            Some(SentSummary::PreScanned) => match (&self.split_rows, &self.prescanned) {
+                (Some(c), _) if self.from_rows => c.slot(),
+                (_, Some(p)) => p.slot(),
+                _ => None,
+            },
             _ => self.full.as_ref().and_then(WholeSummary::slot),
         }
     }
@@ -940,6 +966,14 @@ impl SummarySpec {
     ) -> GpuResult<SummaryRun> {
         SummaryRun::new(gpu, self, t, rows, h0, None)
     }
+}
+
+/// What the exact fallback of a rank's local forward offers the whole piece's summary.
+enum FromFallback<'a> {
+    /// Its split pre-scan's rows of the piece's pieces: `hm`, the first row, the pieces.
+    Rows(&'a DeviceTensor, usize, usize),
+    /// Its `fwd_h` inputs, where its `fwd_h` runs serial: pre-scanned by the summary.
+    Tiles(FwdHTensors<'a>),
 }
 
 /// One local rank of a [`CpFwdPlan`].
@@ -1063,6 +1097,11 @@ impl<'g> CpFwdPlan<'g> {
                 .transpose()?;
             let local = match local {
                 Some(plan) => {
+                    // the exact fallback's own pre-scan serves a continuing piece's summary
+                    let plan = match s.continuing() {
+                        Some(_) => plan.with_exit_summary(),
+                        None => plan,
+                    };
                     let ws = plan.alloc_workspace(gpu)?;
                     Some((plan, ws))
                 }
@@ -1261,7 +1300,11 @@ impl<'g> CpFwdPlan<'g> {
             };
             local.run_head(gpu, &call, ws)?;
             if let Some(s) = &mut rank.summary {
-                s.run(gpu, t, local.fallback_fwd_h_inputs(ws).as_ref())?;
+                let from = match local.fallback_exit_summaries(ws) {
+                    Some((hm, row0, m)) => Some(FromFallback::Rows(hm, row0, m)),
+                    None => local.fallback_fwd_h_inputs(ws).map(FromFallback::Tiles),
+                };
+                s.run(gpu, t, from)?;
             }
         }
         mark(CpPhase::Summaries)?;

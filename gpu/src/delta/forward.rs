@@ -32,7 +32,7 @@ use super::intra::{
     acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
 };
 use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
-use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode};
+use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -813,6 +813,9 @@ pub struct DeltaFwdPlan {
     /// The fused kernels run without `o` (its pointer 0): the final state alone
     /// ([`DeltaFwdPlan::final_state_only`]).
     state_only: bool,
+    /// The staged path's split `fwd_h` also summarises the last sequence's last piece
+    /// ([`DeltaFwdPlan::with_exit_summary`]).
+    exit_summary: bool,
 }
 
 /// Chunks of a sequence from which a splitting fused plan holds the exact fallback: a serial
@@ -908,8 +911,8 @@ enum Head {
     /// The plan's own path (fused, or staged for a staged plan).
     Own,
     /// The exact fallback's staged path; `shared`: its tiles expanded from the lean intra
-    /// stage's (GDN), whose Aqk it uses.
-    Fallback { shared: bool },
+    /// stage's (GDN), whose Aqk it uses; `prescanned`: its `fwd_h` split's pre-scan queued too.
+    Fallback { shared: bool, prescanned: bool },
 }
 
 /// The warm-up policy's tensors (§5.10; [`DeltaFwdPlan::run_warm_policy`]).
@@ -1075,6 +1078,7 @@ impl DeltaFwdPlan {
             cu_seqlens: cu_seqlens.map(<[i64]>::to_vec),
             fallback,
             state_only: false,
+            exit_summary: false,
         })
     }
 
@@ -1275,7 +1279,10 @@ impl DeltaFwdPlan {
                 _ => SplitMode::Serial,
             };
             let cu = self.cu_seqlens.as_deref();
-            let plan = FwdHSplitPlan::new(gpu, &fwd, cu, mode, &params)?;
+            let mut plan = FwdHSplitPlan::new(gpu, &fwd, cu, mode, &params)?;
+            if self.exit_summary {
+                plan = plan.with_exit_summary(gpu)?;
+            }
             ws.staged = Some(Box::new(Staged {
                 ws: plan.alloc_workspace(gpu)?,
                 out: plan.alloc_outputs(gpu)?,
@@ -1472,6 +1479,38 @@ impl DeltaFwdPlan {
         }
     }
 
+    /// The plan whose exact fallback's split `fwd_h` also summarises the last sequence's last
+    /// piece ([`FwdHSplitPlan::with_exit_summary`]): where a run takes the fallback, its first
+    /// half leaves the summaries of all the last sequence's pieces
+    /// ([`Self::fallback_exit_summaries`]), the context-parallel summary of a shard's
+    /// continuing piece at the cost of one piece's pre-scan.
+    pub(crate) fn with_exit_summary(mut self) -> DeltaFwdPlan {
+        if let Some(fb) = self.fallback.as_mut() {
+            fb.exit_summary = true;
+        }
+        self
+    }
+
+    /// Where the last [`Self::run_head`] with `ws` of a [`Self::with_exit_summary`] plan that
+    /// took the fallback left the summaries of the last sequence's pieces: `hm` rows
+    /// `[b | M]`, the first row and the number of pieces (`None` otherwise, or where that
+    /// `fwd_h` runs serial).
+    pub(crate) fn fallback_exit_summaries<'a>(
+        &self,
+        ws: &'a DeltaFwdWorkspace,
+    ) -> Option<(&'a DeviceTensor, usize, usize)> {
+        let (Some(fb), Some(Head::Fallback { .. }), Some(fws)) =
+            (self.fallback.as_deref(), ws.head, ws.fallback.as_deref())
+        else {
+            return None;
+        };
+        let (Tiles::Full(full), true) = (&fws.tiles, fb.exit_summary) else {
+            return None;
+        };
+        let st = full.staged.as_deref()?;
+        st.plan.exit_summaries(&st.ws)
+    }
+
     /// The first half of a run (see [`Self::run_head`]): the policy (unless queued), the
     /// choice, and the intra stage of the chosen path.
     fn head(
@@ -1550,7 +1589,11 @@ impl DeltaFwdPlan {
             (Tiles::Lean(l), Tiles::Full(full)) if shared => fb.expand(gpu, t, l, full)?,
             _ => fb.intra(gpu, t, &mut fws.aqk, &mut fws.tiles)?,
         }
-        Ok(Head::Fallback { shared })
+        let Tiles::Full(full) = &mut fws.tiles else {
+            return Err(Error::missing("ws", "a staged workspace", "a lean one").into());
+        };
+        let prescanned = fb.staged_prescan(gpu, full)?;
+        Ok(Head::Fallback { shared, prescanned })
     }
 
     /// The second half of a run after `head`: the recurrence and the output, on this plan's
@@ -1571,7 +1614,7 @@ impl DeltaFwdPlan {
             fallback,
             ..
         } = ws;
-        if let Head::Fallback { shared } = head {
+        if let Head::Fallback { shared, prescanned } = head {
             let (Some(fb), Some(fws)) = (self.fallback.as_deref(), fallback.as_deref_mut()) else {
                 return Err(Error::missing("ws", "the exact fallback's workspace", "none").into());
             };
@@ -1580,7 +1623,12 @@ impl DeltaFwdPlan {
             };
             // GDN's expanded tiles go with the lean stage's Aqk
             let aqk = if shared { &*aqk } else { &fws.aqk };
-            return fb.run_staged(gpu, t, full, aqk, out);
+            let rest: &[SplitStage] = if prescanned {
+                &[SplitStage::Merge, SplitStage::Rerun]
+            } else {
+                &SplitStage::ALL
+            };
+            return fb.run_staged(gpu, t, full, aqk, rest, out);
         }
         let split = SplitTensors {
             warm: policy.as_ref().map(|p| &p.warm),
@@ -1597,7 +1645,7 @@ impl DeltaFwdPlan {
         };
         match self.fused {
             Some(_) => self.run_fused(gpu, t, full, split, aqk, out),
-            None => self.run_staged(gpu, t, full, aqk, out),
+            None => self.run_staged(gpu, t, full, aqk, &SplitStage::ALL, out),
         }
     }
 
@@ -1613,14 +1661,33 @@ impl DeltaFwdPlan {
         fwd
     }
 
+    /// The pre-scan of the staged path's split `fwd_h` on `full` (it reads no `initial_state`),
+    /// queued by the exact fallback's first half: whether there is one (`false` for a serial
+    /// `fwd_h`); [`Self::run_staged`] then queues the split's other stages.
+    fn staged_prescan(&self, gpu: &Gpu, full: &mut FullTiles) -> GpuResult<bool> {
+        let Some(st) = full.staged.as_deref_mut() else {
+            return Err(Error::missing("ws", "a workspace of this plan", "a fused one").into());
+        };
+        if st.plan.pieces().is_none() {
+            return Ok(false);
+        }
+        let fwd = self.fwd_h_inputs([&full.kg, &full.w, &full.u, &full.gate]);
+        let pre = [SplitStage::PreScan];
+        st.plan
+            .run_stages(gpu, &fwd, &mut st.ws, &mut st.out, &pre)?;
+        Ok(true)
+    }
+
     /// The staged path after its intra stage (`full`'s `w, u, kg, qg, qf, G` and `aqk`):
-    /// `fwd_h` (through its split) writes `h`, `v_new` and the final state, then the output.
+    /// `fwd_h`'s `stages` (all of them, or those after a [`Self::staged_prescan`]) write `h`,
+    /// `v_new` and the final state, then the output.
     fn run_staged(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
         full: &mut FullTiles,
         aqk: &DeviceTensor,
+        stages: &[SplitStage],
         out: &mut DeltaFwdDeviceOutputs,
     ) -> GpuResult<()> {
         let Some(st) = full.staged.as_deref_mut() else {
@@ -1632,7 +1699,7 @@ impl DeltaFwdPlan {
         // dtype: checked by the caller)
         let fo = &mut st.out;
         std::mem::swap(&mut fo.final_state, &mut out.final_state);
-        let ran = st.plan.run(gpu, &fwd, &mut st.ws, fo);
+        let ran = st.plan.run_stages(gpu, &fwd, &mut st.ws, fo, stages);
         std::mem::swap(&mut fo.final_state, &mut out.final_state);
         ran?;
         let v_new = fo

@@ -120,6 +120,9 @@ struct Split {
     run_choice: KernelChoice,
     /// `[S, 3]` rows (first token row, length, first `h` row) of the re-run.
     run_seqs: DeviceTensor,
+    /// The pre-scan also summarises the last sequence's last piece, into `hm` row `Q`
+    /// ([`FwdHSplitPlan::with_exit_summary`]).
+    exit: bool,
 }
 
 /// The scratch of a split run: summaries, the pieces' initial states, their exit states, and
@@ -221,6 +224,40 @@ impl FwdHSplitPlan {
         })
     }
 
+    /// The plan whose pre-scan also summarises the last piece of the last sequence (one more
+    /// `hm` row, `Q`, right after that sequence's other summaries), so that the summaries of all
+    /// the last sequence's pieces are consecutive rows ([`Self::exit_summaries`]): chained
+    /// from `[0 | I]` they give that sequence's whole map `[b | M]`, the context-parallel
+    /// summary of a shard's continuing piece, at the cost of one piece beside the pre-scan.
+    /// Exact pieces only: a serial plan or one with explicit warm-ups is returned unchanged,
+    /// and a run with the truncation policy ([`Self::run_truncated`]) is refused.
+    pub(crate) fn with_exit_summary(mut self, gpu: &Gpu) -> GpuResult<FwdHSplitPlan> {
+        let Some(s) = self
+            .split
+            .as_mut()
+            .filter(|s| s.fixed_warm.is_none() && !s.exit)
+        else {
+            return Ok(self);
+        };
+        let last = &s.tables.run[(s.n - 1) * 3..s.n * 3];
+        let pre: Vec<i64> = s.tables.pre.iter().chain(last).copied().collect();
+        s.pre_seqs = DeviceTensor::from_slice(gpu, &pre)?;
+        s.exit = true;
+        Ok(self)
+    }
+
+    /// Where the last run with `ws` of a [`Self::with_exit_summary`] plan left the summaries of
+    /// the last sequence's pieces: `hm` (`[Q + 1, HV, K, V + K]`, `[b | M]` per piece), the
+    /// first row and the number of pieces, in order (`None` for other plans).
+    pub(crate) fn exit_summaries<'w>(
+        &self,
+        ws: &'w FwdHSplitWorkspace,
+    ) -> Option<(&'w DeviceTensor, usize, usize)> {
+        let s = self.split.as_ref().filter(|s| s.exit)?;
+        let last = &s.tables.merge[2 * (s.n - 1)..2 * s.n];
+        Some((ws.hm.as_ref()?, last[1] as usize, last[0] as usize))
+    }
+
     /// The split used (`subseq_cu_seqlens`), or `None` when the plan runs the serial kernel.
     pub fn pieces(&self) -> Option<&[i64]> {
         self.split.as_ref().map(|s| s.pieces.as_slice())
@@ -305,7 +342,11 @@ impl FwdHSplitPlan {
             }
         };
         Ok(FwdHSplitWorkspace {
-            hm: Some(DeviceTensor::alloc(gpu, &[s.q, g.hv, g.k, g.v + g.k], sd)?),
+            hm: Some(DeviceTensor::alloc(
+                gpu,
+                &[s.summaries(), g.hv, g.k, g.v + g.k],
+                sd,
+            )?),
             init: Some(DeviceTensor::alloc(gpu, &state(s.s), sd)?),
             ht: self
                 .params
@@ -406,7 +447,7 @@ impl FwdHSplitPlan {
         self.serial.check_outputs(out)?;
         let (hm, init) = match (&mut ws.hm, &mut ws.init) {
             (Some(hm), Some(init))
-                if hm.shape()[0] == s.q
+                if hm.shape()[0] == s.summaries()
                     && init.shape()[0] == s.s
                     && ws.ht.is_some() == self.params.output_final_state =>
             {
@@ -425,6 +466,14 @@ impl FwdHSplitPlan {
             (WarmSource::Plan, None) => WarmSource::Exact,
             (src, _) => src,
         };
+        if s.exit && !matches!(source, WarmSource::Exact) {
+            return Err(Error::missing(
+                "warmup_chunks",
+                "exact pieces (a plan with the exit summary)",
+                "warm-ups",
+            )
+            .into());
+        }
         let (warm, skip) = match (source, &s.fixed_warm, &ws.decision) {
             (WarmSource::Exact, ..) => (0, 0),
             (WarmSource::Plan, Some((w, k)), _) => (w.ptr(gpu), k.ptr(gpu)),
@@ -476,7 +525,7 @@ impl FwdHSplitPlan {
                     Module::FwdHPreScan,
                     s.pre_choice,
                     self.dtype,
-                    s.q * g.hv,
+                    s.summaries() * g.hv,
                     blocks,
                     &pre,
                 )
@@ -559,6 +608,11 @@ impl FwdHSplitPlan {
 }
 
 impl Split {
+    /// The pre-scan's rows: `Q`, and the exit summary's.
+    fn summaries(&self) -> usize {
+        self.q + self.exit as usize
+    }
+
     /// The device side of [`Tables::new`] with the kernels of both launches.
     fn new(
         gpu: &Gpu,
@@ -613,6 +667,7 @@ impl Split {
             run_seqs: DeviceTensor::from_slice(gpu, &t.run)?,
             fixed_warm,
             tables: t,
+            exit: false,
         }))
     }
 }

@@ -79,16 +79,17 @@ impl Chain {
         Ok(Some(Chain { wide, plan, out }))
     }
 
-    /// Queues the merge of `parts` (`[m, HV, K, V + K]`: `[b_j | M_j]`) from `one`.
+    /// Queues the merge of `m` summaries `[b_j | M_j]` of `parts` (`[·, HV, K, V + K]`, from
+    /// its flattened row `row0`) from `one`.
     fn run(
         &mut self,
         gpu: &Gpu,
-        parts: &DeviceTensor,
+        (parts, row0): (&DeviceTensor, usize),
         one: &DeviceTensor,
         (v, k): (usize, usize),
     ) -> GpuResult<()> {
-        copy_columns(gpu, (parts, 0, 0), (&mut self.wide, 0), v)?;
-        copy_columns(gpu, (parts, 0, v), (&mut self.wide, v + k), k)?;
+        copy_columns(gpu, (parts, row0, 0), (&mut self.wide, 0), v)?;
+        copy_columns(gpu, (parts, row0, v), (&mut self.wide, v + k), k)?;
         self.plan.run(gpu, &self.wide, Some(one), &mut self.out)
     }
 }
@@ -149,7 +150,7 @@ impl WholeSummary {
             )
             .into());
         };
-        c.run(gpu, parts, one, (self.v, self.k))
+        c.run(gpu, (parts, 0), one, (self.v, self.k))
     }
 
     /// The slot the last run filled: `[1, HV, K, V + K]`.
@@ -220,7 +221,7 @@ impl PreScanned {
     ) -> GpuResult<()> {
         self.plan.run(gpu, tiles, &mut self.hm)?;
         match &mut self.chain {
-            Some(c) => c.run(gpu, &self.hm, one, (self.v, self.k)),
+            Some(c) => c.run(gpu, (&self.hm, 0), one, (self.v, self.k)),
             None => Ok(()),
         }
     }
@@ -230,6 +231,70 @@ impl PreScanned {
         match &self.chain {
             Some(c) => c.out.final_state.as_ref(),
             None => Some(&self.hm),
+        }
+    }
+}
+
+/// The whole piece's summary from the exact fallback's own split `fwd_h` (the rank's local
+/// forward took it, and its plan summarises the last sequence's last piece too:
+/// `DeltaFwdPlan::with_exit_summary`): its pre-scan left the `[b_j | M_j]` of the piece's `m`
+/// pieces in consecutive rows of its `hm`, which the same merge chains (one piece: its row is
+/// the summary). Beside what the local forward computes anyway, this costs one piece's
+/// pre-scan and the chain.
+#[derive(Debug)]
+pub(super) struct SplitRows {
+    m: usize,
+    chain: Option<Chain>,
+    /// `[1, HV, K, V + K]`: the summary where the piece is one piece of the split.
+    single: Option<DeviceTensor>,
+    dims: (usize, usize, usize),
+}
+
+impl SplitRows {
+    /// The chain of `m` pieces' summaries of `spec`'s piece from `one`.
+    pub(super) fn new(
+        gpu: &Gpu,
+        spec: &SummarySpec,
+        m: usize,
+        one: &DeviceTensor,
+    ) -> GpuResult<SplitRows> {
+        let d = spec.dims;
+        let single = (m == 1)
+            .then(|| DeviceTensor::alloc(gpu, &[1, d.hv, d.k, d.v + d.k], d.state))
+            .transpose()?;
+        Ok(SplitRows {
+            m,
+            chain: Chain::new(gpu, m, spec, one)?,
+            single,
+            dims: (d.hv, d.k, d.v),
+        })
+    }
+
+    /// Queues the chain of `hm`'s rows `row0 .. row0 + m` (`[·, HV, K, V + K]`).
+    pub(super) fn run(
+        &mut self,
+        gpu: &Gpu,
+        (hm, row0, m): (&DeviceTensor, usize, usize),
+        one: &DeviceTensor,
+    ) -> GpuResult<()> {
+        if m != self.m {
+            let want = format!("the {} pieces of the plan", self.m);
+            return Err(Error::shape("hm", want, [row0, m]).into());
+        }
+        let (hv, k, v) = self.dims;
+        let rows = (hm, row0 * hv * k);
+        match (&mut self.chain, &mut self.single) {
+            (Some(c), _) => c.run(gpu, rows, one, (v, k)),
+            (None, Some(one_piece)) => copy_columns(gpu, (hm, rows.1, 0), (one_piece, 0), v + k),
+            (None, None) => Err(Error::missing("summary", "the chain's slot", "none").into()),
+        }
+    }
+
+    /// The slot the last run filled: `[1, HV, K, V + K]`.
+    pub(super) fn slot(&self) -> Option<&DeviceTensor> {
+        match &self.chain {
+            Some(c) => c.out.final_state.as_ref(),
+            None => self.single.as_ref(),
         }
     }
 }
