@@ -1435,12 +1435,12 @@ impl DeltaFwdPlan {
 
     /// Queues the first half of the next [`Self::run`] of `t` with `ws` now: the warm-up
     /// policy's choice (read on the host where the plan holds the exact fallback) and the intra
-    /// stage of the path it chose, none of which reads `initial_state`. That run (on the same
-    /// tensors but `initial_state`) then queues only the rest: the recurrence and the output.
-    /// The context-parallel plans queue every
+    /// stage of the path it chose (for the fallback, also its `fwd_h` pre-scan), none of which
+    /// reads `initial_state`. That run (on the same tensors but `initial_state`) then queues
+    /// only the rest: the recurrence and the output. The context-parallel plans queue every
     /// rank's first half before the all-gather: it overlaps the other ranks' summaries, and
-    /// the exact fallback's tiles serve the rank's own whole-piece summary
-    /// ([`Self::fallback_fwd_h_inputs`]).
+    /// the fallback's pre-scan or tiles serve the rank's own whole-piece summary
+    /// ([`Self::fallback_exit_summaries`], [`Self::fallback_fwd_h_inputs`]).
     pub(crate) fn run_head(
         &self,
         gpu: &Gpu,

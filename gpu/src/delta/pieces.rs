@@ -125,6 +125,17 @@ impl Tables {
             .collect()
     }
 
+    /// The pre-scan rows with the last sequence's last piece appended (its re-run row, row
+    /// `N − 1`), and where the last sequence's summaries then lie: its first row and its
+    /// pieces, every piece of it in order. The last sequence's other summaries are the table's
+    /// last rows, so the appended row continues them.
+    pub(crate) fn with_exit_row(&self) -> (Vec<i64>, usize, usize) {
+        let n = self.merge.len() / 2;
+        let pre = self.pre.iter().chain(&self.run[(n - 1) * 3..n * 3]);
+        let last = &self.merge[2 * (n - 1)..2 * n];
+        (pre.copied().collect(), last[1] as usize, last[0] as usize)
+    }
+
     /// Per-row values (`[S]`, re-run order) in `subseq_cu_seqlens` piece order.
     pub(crate) fn warmup_in_piece_order(&self, rows: &[i64]) -> Vec<i64> {
         let mut out = vec![0; rows.len()];
@@ -233,6 +244,16 @@ mod tests {
                         q += m - 1;
                     }
                     prop_assert_eq!(q as usize, t.pre.len() / 3);
+                    // with the exit row, the last sequence's pieces are consecutive summary
+                    // rows, in order, covering its tokens
+                    let (pre, first, m) = t.with_exit_row();
+                    prop_assert_eq!(pre.len() / 3, first + m);
+                    let mut at = total - lens[n - 1];
+                    for r in pre[3 * first..].chunks(3) {
+                        prop_assert_eq!(r[0] as usize, at);
+                        at += r[1] as usize;
+                    }
+                    prop_assert_eq!(at, total);
                 }
             }
         }

@@ -239,8 +239,7 @@ impl FwdHSplitPlan {
         else {
             return Ok(self);
         };
-        let last = &s.tables.run[(s.n - 1) * 3..s.n * 3];
-        let pre: Vec<i64> = s.tables.pre.iter().chain(last).copied().collect();
+        let (pre, _, _) = s.tables.with_exit_row();
         s.pre_seqs = DeviceTensor::from_slice(gpu, &pre)?;
         s.exit = true;
         Ok(self)
@@ -254,8 +253,8 @@ impl FwdHSplitPlan {
         ws: &'w FwdHSplitWorkspace,
     ) -> Option<(&'w DeviceTensor, usize, usize)> {
         let s = self.split.as_ref().filter(|s| s.exit)?;
-        let last = &s.tables.merge[2 * (s.n - 1)..2 * s.n];
-        Some((ws.hm.as_ref()?, last[1] as usize, last[0] as usize))
+        let (_, first, pieces) = s.tables.with_exit_row();
+        Some((ws.hm.as_ref()?, first, pieces))
     }
 
     /// The split used (`subseq_cu_seqlens`), or `None` when the plan runs the serial kernel.
