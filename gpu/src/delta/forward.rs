@@ -1365,16 +1365,21 @@ impl DeltaFwdPlan {
         t: &ForwardTensors<'_>,
         ws: &mut DeltaFwdWorkspace,
     ) -> GpuResult<()> {
+        self.check_inputs(t)?;
+        self.intra(gpu, t, &mut ws.aqk, &mut ws.tiles)
+    }
+
+    /// Re-validates `t` and checks it against the plan's shapes and dtypes.
+    fn check_inputs(&self, t: &ForwardTensors<'_>) -> attn_reference::Result<()> {
         let geo = self.call.validate(t, self.cu_seqlens.as_deref())?;
         if geo != self.geo || t.q.dtype() != self.dtype {
             return Err(Error::shape(
                 "q",
                 "the shapes and dtype the plan was made for",
                 t.q.shape(),
-            )
-            .into());
+            ));
         }
-        self.intra(gpu, t, &mut ws.aqk, &mut ws.tiles)
+        Ok(())
     }
 
     /// The intra stage of `t` into `aqk` and `tiles` (a workspace's).
@@ -1447,15 +1452,7 @@ impl DeltaFwdPlan {
         t: &ForwardTensors<'_>,
         ws: &mut DeltaFwdWorkspace,
     ) -> GpuResult<()> {
-        let geo = self.call.validate(t, self.cu_seqlens.as_deref())?;
-        if geo != self.geo || t.q.dtype() != self.dtype {
-            return Err(Error::shape(
-                "q",
-                "the shapes and dtype the plan was made for",
-                t.q.shape(),
-            )
-            .into());
-        }
+        self.check_inputs(t)?;
         ws.head = None;
         let head = self.head(gpu, t, ws)?;
         ws.head = Some(head);

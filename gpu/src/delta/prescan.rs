@@ -57,14 +57,7 @@ impl FwdHPreScanPlan {
         let geo = check_fwd_h_pre_scan(&inputs.meta(), cu_seqlens, params)?;
         let dtype = inputs.k.dtype();
         let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
-        let work = Workload {
-            dtype,
-            k: geo.k,
-            col_groups: &[geo.v, geo.k],
-            seq_chunks: &chunks,
-            hv: geo.hv,
-        };
-        let choice = kernel_choice(&work, gpu.sm_count());
+        let choice = Self::kernel(gpu, &geo, dtype, &chunks);
         let seqs = seq_table(gpu, &geo, cu_seqlens.is_some())?;
         Ok(FwdHPreScanPlan {
             n: geo.n(),
@@ -95,14 +88,7 @@ impl FwdHPreScanPlan {
         }
         let dtype = inputs.k.dtype();
         let chunks: Vec<usize> = rows.iter().map(|&(_, len)| len.div_ceil(geo.bt)).collect();
-        let work = Workload {
-            dtype,
-            k: geo.k,
-            col_groups: &[geo.v, geo.k],
-            seq_chunks: &chunks,
-            hv: geo.hv,
-        };
-        let choice = kernel_choice(&work, gpu.sm_count());
+        let choice = Self::kernel(gpu, &geo, dtype, &chunks);
         let mut table: Vec<i64> = rows
             .iter()
             .flat_map(|&(a, len)| [a as i64, len as i64, 0])
@@ -119,6 +105,18 @@ impl FwdHPreScanPlan {
             choice,
             seqs: DeviceTensor::from_slice(gpu, &table)?,
         })
+    }
+
+    /// The kernel for summaries of `chunks` chunks each at `V + K` columns.
+    fn kernel(gpu: &Gpu, geo: &Geometry, dtype: Dtype, chunks: &[usize]) -> KernelChoice {
+        let work = Workload {
+            dtype,
+            k: geo.k,
+            col_groups: &[geo.v, geo.k],
+            seq_chunks: chunks,
+            hv: geo.hv,
+        };
+        kernel_choice(&work, gpu.sm_count())
     }
 
     /// The kernel this plan launches.
