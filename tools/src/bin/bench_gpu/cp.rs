@@ -436,7 +436,7 @@ pub fn run_all(iters: usize, ceiling: f64, wanted: impl Fn(&str) -> bool) -> Gpu
             let vs_single = single_ms.map(|s| s / ms);
             let gbps = b as f64 / (ms * 1e-3) / 1e9;
             println!(
-                "{name:<40} {ms:>10.3} ms  {} vs R=1, {} vs single GPU, GiB per GPU {:?}, summaries {tails:?}, phases (synchronised) tail checks {:.3} / summaries {:.3} / exchange {:.3} / local {:.3} ms{}, local splits {local:?}",
+                "{name:<40} {ms:>10.3} ms  {} vs R=1, {} vs single GPU, GiB per GPU {:?}, summaries {tails:?}, phases (synchronised) tail checks {:.3} / local heads + summaries {:.3} / exchange {:.3} / local finish {:.3} ms{}, local splits {local:?}",
                 ratio(speedup),
                 ratio(vs_single),
                 mem.iter()
