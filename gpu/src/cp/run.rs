@@ -50,11 +50,14 @@
 //! summary run's plan, workspace and input buffers (`[v | 0]`, `[0 | I]`, the piece's rows),
 //! the all-gather buffers and the merge's plan. Its `run` checks the call against the plan
 //! (every rank, before any launch), checks the tails' bounds, copies the continuing pieces'
-//! rows into the summary buffers (device-to-device), launches the summaries, all-gathers,
-//! merges and queues the local ops: no allocation and no plan (but a rank's whole-piece summary,
-//! made by the first run whose tail bound fails), no host synchronisation but the tails'
-//! verdicts: the all-gather is queued on each rank's stream behind its summary and ahead of its
-//! merge and local op, so the GPUs run the phases back to back. The caller waits with
+//! rows into the summary buffers (device-to-device), queues the local heads and the summaries,
+//! all-gathers, merges and queues the local finishes: no allocation and no plan, but what the
+//! first run to need it makes (a rank's whole-piece summary, where a tail bound fails; a local
+//! forward's exact fallback, its workspace and split `fwd_h` plan, where the warm-up choice
+//! takes it, and the summary from it), and no host synchronisation but the tails' verdicts and
+//! the local forwards' fallback choices (per rank, both before its launches): the all-gather is
+//! queued on each rank's stream behind its head and summary and ahead of its merge and local
+//! finish, so the GPUs run the phases back to back. The caller waits with
 //! [`CpGroup::synchronize`] (timed: a failed or hung rank aborts the group, no rank waits
 //! forever). [`cp_kda_fwd`], [`cp_gdn_fwd`] and [`cp_chunk_gated_delta_rule_fwd_h`] are a plan,
 //! new outputs, one run and that wait.
@@ -1016,8 +1019,8 @@ pub struct CpPhaseTimes {
 /// A persistent context-parallel `kda_fwd` / `gdn_fwd` (module docs): made once for a group, a
 /// partition, the shards' shapes and dtypes, the op's parameters and path; [`CpFwdPlan::run`]
 /// then runs the forward on shards of those shapes into outputs of [`CpFwdPlan::alloc_outputs`]
-/// with no allocation and no plan (but a whole-piece summary, made by the first run whose tail
-/// bound fails on a rank: module docs).
+/// with no allocation and no plan but what the first run to need it makes (a whole-piece
+/// summary, a local forward's exact fallback: module docs).
 #[derive(Debug)]
 pub struct CpFwdPlan<'g> {
     frame: Frame<'g>,

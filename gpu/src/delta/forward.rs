@@ -1577,11 +1577,13 @@ impl DeltaFwdPlan {
         if !due {
             return Ok(Head::Own);
         }
-        *fell_back = true;
+        // the first run that takes the fallback allocates its workspace (and plans its split
+        // `fwd_h`) here
         let fws = match fallback {
             Some(f) => f,
             None => fallback.insert(Box::new(fb.alloc_workspace(gpu)?)),
         };
+        *fell_back = true;
         match (tiles, &mut fws.tiles) {
             (Tiles::Lean(l), Tiles::Full(full)) if shared => fb.expand(gpu, t, l, full)?,
             _ => fb.intra(gpu, t, &mut fws.aqk, &mut fws.tiles)?,

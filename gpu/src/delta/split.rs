@@ -121,8 +121,9 @@ struct Split {
     /// `[S, 3]` rows (first token row, length, first `h` row) of the re-run.
     run_seqs: DeviceTensor,
     /// The pre-scan also summarises the last sequence's last piece, into `hm` row `Q`
-    /// ([`FwdHSplitPlan::with_exit_summary`]).
-    exit: bool,
+    /// ([`FwdHSplitPlan::with_exit_summary`]): the last sequence's first summary row and its
+    /// pieces.
+    exit: Option<(usize, usize)>,
 }
 
 /// The scratch of a split run: summaries, the pieces' initial states, their exit states, and
@@ -235,13 +236,13 @@ impl FwdHSplitPlan {
         let Some(s) = self
             .split
             .as_mut()
-            .filter(|s| s.fixed_warm.is_none() && !s.exit)
+            .filter(|s| s.fixed_warm.is_none() && s.exit.is_none())
         else {
             return Ok(self);
         };
-        let (pre, _, _) = s.tables.with_exit_row();
+        let (pre, first, pieces) = s.tables.with_exit_row();
         s.pre_seqs = DeviceTensor::from_slice(gpu, &pre)?;
-        s.exit = true;
+        s.exit = Some((first, pieces));
         Ok(self)
     }
 
@@ -252,8 +253,7 @@ impl FwdHSplitPlan {
         &self,
         ws: &'w FwdHSplitWorkspace,
     ) -> Option<(&'w DeviceTensor, usize, usize)> {
-        let s = self.split.as_ref().filter(|s| s.exit)?;
-        let (_, first, pieces) = s.tables.with_exit_row();
+        let (first, pieces) = self.split.as_ref()?.exit?;
         Some((ws.hm.as_ref()?, first, pieces))
     }
 
@@ -465,7 +465,7 @@ impl FwdHSplitPlan {
             (WarmSource::Plan, None) => WarmSource::Exact,
             (src, _) => src,
         };
-        if s.exit && !matches!(source, WarmSource::Exact) {
+        if s.exit.is_some() && !matches!(source, WarmSource::Exact) {
             return Err(Error::missing(
                 "warmup_chunks",
                 "exact pieces (a plan with the exit summary)",
@@ -609,7 +609,7 @@ impl FwdHSplitPlan {
 impl Split {
     /// The pre-scan's rows: `Q`, and the exit summary's.
     fn summaries(&self) -> usize {
-        self.q + self.exit as usize
+        self.q + self.exit.is_some() as usize
     }
 
     /// The device side of [`Tables::new`] with the kernels of both launches.
@@ -666,7 +666,7 @@ impl Split {
             run_seqs: DeviceTensor::from_slice(gpu, &t.run)?,
             fixed_warm,
             tables: t,
-            exit: false,
+            exit: None,
         }))
     }
 }
