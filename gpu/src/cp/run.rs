@@ -13,7 +13,7 @@
 //!    (`whole`), or over a tail (below). Where the rank's local forward takes its exact fallback
 //!    (long memory at a long shard), the whole piece's summary comes from that staged path
 //!    instead: its split `fwd_h`'s own pre-scan, which then also summarises the piece's last
-//!    piece, chained (`whole::SplitRows`); or, where that `fwd_h` runs serial,
+//!    piece, chained (`whole::SplitRows`); or, where that `fwd_h` leaves the piece whole,
 //!    `fwd_h_pre_scan` over its tiles (`kg, w, u`, the gate: `whole::PreScanned`). No intra
 //!    stage of its own, and no pre-scan twice. To that end every rank queues its
 //!    local forward's first half (the warm-up choice, the intra stage of the chosen path, none
@@ -639,8 +639,8 @@ pub enum SentSummary {
     Whole,
     /// The whole continuing piece's summary from the exact fallback the rank's local forward
     /// took: its split `fwd_h`'s own pre-scan of the piece's pieces, chained
-    /// (`whole::SplitRows`), or, where that `fwd_h` runs serial, `fwd_h_pre_scan` over its
-    /// inputs (`whole::PreScanned`).
+    /// (`whole::SplitRows`), or, where that `fwd_h` leaves the piece whole, `fwd_h_pre_scan`
+    /// over its inputs (`whole::PreScanned`).
     PreScanned,
 }
 
@@ -975,7 +975,7 @@ impl SummarySpec {
 enum FromFallback<'a> {
     /// Its split pre-scan's rows of the piece's pieces: `hm`, the first row, the pieces.
     Rows(&'a DeviceTensor, usize, usize),
-    /// Its `fwd_h` inputs, where its `fwd_h` runs serial: pre-scanned by the summary.
+    /// Its `fwd_h` inputs, where its `fwd_h` leaves the piece whole: pre-scanned by the summary.
     Tiles(FwdHTensors<'a>),
 }
 

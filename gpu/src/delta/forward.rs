@@ -1491,7 +1491,7 @@ impl DeltaFwdPlan {
     /// Where the last [`Self::run_head`] with `ws` of a [`Self::with_exit_summary`] plan that
     /// took the fallback left the summaries of the last sequence's pieces: `hm` rows
     /// `[b | M]`, the first row and the number of pieces (`None` otherwise, or where that
-    /// `fwd_h` runs serial).
+    /// `fwd_h` leaves the last sequence whole).
     pub(crate) fn fallback_exit_summaries<'a>(
         &self,
         ws: &'a DeltaFwdWorkspace,

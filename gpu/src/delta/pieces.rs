@@ -128,12 +128,16 @@ impl Tables {
     /// The pre-scan rows with the last sequence's last piece appended (its re-run row, row
     /// `N − 1`), and where the last sequence's summaries then lie: its first row and its
     /// pieces, every piece of it in order. The last sequence's other summaries are the table's
-    /// last rows, so the appended row continues them.
-    pub(crate) fn with_exit_row(&self) -> (Vec<i64>, usize, usize) {
+    /// last rows, so the appended row continues them. `None` where the split leaves the last
+    /// sequence whole: its one summary would be a serial chain over all of it.
+    pub(crate) fn with_exit_row(&self) -> Option<(Vec<i64>, usize, usize)> {
         let n = self.merge.len() / 2;
-        let pre = self.pre.iter().chain(&self.run[(n - 1) * 3..n * 3]);
         let last = &self.merge[2 * (n - 1)..2 * n];
-        (pre.copied().collect(), last[1] as usize, last[0] as usize)
+        if last[0] < 2 {
+            return None;
+        }
+        let pre = self.pre.iter().chain(&self.run[(n - 1) * 3..n * 3]);
+        Some((pre.copied().collect(), last[1] as usize, last[0] as usize))
     }
 
     /// Per-row values (`[S]`, re-run order) in `subseq_cu_seqlens` piece order.
@@ -245,15 +249,20 @@ mod tests {
                     }
                     prop_assert_eq!(q as usize, t.pre.len() / 3);
                     // with the exit row, the last sequence's pieces are consecutive summary
-                    // rows, in order, covering its tokens
-                    let (pre, first, m) = t.with_exit_row();
-                    prop_assert_eq!(pre.len() / 3, first + m);
-                    let mut at = total - lens[n - 1];
-                    for r in pre[3 * first..].chunks(3) {
-                        prop_assert_eq!(r[0] as usize, at);
-                        at += r[1] as usize;
+                    // rows, in order, covering its tokens; none where it is one piece
+                    match t.with_exit_row() {
+                        None => prop_assert!(t.merge[2 * n - 2] == 1),
+                        Some((pre, first, m)) => {
+                            prop_assert!(m >= 2);
+                            prop_assert_eq!(pre.len() / 3, first + m);
+                            let mut at = total - lens[n - 1];
+                            for r in pre[3 * first..].chunks(3) {
+                                prop_assert_eq!(r[0] as usize, at);
+                                at += r[1] as usize;
+                            }
+                            prop_assert_eq!(at, total);
+                        }
                     }
-                    prop_assert_eq!(at, total);
                 }
             }
         }

@@ -230,8 +230,9 @@ impl FwdHSplitPlan {
     /// the last sequence's pieces are consecutive rows ([`Self::exit_summaries`]): chained
     /// from `[0 | I]` they give that sequence's whole map `[b | M]`, the context-parallel
     /// summary of a shard's continuing piece, at the cost of one piece beside the pre-scan.
-    /// Exact pieces only: a serial plan or one with explicit warm-ups is returned unchanged,
-    /// and a run with the truncation policy ([`Self::run_truncated`]) is refused.
+    /// Exact pieces only: a serial plan, one with explicit warm-ups, or one that leaves the last
+    /// sequence whole (its summary would be one serial chain) is returned unchanged, and a run
+    /// with the truncation policy ([`Self::run_truncated`]) is refused.
     pub(crate) fn with_exit_summary(mut self, gpu: &Gpu) -> GpuResult<FwdHSplitPlan> {
         let Some(s) = self
             .split
@@ -240,7 +241,9 @@ impl FwdHSplitPlan {
         else {
             return Ok(self);
         };
-        let (pre, first, pieces) = s.tables.with_exit_row();
+        let Some((pre, first, pieces)) = s.tables.with_exit_row() else {
+            return Ok(self);
+        };
         s.pre_seqs = DeviceTensor::from_slice(gpu, &pre)?;
         s.exit = Some((first, pieces));
         Ok(self)

@@ -237,16 +237,13 @@ impl PreScanned {
 
 /// The whole piece's summary from the exact fallback's own split `fwd_h` (the rank's local
 /// forward took it, and its plan summarises the last sequence's last piece too:
-/// `DeltaFwdPlan::with_exit_summary`): its pre-scan left the `[b_j | M_j]` of the piece's `m`
-/// pieces in consecutive rows of its `hm`, which the same merge chains (one piece: its row is
-/// the summary). Beside what the local forward computes anyway, this costs one piece's
-/// pre-scan and the chain.
+/// `DeltaFwdPlan::with_exit_summary`): its pre-scan left the `[b_j | M_j]` of the piece's `m ≥ 2`
+/// pieces in consecutive rows of its `hm`, which the same merge chains. Beside what the local
+/// forward computes anyway, this costs one piece's pre-scan and the chain.
 #[derive(Debug)]
 pub(super) struct SplitRows {
     m: usize,
-    chain: Option<Chain>,
-    /// `[1, HV, K, V + K]`: the summary where the piece is one piece of the split.
-    single: Option<DeviceTensor>,
+    chain: Chain,
     dims: (usize, usize, usize),
 }
 
@@ -258,14 +255,14 @@ impl SplitRows {
         m: usize,
         one: &DeviceTensor,
     ) -> GpuResult<SplitRows> {
+        let Some(chain) = Chain::new(gpu, m, spec, one)? else {
+            let got = format!("{m} piece(s)");
+            return Err(Error::missing("summary", "the split's pieces (2 or more)", got).into());
+        };
         let d = spec.dims;
-        let single = (m == 1)
-            .then(|| DeviceTensor::alloc(gpu, &[1, d.hv, d.k, d.v + d.k], d.state))
-            .transpose()?;
         Ok(SplitRows {
             m,
-            chain: Chain::new(gpu, m, spec, one)?,
-            single,
+            chain,
             dims: (d.hv, d.k, d.v),
         })
     }
@@ -282,20 +279,12 @@ impl SplitRows {
             return Err(Error::shape("hm", want, [row0, m]).into());
         }
         let (hv, k, v) = self.dims;
-        let rows = (hm, row0 * hv * k);
-        match (&mut self.chain, &mut self.single) {
-            (Some(c), _) => c.run(gpu, rows, one, (v, k)),
-            (None, Some(one_piece)) => copy_columns(gpu, (hm, rows.1, 0), (one_piece, 0), v + k),
-            (None, None) => Err(Error::missing("summary", "the chain's slot", "none").into()),
-        }
+        self.chain.run(gpu, (hm, row0 * hv * k), one, (v, k))
     }
 
     /// The slot the last run filled: `[1, HV, K, V + K]`.
     pub(super) fn slot(&self) -> Option<&DeviceTensor> {
-        match &self.chain {
-            Some(c) => c.out.final_state.as_ref(),
-            None => self.single.as_ref(),
-        }
+        self.chain.out.final_state.as_ref()
     }
 }
 
