@@ -319,6 +319,8 @@ fn forward_case(
         DeltaFwdPlan::gdn(gpu0, &dev.tensors(), Some(&cu), &gp, ForwardPath::Auto)
     }
     .unwrap();
+    // the fused path with full tiles (KDA): its intra stage's tiles serve the whole summary
+    let full_tiles = plan.fused_choice().is_some_and(|f| !f.lean);
     let mut ws = plan.alloc_workspace(gpu0).unwrap();
     let mut single = plan.alloc_outputs(gpu0).unwrap();
     plan.run(gpu0, &dev.tensors(), &mut ws, &mut single)
@@ -431,12 +433,12 @@ fn forward_case(
                 }
             }
         }
-        // a rank whose local forward took the exact fallback sends the whole piece's summary
-        // from its tiles
+        // a rank whose local forward took the exact fallback, or runs fused with full tiles,
+        // sends the whole piece's summary from its tiles
         let choices = p.local_choices().unwrap();
         for (r, (sent, choice)) in p.tail_summaries().into_iter().zip(choices).enumerate() {
             if let (Some(SentSummary::Whole | SentSummary::PreScanned), Some(c)) = (sent, choice) {
-                let want = if c.exact_fallback {
+                let want = if c.exact_fallback || full_tiles {
                     SentSummary::PreScanned
                 } else {
                     SentSummary::Whole

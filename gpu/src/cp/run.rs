@@ -14,8 +14,10 @@
 //!    (long memory at a long shard), the whole piece's summary comes from that staged path
 //!    instead: its split `fwd_h`'s own pre-scan, which then also summarises the piece's last
 //!    piece, chained (`whole::SplitRows`); or, where that `fwd_h` leaves the piece whole,
-//!    `fwd_h_pre_scan` over its tiles (`kg, w, u`, the gate: `whole::PreScanned`). No intra
-//!    stage of its own, and no pre-scan twice. To that end every rank queues its
+//!    `fwd_h_pre_scan` over its tiles (`kg, w, u`, the gate: `whole::PreScanned`). Where the
+//!    local forward is fused with full tiles (KDA), its intra stage then also writes the gate
+//!    per token, and the same pre-scan runs over the fused path's own tiles. No intra stage of
+//!    its own, and no pre-scan twice. To that end every rank queues its
 //!    local forward's first half (the warm-up choice, the intra stage of the chosen path, none
 //!    of which reads the entering state: `DeltaFwdPlan::run_head`) here, before the
 //!    all-gather, where it overlaps the other ranks' summaries;
@@ -637,10 +639,11 @@ pub enum SentSummary {
     Tail(usize),
     /// The whole continuing piece's summary, by the rank's own forward over its sub-pieces.
     Whole,
-    /// The whole continuing piece's summary from the exact fallback the rank's local forward
-    /// took: its split `fwd_h`'s own pre-scan of the piece's pieces, chained
-    /// (`whole::SplitRows`), or, where that `fwd_h` leaves the piece whole, `fwd_h_pre_scan`
-    /// over its inputs (`whole::PreScanned`).
+    /// The whole continuing piece's summary from the tiles of the rank's local forward: the
+    /// exact fallback's split `fwd_h`'s own pre-scan of the piece's pieces, chained
+    /// (`whole::SplitRows`), or `fwd_h_pre_scan` over `fwd_h`'s inputs (`whole::PreScanned`):
+    /// the fallback's, where its `fwd_h` leaves the piece whole, or the fused path's own
+    /// (KDA).
     PreScanned,
 }
 
@@ -887,24 +890,29 @@ impl ForwardSummary {
         Ok(())
     }
 
-    /// Queues the summary [`Self::decide`] chose; `fallback`: what the rank's exact fallback
-    /// offers, where its local forward's first half took it: the whole piece's summary is then
-    /// [`SentSummary::PreScanned`].
+    /// Whether [`Self::decide`] chose the whole piece's summary.
+    fn sends_whole(&self) -> bool {
+        self.sent == Some(SentSummary::Whole)
+    }
+
+    /// Queues the summary [`Self::decide`] chose; `head`: what the rank's local forward's
+    /// first half offers (its exact fallback's pre-scan or tiles, or the fused path's tiles):
+    /// the whole piece's summary is then [`SentSummary::PreScanned`].
     fn run(
         &mut self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
-        fallback: Option<FromFallback<'_>>,
+        head: Option<FromHead<'_>>,
     ) -> GpuResult<()> {
-        if fallback.is_some() && self.sent == Some(SentSummary::Whole) {
+        if head.is_some() && self.sent == Some(SentSummary::Whole) {
             self.sent = Some(SentSummary::PreScanned);
         }
-        match (self.sent, fallback) {
+        match (self.sent, head) {
             (Some(SentSummary::Tail(n)), _) => match self.tails.iter_mut().find(|(c, _)| *c == n) {
                 Some((_, run)) => run.run(gpu, t, &self.h0),
                 None => Err(Error::missing("summary", "the tail's run", "none").into()),
             },
-            (Some(SentSummary::PreScanned), Some(FromFallback::Rows(hm, row0, m))) => {
+            (Some(SentSummary::PreScanned), Some(FromHead::Rows(hm, row0, m))) => {
                 self.from_rows = true;
                 if self.split_rows.is_none() {
                     self.split_rows = Some(SplitRows::new(gpu, &self.spec, m, &self.h0)?);
@@ -914,7 +922,7 @@ impl ForwardSummary {
                     None => Err(Error::missing("summary", "the chain", "none").into()),
                 }
             }
-            (Some(SentSummary::PreScanned), Some(FromFallback::Tiles(tiles))) => {
+            (Some(SentSummary::PreScanned), Some(FromHead::Tiles(tiles))) => {
                 self.from_rows = false;
                 if self.prescanned.is_none() {
                     let p = PreScanned::new(gpu, &self.spec, &tiles, &self.h0)?;
@@ -936,7 +944,7 @@ impl ForwardSummary {
             }
             _ => Err(Error::missing(
                 "summary",
-                "a decided summary (and the fallback's tiles for a pre-scan)",
+                "a decided summary (and the local forward's tiles for a pre-scan)",
                 "none",
             )
             .into()),
@@ -971,11 +979,14 @@ impl SummarySpec {
     }
 }
 
-/// What the exact fallback of a rank's local forward offers the whole piece's summary.
-enum FromFallback<'a> {
-    /// Its split pre-scan's rows of the piece's pieces: `hm`, the first row, the pieces.
+/// What the first half of a rank's local forward offers the whole piece's summary.
+enum FromHead<'a> {
+    /// The exact fallback's split pre-scan's rows of the piece's pieces: `hm`, the first row,
+    /// the pieces.
     Rows(&'a DeviceTensor, usize, usize),
-    /// Its `fwd_h` inputs, where its `fwd_h` leaves the piece whole: pre-scanned by the summary.
+    /// `fwd_h` inputs, pre-scanned by the summary: the exact fallback's, where its `fwd_h`
+    /// leaves the piece whole, or the fused path's own tiles (KDA; the intra stage then also
+    /// wrote the gate per token).
     Tiles(FwdHTensors<'a>),
 }
 
@@ -1301,11 +1312,15 @@ impl<'g> CpFwdPlan<'g> {
                 initial_state: self.frame.entering(i, t.initial_state),
                 ..*t
             };
-            local.run_head(gpu, &call, ws)?;
+            let whole = rank
+                .summary
+                .as_ref()
+                .is_some_and(ForwardSummary::sends_whole);
+            local.run_head(gpu, &call, ws, whole)?;
             if let Some(s) = &mut rank.summary {
                 let from = match local.fallback_exit_summaries(ws) {
-                    Some((hm, row0, m)) => Some(FromFallback::Rows(hm, row0, m)),
-                    None => local.fallback_fwd_h_inputs(ws).map(FromFallback::Tiles),
+                    Some((hm, row0, m)) => Some(FromHead::Rows(hm, row0, m)),
+                    None => local.head_fwd_h_inputs(ws).map(FromHead::Tiles),
                 };
                 s.run(gpu, t, from)?;
             }

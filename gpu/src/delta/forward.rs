@@ -972,6 +972,13 @@ struct FullTiles {
     qf: DeviceTensor,
     /// Fused: `exp2(G_ℓ)` per chunk `[NT, HV, K]` f32. Staged: `G` `[B, T, HV(, K)]`.
     gate: DeviceTensor,
+    /// Fused: `G` per token too, in the staged layout, written by the intra stage of a first
+    /// half that asks for it ([`DeltaFwdPlan::run_head`]'s `rows_gate`), so that `fwd_h`'s
+    /// pre-scan can run over these tiles ([`DeltaFwdPlan::head_fwd_h_inputs`]); allocated by
+    /// the first intra stage that writes it.
+    rows_gate: Option<DeviceTensor>,
+    /// Whether the next intra stage writes `rows_gate`.
+    rows_gate_on: bool,
     /// Staged only: `fwd_h`'s plan, scratch and outputs.
     staged: Option<Box<Staged>>,
 }
@@ -1245,12 +1252,9 @@ impl DeltaFwdPlan {
                 verdict,
             });
         }
-        let gate = if self.fused.is_some() {
-            DeviceTensor::alloc(gpu, &[g.nt(self.varlen) * g.b, g.hv, g.k], Dtype::F32)?
-        } else if self.prep.scalar_gate {
-            DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], acc_dtype(d))?
-        } else {
-            DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, g.k], acc_dtype(d))?
+        let gate = match self.fused {
+            Some(_) => DeviceTensor::alloc(gpu, &[g.nt(self.varlen) * g.b, g.hv, g.k], Dtype::F32)?,
+            None => self.alloc_rows_gate(gpu)?,
         };
         let mut ws = FullTiles {
             w: tok(g.k)?,
@@ -1259,6 +1263,8 @@ impl DeltaFwdPlan {
             qg: tok(g.k)?,
             qf: DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], Dtype::F32)?,
             gate,
+            rows_gate: None,
+            rows_gate_on: false,
             staged: None,
         };
         if self.fused.is_none() {
@@ -1413,6 +1419,13 @@ impl DeltaFwdPlan {
                 args.kg_gated = (self.fused.is_some() || !self.prep.scalar_gate) as i64;
                 if self.fused.is_some() {
                     args.lam = f.gate.ptr_mut(gpu);
+                    if f.rows_gate_on {
+                        let g = match &mut f.rows_gate {
+                            Some(g) => g,
+                            None => f.rows_gate.insert(self.alloc_rows_gate(gpu)?),
+                        };
+                        args.gout = g.ptr_mut(gpu);
+                    }
                 } else {
                     args.gout = f.gate.ptr_mut(gpu);
                 }
@@ -1433,7 +1446,10 @@ impl DeltaFwdPlan {
         self.check_call(t, out)?;
         let head = match ws.head.take() {
             Some(h) => h,
-            None => self.head(gpu, t, ws)?,
+            None => {
+                self.set_rows_gate(ws, false);
+                self.head(gpu, t, ws)?
+            }
         };
         self.finish(gpu, t, ws, head, out)
     }
@@ -1445,34 +1461,46 @@ impl DeltaFwdPlan {
     /// only the rest: the recurrence and the output. The context-parallel plans queue every
     /// rank's first half before the all-gather: it overlaps the other ranks' summaries, and
     /// the fallback's pre-scan or tiles serve the rank's own whole-piece summary
-    /// ([`Self::fallback_exit_summaries`], [`Self::fallback_fwd_h_inputs`]).
+    /// ([`Self::fallback_exit_summaries`], [`Self::head_fwd_h_inputs`]). `rows_gate`: a
+    /// fused intra stage with full tiles (KDA) also writes `G` per token (the staged layout:
+    /// one more `[B, T, HV, K]` f32 write), so that such a summary pre-scans the fused path's
+    /// own tiles instead of running an intra stage of its own.
     pub(crate) fn run_head(
         &self,
         gpu: &Gpu,
         t: &ForwardTensors<'_>,
         ws: &mut DeltaFwdWorkspace,
+        rows_gate: bool,
     ) -> GpuResult<()> {
         self.check_inputs(t)?;
         ws.head = None;
+        self.set_rows_gate(ws, rows_gate);
         let head = self.head(gpu, t, ws)?;
         ws.head = Some(head);
         Ok(())
     }
 
-    /// The exact fallback's `fwd_h` inputs (`kg, w, u` and the gate, `[B, T, HV, ·]`) that the
-    /// last [`Self::run_head`] with `ws` queued, where it took the fallback (else `None`).
-    pub(crate) fn fallback_fwd_h_inputs<'a>(
+    /// The `fwd_h` inputs (`kg, w, u` and the gate, `[B, T, HV, ·]`) that the last
+    /// [`Self::run_head`] with `ws` queued: the exact fallback's, where it took the fallback;
+    /// the fused path's own, where its tiles are full and that first half asked for the gate
+    /// per token (`rows_gate`); else `None` (GDN's lean fused tiles hold no `w, u`).
+    pub(crate) fn head_fwd_h_inputs<'a>(
         &self,
         ws: &'a DeltaFwdWorkspace,
     ) -> Option<FwdHTensors<'a>> {
-        let (Some(fb), Some(Head::Fallback { .. }), Some(fws)) =
-            (self.fallback.as_deref(), ws.head, ws.fallback.as_deref())
-        else {
-            return None;
-        };
-        match &fws.tiles {
-            Tiles::Full(f) => Some(fb.fwd_h_inputs([&f.kg, &f.w, &f.u, &f.gate])),
-            Tiles::Lean(_) => None,
+        match (ws.head, &ws.tiles, ws.fallback.as_deref()) {
+            (Some(Head::Fallback { .. }), _, Some(fws)) => match &fws.tiles {
+                Tiles::Full(f) => Some(
+                    self.fallback
+                        .as_deref()?
+                        .fwd_h_inputs([&f.kg, &f.w, &f.u, &f.gate]),
+                ),
+                Tiles::Lean(_) => None,
+            },
+            (Some(Head::Own), Tiles::Full(f), _) if f.rows_gate_on => {
+                Some(self.fwd_h_inputs([&f.kg, &f.w, &f.u, f.rows_gate.as_ref()?]))
+            }
+            _ => None,
         }
     }
 
@@ -1486,6 +1514,25 @@ impl DeltaFwdPlan {
             fb.exit_summary = true;
         }
         self
+    }
+
+    /// The staged layout's gate tensor: `G` per token, `[B, T, HV(, K)]` in the accumulator
+    /// dtype.
+    fn alloc_rows_gate(&self, gpu: &Gpu) -> GpuResult<DeviceTensor> {
+        let g = &self.geo;
+        let acc = acc_dtype(self.dtype);
+        match self.prep.scalar_gate {
+            true => DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], acc),
+            false => DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv, g.k], acc),
+        }
+    }
+
+    /// Whether the next intra stage with `ws` also writes `G` per token, where the plan is
+    /// fused with full tiles.
+    fn set_rows_gate(&self, ws: &mut DeltaFwdWorkspace, on: bool) {
+        if let Tiles::Full(f) = &mut ws.tiles {
+            f.rows_gate_on = on && self.fused.is_some();
+        }
     }
 
     /// Where the last [`Self::run_head`] with `ws` of a [`Self::with_exit_summary`] plan that
