@@ -1488,19 +1488,31 @@ impl DeltaFwdPlan {
         &self,
         ws: &'a DeltaFwdWorkspace,
     ) -> Option<FwdHTensors<'a>> {
-        match (ws.head, &ws.tiles, ws.fallback.as_deref()) {
-            (Some(Head::Fallback { .. }), _, Some(fws)) => match &fws.tiles {
-                Tiles::Full(f) => Some(
-                    self.fallback
-                        .as_deref()?
-                        .fwd_h_inputs([&f.kg, &f.w, &f.u, &f.gate]),
-                ),
-                Tiles::Lean(_) => None,
-            },
-            (Some(Head::Own), Tiles::Full(f), _) if f.rows_gate_on => {
+        if let Some((fb, f)) = self.fallen_back(ws) {
+            return Some(fb.fwd_h_inputs([&f.kg, &f.w, &f.u, &f.gate]));
+        }
+        match (ws.head, &ws.tiles) {
+            (Some(Head::Own), Tiles::Full(f)) if f.rows_gate_on => {
                 Some(self.fwd_h_inputs([&f.kg, &f.w, &f.u, f.rows_gate.as_ref()?]))
             }
             _ => None,
+        }
+    }
+
+    /// The exact fallback's plan and tiles, where the last [`Self::run_head`] with `ws` took
+    /// the fallback.
+    fn fallen_back<'p, 'a>(
+        &'p self,
+        ws: &'a DeltaFwdWorkspace,
+    ) -> Option<(&'p DeltaFwdPlan, &'a FullTiles)> {
+        let (Some(fb), Some(Head::Fallback { .. }), Some(fws)) =
+            (self.fallback.as_deref(), ws.head, ws.fallback.as_deref())
+        else {
+            return None;
+        };
+        match &fws.tiles {
+            Tiles::Full(f) => Some((fb, f)),
+            Tiles::Lean(_) => None,
         }
     }
 
@@ -1543,14 +1555,10 @@ impl DeltaFwdPlan {
         &self,
         ws: &'a DeltaFwdWorkspace,
     ) -> Option<(&'a DeviceTensor, usize, usize)> {
-        let (Some(fb), Some(Head::Fallback { .. }), Some(fws)) =
-            (self.fallback.as_deref(), ws.head, ws.fallback.as_deref())
-        else {
+        let (fb, full) = self.fallen_back(ws)?;
+        if !fb.exit_summary {
             return None;
-        };
-        let (Tiles::Full(full), true) = (&fws.tiles, fb.exit_summary) else {
-            return None;
-        };
+        }
         let st = full.staged.as_deref()?;
         st.plan.exit_summaries(&st.ws)
     }
