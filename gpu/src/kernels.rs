@@ -10,6 +10,7 @@ const NSA: &str = include_str!("../kernels/nsa.cuh");
 const NSA_ATTEND: &str = include_str!("../kernels/nsa_attend.cuh");
 const DECODE: &str = include_str!("../kernels/decode.cuh");
 const FWD_H: &str = include_str!("../kernels/fwd_h.cuh");
+const INTRA_ARGS: &str = include_str!("../kernels/intra_args.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,6 +35,7 @@ pub enum Module {
     FwdHSplit,
     FwdHTruncation,
     KdaIntra,
+    KdaIntraPipe,
     DeltaFwd,
 }
 
@@ -60,6 +62,7 @@ impl Module {
             Module::FwdHSplit => "chunk_gated_delta_rule_fwd_h_split",
             Module::FwdHTruncation => "fwd_h_truncation",
             Module::KdaIntra => "kda_intra",
+            Module::KdaIntraPipe => "kda_intra_pipe",
             Module::DeltaFwd => "delta_fwd",
         }
     }
@@ -90,6 +93,7 @@ impl Module {
             Module::FwdHSplit => include_str!("../kernels/fwd_h_split.cu"),
             Module::FwdHTruncation => include_str!("../kernels/fwd_h_truncation.cu"),
             Module::KdaIntra => include_str!("../kernels/kda_intra.cu"),
+            Module::KdaIntraPipe => include_str!("../kernels/kda_intra_pipe.cu"),
             Module::DeltaFwd => include_str!("../kernels/delta_fwd.cu"),
         }
     }
@@ -114,11 +118,14 @@ impl Module {
             }
             Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
             Module::ReadStream => {}
-            Module::KdaIntra | Module::DeltaFwd => {
+            Module::KdaIntra | Module::KdaIntraPipe | Module::DeltaFwd => {
                 // the gate of gate.cuh (DeltaFwd: kda_warm_bounds) and the dtype-coded loads of
-                // fwd_h.cuh
+                // fwd_h.cuh; the intra kernels' shared arguments
                 s.push_str(GATE);
                 s.push_str(FWD_H);
+                if self != Module::DeltaFwd {
+                    s.push_str(INTRA_ARGS);
+                }
             }
             _ => {
                 s.push_str(GATE);
@@ -137,7 +144,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 21] = [
+    pub const ALL: [Module; 22] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -158,6 +165,7 @@ impl Module {
         Module::FwdHSplit,
         Module::FwdHTruncation,
         Module::KdaIntra,
+        Module::KdaIntraPipe,
         Module::DeltaFwd,
     ];
 }

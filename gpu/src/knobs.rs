@@ -49,6 +49,12 @@ pub(crate) fn prescan_split() -> bool {
     std::env::var("ATTN_PRESCAN_SPLIT").as_deref() != Ok("0")
 }
 
+/// `$ATTN_KDA_INTRA=pipe`: the fused KDA path's intra stage on the persistent `kda_intra_pipe`
+/// kernel where the call fits it (plans made while it is set); anything else keeps today's.
+pub(crate) fn kda_intra_pipe() -> bool {
+    std::env::var("ATTN_KDA_INTRA").as_deref() == Ok("pipe")
+}
+
 /// `$ATTN_NVRTC_OPTS`: extra NVRTC options, e.g. `-DATTN_MIN_BLOCKS=2`.
 pub(crate) fn nvrtc_opts() -> Vec<String> {
     std::env::var("ATTN_NVRTC_OPTS")

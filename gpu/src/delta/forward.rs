@@ -31,11 +31,13 @@ use super::fwd_h::{FwdHDeviceOutputs, FwdHTensors};
 use super::intra::{
     acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
 };
+use super::intra_pipe;
 use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
 use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
+use crate::knobs;
 use crate::params::{dtype_code, GateArgs};
 use crate::tensor::DeviceTensor;
 use attn_reference::delta::{
@@ -816,6 +818,12 @@ pub struct DeltaFwdPlan {
     /// The staged path's split `fwd_h` also summarises the last sequence's last piece
     /// ([`DeltaFwdPlan::with_exit_summary`]).
     exit_summary: bool,
+    /// The fused KDA path's intra stage on the persistent `kda_intra_pipe` kernel with this many
+    /// CTAs ([`DeltaFwdPlan::with_intra_pipe`]; `$ATTN_KDA_INTRA=pipe` at plan time: two per
+    /// multiprocessor), where a call fits it (`intra_pipe::accepts`); else today's kernel.
+    intra_pipe: Option<usize>,
+    /// `g` is float32 (the pipe kernel's gate input).
+    g_f32: bool,
 }
 
 /// Chunks of a sequence from which a splitting fused plan holds the exact fallback: a serial
@@ -903,6 +911,58 @@ pub struct DeltaFwdWorkspace {
     policy_queued: bool,
     /// The first half of the next run is already queued ([`DeltaFwdPlan::run_head`]).
     head: Option<Head>,
+}
+
+/// The intra stage's outputs in a workspace of the fused KDA path
+/// ([`DeltaFwdWorkspace::intra_tiles`]), in the layouts of `conformance/spec/ops-delta-rule.md`
+/// §7.3 (`w, u, kg, qg`: `[B, T, HV, K]`; `aqk`: `[B, T, HV, BT]`; `qf`: `[B, T, HV]` f32;
+/// `lam`: `exp2(G_ℓ)` per chunk, `[NT, HV, K]` f32).
+#[derive(Debug, Clone, Copy)]
+pub struct IntraTiles<'a> {
+    pub w: &'a DeviceTensor,
+    pub u: &'a DeviceTensor,
+    pub kg: &'a DeviceTensor,
+    pub qg: &'a DeviceTensor,
+    pub qf: &'a DeviceTensor,
+    pub lam: &'a DeviceTensor,
+    pub aqk: &'a DeviceTensor,
+}
+
+impl DeltaFwdWorkspace {
+    /// The intra stage's outputs of a fused KDA workspace (`None` for the staged path and the
+    /// lean GDN tiles), as the last intra stage left them (tests compare intra kernels on them).
+    pub fn intra_tiles(&self) -> Option<IntraTiles<'_>> {
+        match &self.tiles {
+            Tiles::Full(f) if f.staged.is_none() => Some(IntraTiles {
+                w: &f.w,
+                u: &f.u,
+                kg: &f.kg,
+                qg: &f.qg,
+                qf: &f.qf,
+                lam: &f.gate,
+                aqk: &self.aqk,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Fills the tensors of [`Self::intra_tiles`] with NaN (tests: every element an intra stage
+    /// leaves unwritten shows).
+    pub fn poison_intra_tiles(&mut self, gpu: &Gpu) -> GpuResult<()> {
+        if let Tiles::Full(f) = &mut self.tiles {
+            for t in [
+                &mut f.w,
+                &mut f.u,
+                &mut f.kg,
+                &mut f.qg,
+                &mut f.qf,
+                &mut f.gate,
+            ] {
+                t.poison(gpu)?;
+            }
+        }
+        self.aqk.poison(gpu)
+    }
 }
 
 /// The path a run's first half ([`DeltaFwdPlan::run_head`]) queued the intra stage of.
@@ -1086,7 +1146,30 @@ impl DeltaFwdPlan {
             fallback,
             state_only: false,
             exit_summary: false,
-        })
+            intra_pipe: None,
+            g_f32: t.g.dtype() == Dtype::F32,
+        }
+        .with_intra_pipe(knobs::kda_intra_pipe().then(|| intra_pipe::default_grid(gpu))))
+    }
+
+    /// The fused KDA path's intra stage on `kda_intra_pipe` with `grid` CTAs (`None`: today's
+    /// `kda_intra_mma*` kernels), for the plans whose every call fits it: bf16, `K = V = 128`,
+    /// chunk 64, the in-kernel gate on an fp32 `g`, `safe_gate` (a run whose intra stage also
+    /// writes `G` per token, CP's first half, keeps today's kernel). Other plans are unchanged.
+    pub fn with_intra_pipe(mut self, grid: Option<usize>) -> DeltaFwdPlan {
+        let fits = self.fused.is_some_and(|f| !f.lean)
+            && self.dtype == Dtype::BF16
+            && (self.geo.k, self.geo.v, self.geo.bt) == (128, 128, 64)
+            && matches!(self.prep.gate, GateInput::InKernel(_))
+            && self.g_f32
+            && self.prep.safe_gate;
+        self.intra_pipe = grid.filter(|_| fits).map(|g| g.max(1));
+        self
+    }
+
+    /// The grid of `kda_intra_pipe` when the plan's intra stage runs on it.
+    pub fn intra_pipe(&self) -> Option<usize> {
+        self.intra_pipe
     }
 
     /// The fused path's pieces under `rule` (one per sequence at the serial width without a
@@ -1431,7 +1514,12 @@ impl DeltaFwdPlan {
                 }
             }
         }
-        launch_intra(gpu, self.dtype, self.nchunks, self.geo.hv, &args)
+        match self.intra_pipe {
+            Some(grid) if intra_pipe::accepts(self.dtype, &args) => {
+                intra_pipe::launch(gpu, self.nchunks, self.geo.hv, grid, &args)
+            }
+            _ => launch_intra(gpu, self.dtype, self.nchunks, self.geo.hv, &args),
+        }
     }
 
     /// Runs the forward of `t` (the tensors the plan was validated on, or others of the same

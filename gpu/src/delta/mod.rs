@@ -5,7 +5,7 @@
 //! [`truncation`] policy of warm-up pieces).
 //!
 //! The whole forwards [`kda_fwd`], [`gdn_fwd`] are in [`forward`], their intra stage and the
-//! [`kda_intra`] op in [`intra`].
+//! [`kda_intra`] op in [`intra`] (the fused KDA path's persistent intra kernel in `intra_pipe`).
 //!
 //! bf16/f16 inputs run on tensor cores (`mma.sync`, fp32 accumulation, the rounding points of
 //! `conformance/spec/ops-delta-rule.md` §2.5); float32 inputs run an IEEE fp32 FMA kernel (spec
@@ -15,6 +15,7 @@
 pub mod forward;
 pub mod fwd_h;
 pub mod intra;
+mod intra_pipe;
 mod launch;
 pub mod merge;
 mod pieces;
@@ -25,7 +26,8 @@ pub mod truncation;
 
 pub use forward::{
     fused_choice, gdn_fwd, kda_fwd, piece_rows, split_pieces, DeltaFwdDeviceOutputs, DeltaFwdPlan,
-    DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, SplitRule, EXACT_FALLBACK_CHUNKS,
+    DeltaFwdWorkspace, ForwardPath, ForwardTensors, FusedChoice, IntraTiles, SplitRule,
+    EXACT_FALLBACK_CHUNKS,
 };
 pub use fwd_h::{
     check_fwd_h, chunk_gated_delta_rule_fwd_h, FwdHDeviceOutputs, FwdHMeta, FwdHPlan, FwdHTensors,

@@ -1,0 +1,387 @@
+// kda_intra_pipe: the intra-chunk stage of the fused KDA forward as a persistent, prefetching
+// kernel (design: tools/bench-results/s15_6_study_kda_intra.md §3). The case it serves: bf16,
+// K = V = 128, chunk 64, g the fp32 input of the in-kernel KDA gate (gate.cuh), safe_gate, the
+// fused path's outputs (w, u, kg, qg, Aqk, lam, qf; no per-token G, no Akk). Every output has
+// the layout and the rounding points of kda_intra_mma_fast_bf16 (kda_intra.cu), whose math it
+// computes, per item = (chunk, value head), with G the chunk-local cumulative gate in log2 units:
+//
+//   q̂, k̂ = q, k / sqrt(Σ_d x_d² + 1e-6) rounded to bf16 (with l2norm)
+//   kg_r = k̂_r . exp2(G_l - G_r),  qg_r = q̂_r . exp2(G_r),  lam = exp2(G_l),  qf_r = scale
+//   xw_r = bf16(β_r k̂_r . exp2(G_r)),  βv_r = bf16(β_r v_r)        (the operands of w and u)
+//
+// Grid: a fixed number of CTAs (2 per multiprocessor), CTA b taking items b, b + grid, ...
+// ordered head-fastest. 256 threads, 107008 bytes of shared memory (2 CTAs per SM):
+//   QX  16 KB  q -> q̂ -> xw                       then q of the next item
+//   KV  16 KB  k -> k̂ -> v -> βv                  then k of the next item
+//   G   33 KB  g -> G (fp32, rows padded to 528 B) then g of the next item
+//   F   18 KB  (the solve)
+//   S   20 KB  the gate's segment totals; (products and solve)
+//   small      β, 1 / |q|, 1 / |k|
+// bf16 tiles are 64 rows of 256 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of
+// row r at c ^ (r & 7)) so that ldmatrix of 8 rows hits 8 distinct bank groups.
+// cp.async groups, in commit order: {g(n)}, {q(n), k(n)} before the loop; per item n after the
+// elementwise work {v(n)}, {g(n+1)}, then after the products {q(n+1), k(n+1)}. Item n starts
+// with wait_group 1 (g landed: gate + cumsum), then wait_group 0 (q, k: the norms). Rows >= n_c
+// arrive zero-filled (src-size 0); every factor of such rows is selected to 0 and they are not
+// stored; their G is G of row n_c - 1 (their gate is selected to 0 before the cumsum), as today.
+
+#define PIPE_THREADS 256
+#define PIPE_BT 64
+#define PIPE_K 128
+#define PIPE_GP 132  // G row pitch in floats (528 bytes)
+#define PIPE_RCP_LN2 1.4426950408889634
+
+// Shared-memory map (bytes).
+#define PIPE_QX 0
+#define PIPE_KV 16384
+#define PIPE_G 32768
+#define PIPE_F (PIPE_G + PIPE_BT * PIPE_GP * 4)
+#define PIPE_S (PIPE_F + 18432)
+#define PIPE_SMALL (PIPE_S + 20480)
+#define PIPE_SMEM (PIPE_SMALL + 1536)  // 107008
+
+// The kernel's argument: the intra call and its number of items (chunks x value heads).
+struct PipeArgs {
+    IntraArgs a;
+    i64 items;
+};
+
+// One item's geometry: 64-bit bases once per item, 32-bit offsets inside it.
+struct PipeItem {
+    i64 row0;  // first packed token row
+    int nc;    // valid rows
+    i64 cidx;  // global chunk index
+    int hv, kh;
+};
+
+__device__ __forceinline__ PipeItem pipe_item(const IntraArgs& a, i64 item) {
+    const i64 chunk = item / a.HV;
+    const i64* ch = reinterpret_cast<const i64*>(a.chunks) + chunk * 3;
+    PipeItem it;
+    it.row0 = ch[0];
+    it.nc = (int)ch[1];
+    it.cidx = ch[2];
+    it.hv = (int)(item - chunk * a.HV);
+    it.kh = it.hv / (int)(a.HV / a.H);
+    return it;
+}
+
+// Byte offset of 16-byte chunk c of row r of a swizzled bf16 tile.
+__device__ __forceinline__ unsigned pipe_tile(int r, int c) { return (unsigned)(r * 256 + ((c ^ (r & 7)) << 4)); }
+
+// cp.async of a 64 x 256-byte bf16 tile (rows >= nc zero-filled) from src (row stride rs bytes).
+__device__ __forceinline__ void pipe_copy_tile(unsigned dst, const char* src, i64 rs, int nc) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int i = threadIdx.x + u * PIPE_THREADS, r = i >> 4, c = i & 15;
+        const bool ok = r < nc;
+        cp_async16(dst + pipe_tile(r, c), ok ? src + r * rs + c * 16 : src, ok ? 16 : 0);
+    }
+}
+
+// cp.async of the item's fp32 gate input g (64 x 512 bytes) into G (pitch 528 bytes).
+__device__ __forceinline__ void pipe_copy_g(const IntraArgs& a, const PipeItem& it, unsigned G) {
+    const char* src = reinterpret_cast<const char*>(a.g) + ((it.row0 * a.HV + it.hv) * PIPE_K) * 4;
+    const i64 rs = a.HV * PIPE_K * 4;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const int i = threadIdx.x + u * PIPE_THREADS, r = i >> 5, c = i & 31;
+        const bool ok = r < it.nc;
+        cp_async16(G + r * (PIPE_GP * 4) + c * 16, ok ? src + r * rs + c * 16 : src, ok ? 16 : 0);
+    }
+}
+
+__device__ __forceinline__ void pipe_copy_qk(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv) {
+    const i64 off = ((it.row0 * a.H + it.kh) * PIPE_K) * 2, rs = a.H * PIPE_K * 2;
+    pipe_copy_tile(qx, reinterpret_cast<const char*>(a.q) + off, rs, it.nc);
+    pipe_copy_tile(kv, reinterpret_cast<const char*>(a.k) + off, rs, it.nc);
+}
+
+__device__ __forceinline__ void pipe_copy_v(const IntraArgs& a, const PipeItem& it, unsigned kv) {
+    const i64 off = ((it.row0 * a.HV + it.hv) * PIPE_K) * 2, rs = a.HV * PIPE_K * 2;
+    pipe_copy_tile(kv, reinterpret_cast<const char*>(a.v) + off, rs, it.nc);
+}
+
+// The 8 elements of a 16-byte chunk of bf16, widened.
+__device__ __forceinline__ void pipe_widen8(const uint4& w, float (&x)[8]) {
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        x[2 * k] = __uint_as_float(u[k] << 16);
+        x[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+    }
+}
+
+// 8 values rounded to bf16 (round to nearest even) in a 16-byte chunk.
+__device__ __forceinline__ uint4 pipe_narrow8(const float (&x)[8]) {
+    unsigned u[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u[k]) : "f"(x[2 * k + 1]), "f"(x[2 * k]));
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+__device__ __forceinline__ uint4 lds128(unsigned addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void sts128(unsigned addr, const uint4& v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+__device__ __forceinline__ void lds_f8(unsigned addr, float (&x)[8]) {
+    const uint4 a = lds128(addr), b = lds128(addr + 16);
+    x[0] = __uint_as_float(a.x), x[1] = __uint_as_float(a.y), x[2] = __uint_as_float(a.z), x[3] = __uint_as_float(a.w);
+    x[4] = __uint_as_float(b.x), x[5] = __uint_as_float(b.y), x[6] = __uint_as_float(b.z), x[7] = __uint_as_float(b.w);
+}
+__device__ __forceinline__ void stg128(char* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
+
+// P1, the gate and its chunk-local cumsum, in place in G: thread = columns 2p, 2p + 1 (p = tid
+// % 64) of rows 16 s .. 16 s + 15 (s = tid / 64), in registers. The order of today's kernel
+// (bit-equal G): each 16-row segment summed from 0 in row order, then the totals of the
+// segments before it added in order (through S), then the sum times 1 / ln 2.
+template <int FORM>
+__device__ __forceinline__ void pipe_gate(const IntraArgs& a, const PipeItem& it, unsigned G, float* tot) {
+    const int p = threadIdx.x & 63, s = threadIdx.x >> 6, d = 2 * p;
+    Gate<float, 2, FORM> gate;
+    gate.init(a.gate, (i64)it.hv * PIPE_K + d);
+    float x[16][2];
+    float run[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = 16 * s + i;
+        float v[2];
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v[0]), "=f"(v[1]) : "r"(G + (r * PIPE_GP + d) * 4));
+        gate.apply(v);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            run[e] += r < it.nc ? v[e] : 0.f;
+            x[i][e] = run[e];
+        }
+    }
+    tot[s * PIPE_K + d] = run[0];
+    tot[s * PIPE_K + d + 1] = run[1];
+    __syncthreads();
+    float off[2] = {0.f, 0.f};
+    for (int t = 0; t < s; ++t) {
+        off[0] += tot[t * PIPE_K + d];
+        off[1] += tot[t * PIPE_K + d + 1];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = 16 * s + i;
+        const float g0 = (x[i][0] + off[0]) * (float)PIPE_RCP_LN2, g1 = (x[i][1] + off[1]) * (float)PIPE_RCP_LN2;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(G + (r * PIPE_GP + d) * 4), "f"(g0), "f"(g1));
+    }
+}
+
+// P1, the rows: 4 lanes per row r = tid / 4, lane `part` holding chunks part + 4 u (u = 0..3)
+// of q and k in registers; the sums of squares in today's order (chunk by chunk, element by
+// element, then over the 4 lanes), q̂, k̂ rounded to bf16 back in place; β (sigmoid per
+// beta_mode) into the small region.
+__device__ __forceinline__ void pipe_rows(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, float* invq,
+                                          float* invk, float* beta) {
+    const int r = threadIdx.x >> 2, part = threadIdx.x & 3;
+    uint4 q[4], k[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        q[u] = lds128(qx + pipe_tile(r, part + 4 * u));
+        k[u] = lds128(kv + pipe_tile(r, part + 4 * u));
+    }
+    float sq = 0.f, sk = 0.f;
+    if (a.l2norm && r < it.nc) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            float x[8], y[8];
+            pipe_widen8(q[u], x);
+            pipe_widen8(k[u], y);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                sq = fmaf(x[e], x[e], sq);
+                sk = fmaf(y[e], y[e], sk);
+            }
+        }
+    }
+    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+    sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+    const float iq = a.l2norm ? 1.f / sqrtf(sq + 1e-6f) : 1.f;
+    const float ik = a.l2norm ? 1.f / sqrtf(sk + 1e-6f) : 1.f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        float x[8], y[8];
+        pipe_widen8(q[u], x);
+        pipe_widen8(k[u], y);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            x[e] *= iq;
+            y[e] *= ik;
+        }
+        sts128(qx + pipe_tile(r, part + 4 * u), pipe_narrow8(x));
+        sts128(kv + pipe_tile(r, part + 4 * u), pipe_narrow8(y));
+    }
+    if (part == 0) {
+        invq[r] = iq;
+        invk[r] = ik;
+        float b = 0.f;
+        if (r < it.nc) {
+            b = load_f<float>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, (it.row0 + r) * a.HV + it.hv);
+            if (a.beta_mode != 0) b = (float)a.beta_mode / (1.f + expf(-b));
+        }
+        beta[r] = b;
+    }
+}
+
+// P2: kg, qg (whole 256-byte rows, 16 bytes a lane), lam and qf. Thread: chunk c = tid % 16
+// (columns 8c .. 8c + 7) of rows tid / 16 + 16 i.
+__device__ __forceinline__ void pipe_gated(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G) {
+    const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4, l = it.nc - 1;
+    const i64 base = ((it.row0 * a.HV + it.hv) * PIPE_K) * 2 + c * 16, rs = a.HV * PIPE_K * 2;
+    char* kgp = reinterpret_cast<char*>(a.kg) + base;
+    char* qgp = reinterpret_cast<char*>(a.qg) + base;
+    float gl[8];
+    lds_f8(G + (l * PIPE_GP + 8 * c) * 4, gl);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r0 + 16 * i;
+        if (r >= it.nc) break;
+        float q[8], k[8], g[8];
+        pipe_widen8(lds128(qx + pipe_tile(r, c)), q);
+        pipe_widen8(lds128(kv + pipe_tile(r, c)), k);
+        lds_f8(G + (r * PIPE_GP + 8 * c) * 4, g);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            k[e] *= ex2_ftz(gl[e] - g[e]);
+            q[e] *= ex2_ftz(g[e]);
+        }
+        stg128(kgp + r * rs, pipe_narrow8(k));
+        stg128(qgp + r * rs, pipe_narrow8(q));
+    }
+    const int t = threadIdx.x;
+    if (t < PIPE_K) {
+        float g;
+        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(g) : "r"(G + (l * PIPE_GP + t) * 4));
+        reinterpret_cast<float*>(a.lam)[(it.cidx * a.HV + it.hv) * PIPE_K + t] = ex2_ftz(g);
+    } else if (t - PIPE_K < it.nc) {
+        reinterpret_cast<float*>(a.qf)[(it.row0 + t - PIPE_K) * a.HV + it.hv] = (float)a.scale;
+    }
+}
+
+// xw_r = bf16(β_r k̂_r . exp2(G_r)) into QX (q̂'s place; 0 for rows >= n_c), thread mapping of
+// pipe_gated.
+__device__ __forceinline__ void pipe_xw(const PipeItem& it, unsigned qx, unsigned kv, unsigned G, const float* beta) {
+    const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r0 + 16 * i;
+        float k[8], g[8];
+        pipe_widen8(lds128(kv + pipe_tile(r, c)), k);
+        lds_f8(G + (r * PIPE_GP + 8 * c) * 4, g);
+        const float b = beta[r];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) k[e] = r < it.nc ? b * k[e] * ex2_ftz(g[e]) : 0.f;
+        sts128(qx + pipe_tile(r, c), pipe_narrow8(k));
+    }
+}
+
+// βv_r = bf16(β_r v_r) in place in KV (rows >= n_c arrived as 0), thread mapping of pipe_gated.
+__device__ __forceinline__ void pipe_bv(unsigned kv, const float* beta) {
+    const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r0 + 16 * i;
+        float v[8];
+        pipe_widen8(lds128(kv + pipe_tile(r, c)), v);
+        const float b = beta[r];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = b * v[e];
+        sts128(kv + pipe_tile(r, c), pipe_narrow8(v));
+    }
+}
+
+// Rows < n_c of a swizzled bf16 tile to dst (row stride rs bytes), 16 bytes a lane.
+__device__ __forceinline__ void pipe_store_tile(char* dst, i64 rs, unsigned tile, int nc) {
+    const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r0 + 16 * i;
+        if (r < nc) stg128(dst + r * rs + c * 16, lds128(tile + pipe_tile(r, c)));
+    }
+}
+
+__device__ void kda_intra_pipe(const PipeArgs& pa) {
+    const IntraArgs& a = pa.a;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const unsigned sb = smem_u32(smem_raw);
+    const unsigned qx = sb + PIPE_QX, kv = sb + PIPE_KV, G = sb + PIPE_G;
+    float* tot = reinterpret_cast<float*>(smem_raw + PIPE_S);
+    float* beta = reinterpret_cast<float*>(smem_raw + PIPE_SMALL);
+    float* invq = beta + PIPE_BT;
+    float* invk = invq + PIPE_BT;
+    const i64 stride = gridDim.x;
+    i64 item = blockIdx.x;
+    if (item >= pa.items) return;
+    PipeItem it = pipe_item(a, item);
+    pipe_copy_g(a, it, G);
+    cp_async_commit();
+    pipe_copy_qk(a, it, qx, kv);
+    cp_async_commit();
+    for (; item < pa.items; item += stride) {
+        const i64 next = item + stride;
+        const bool more = next < pa.items;
+        const PipeItem nx = more ? pipe_item(a, next) : it;
+        // P1: gate + cumsum (g landed), then the norms (q, k landed)
+        cp_async_wait<1>();
+        __syncthreads();
+        if (a.gate.has_lower_bound)
+            pipe_gate<GATE_BOUNDED>(a, it, G, tot);
+        else
+            pipe_gate<GATE_SOFTPLUS>(a, it, G, tot);
+        cp_async_wait<0>();
+        __syncthreads();
+        pipe_rows(a, it, qx, kv, invq, invk, beta);
+        __syncthreads();
+        // P2
+        pipe_gated(a, it, qx, kv, G);
+        {
+            // Aqk (not yet computed): 0 in the chunk's rows
+            const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
+            char* ap = reinterpret_cast<char*>(a.aqk) + ((it.row0 * a.HV + it.hv) * PIPE_BT) * 2 + c * 16;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int r = r0 + 32 * i;
+                if (r < it.nc) stg128(ap + (i64)r * a.HV * PIPE_BT * 2, make_uint4(0, 0, 0, 0));
+            }
+        }
+        __syncthreads();
+        pipe_xw(it, qx, kv, G, beta);
+        __syncthreads();
+        // v of this item, g of the next (k̂ and G are dead)
+        pipe_copy_v(a, it, kv);
+        cp_async_commit();
+        if (more) pipe_copy_g(a, nx, G);
+        cp_async_commit();
+        // w = xw (the product is not yet computed)
+        const i64 wbase = ((it.row0 * a.HV + it.hv) * PIPE_K) * 2, rs = a.HV * PIPE_K * 2;
+        pipe_store_tile(reinterpret_cast<char*>(a.w) + wbase, rs, qx, it.nc);
+        cp_async_wait<1>();
+        __syncthreads();
+        pipe_bv(kv, beta);
+        __syncthreads();
+        pipe_store_tile(reinterpret_cast<char*>(a.u) + wbase, rs, kv, it.nc);
+        __syncthreads();
+        // q, k of the next item
+        if (more) pipe_copy_qk(a, nx, qx, kv);
+        cp_async_commit();
+        it = nx;
+    }
+    cp_async_wait<0>();
+}
+
+#ifndef KDA_INTRA_PIPE_MIN_BLOCKS
+#define KDA_INTRA_PIPE_MIN_BLOCKS 2
+#endif
+
+extern "C" __global__ void __launch_bounds__(PIPE_THREADS, KDA_INTRA_PIPE_MIN_BLOCKS) kda_intra_pipe_bf16(const PipeArgs pa) {
+    kda_intra_pipe(pa);
+}

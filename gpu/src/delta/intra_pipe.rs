@@ -1,0 +1,86 @@
+//! The persistent KDA intra kernel `kda_intra_pipe` (`kda_intra_pipe.cu`; design:
+//! `tools/bench-results/s15_6_study_kda_intra.md` §3): the fused KDA path's intra stage for
+//! bf16, `K = V = 128`, chunk 64, the in-kernel fp32 gate with `safe_gate`, computing what
+//! `kda_intra_mma_fast_bf16` computes (the same outputs, layouts and rounding points) on a fixed
+//! grid of CTAs that each walk items (chunk, value head) `b, b + grid, …` while the next item's
+//! `q, k, g` arrive by `cp.async`.
+
+use super::intra::IntraArgs;
+use crate::device::Gpu;
+use crate::error::GpuResult;
+use crate::kernels::Module;
+use crate::params::dtype_code;
+use attn_reference::Dtype;
+use cudarc::driver::DeviceRepr;
+
+/// Threads per CTA (`PIPE_THREADS`).
+const THREADS: u32 = 256;
+/// Dynamic shared memory per CTA (`PIPE_SMEM`): two CTAs fit a Hopper multiprocessor.
+const SMEM: u32 = 107_008;
+/// CTAs per multiprocessor of the default grid.
+pub(crate) const CTAS_PER_SM: usize = 2;
+
+/// Mirror of `PipeArgs` (kda_intra_pipe.cu): the call and its number of items.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct PipeArgs {
+    a: IntraArgs,
+    items: i64,
+}
+// SAFETY: plain `#[repr(C)]` data (every field 8 bytes) matching the kernel's struct.
+unsafe impl DeviceRepr for PipeArgs {}
+
+/// Whether the pipe kernel serves the intra call `a` of `dtype` data: bf16, `K = V = 128`,
+/// chunk 64, the KDA gate computed in the kernel from an fp32 `g`, `safe_gate`, and only the
+/// fused path's outputs (gated `kg`; no per-token `G`, no `Akk`, no lean tiles).
+pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
+    dtype == Dtype::BF16
+        && a.k_dim == 128
+        && a.v_dim == 128
+        && a.bt == 64
+        && a.gate_mode == 2
+        && a.g_dtype == dtype_code(Dtype::F32)
+        && a.safe_gate != 0
+        && a.scalar_gate == 0
+        && a.kg_gated != 0
+        && a.gout == 0
+        && a.akk == 0
+        && a.tbh == 0
+        && a.tbl == 0
+        && [a.w, a.u, a.kg, a.qg, a.qf, a.aqk, a.lam]
+            .iter()
+            .all(|&p| p != 0)
+}
+
+/// The default grid on `gpu`: [`CTAS_PER_SM`] CTAs per multiprocessor.
+pub(crate) fn default_grid(gpu: &Gpu) -> usize {
+    CTAS_PER_SM * gpu.sm_count().max(1)
+}
+
+/// One launch over `chunks` chunks and `hv` value heads on `grid` CTAs (any grid is correct:
+/// the items are strided over it; more CTAs than items launch only the items).
+pub(crate) fn launch(
+    gpu: &Gpu,
+    chunks: usize,
+    hv: usize,
+    grid: usize,
+    args: &IntraArgs,
+) -> GpuResult<()> {
+    let items = chunks * hv;
+    if items == 0 {
+        return Ok(());
+    }
+    let ctas = grid.clamp(1, items).min(i32::MAX as usize) as u32;
+    let pa = PipeArgs {
+        a: *args,
+        items: items as i64,
+    };
+    gpu.launch_with_smem(
+        Module::KdaIntraPipe,
+        "kda_intra_pipe_bf16",
+        (ctas, 1),
+        THREADS,
+        SMEM,
+        &pa,
+    )
+}
