@@ -7,6 +7,7 @@
 //
 //   q̂, k̂ = q, k / sqrt(Σ_d x_d² + 1e-6) rounded to bf16 (with l2norm)
 //   kg_r = k̂_r . exp2(G_l - G_r),  qg_r = q̂_r . exp2(G_r),  lam = exp2(G_l),  qf_r = scale
+//   Aqk = scale (Q̂ K̂ᵀ ⊙ exp2(G_r - G_j))_{j<=r},  L = β (K̂ K̂ᵀ ⊙ exp2(G_r - G_j))_{j<r}   (P3)
 //   xw_r = bf16(β_r k̂_r . exp2(G_r)),  βv_r = bf16(β_r v_r)        (the operands of w and u)
 //
 // Grid: a fixed number of CTAs (2 per multiprocessor), CTA b taking items b, b + grid, ...
@@ -14,8 +15,8 @@
 //   QX  16 KB  q -> q̂ -> xw                       then q of the next item
 //   KV  16 KB  k -> k̂ -> v -> βv                  then k of the next item
 //   G   33 KB  g -> G (fp32, rows padded to 528 B) then g of the next item
-//   F   18 KB  (the solve)
-//   S   20 KB  the gate's segment totals; (products and solve)
+//   F   18 KB  L (fp32, 64 x 65)
+//   S   20 KB  the gate's segment totals; the products' partial sums
 //   small      β, 1 / |q|, 1 / |k|
 // bf16 tiles are 64 rows of 256 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of
 // row r at c ^ (r & 7)) so that ldmatrix of 8 rows hits 8 distinct bank groups.
@@ -267,6 +268,179 @@ __device__ __forceinline__ void pipe_gated(const IntraArgs& a, const PipeItem& i
     }
 }
 
+// P3, the products of Aqk and L in 16 x 16 blocks (i, j), j <= i, with m = 16 i:
+//   exp2(G_r - G_j) = exp2(G_r - G_m) exp2(G_m - G_j)      (r in block i, j in block j)
+// so Aqk_ij = scale qe kfᵀ, L_ij = β ke kfᵀ of A_i = (q̂, k̂) . exp2(G_r - G_m) (<= 1) and
+// kf_j = k̂_j . exp2(G_m - G_j) (<= 1 off the diagonal; on it, under safe_gate, <= 2^109, which
+// bf16's exponent holds), each held as hi + lo of bf16 and multiplied as hi.hi + hi.lo + lo.hi
+// (today's operands and products, formed here in registers from ldmatrix fragments and G in
+// the fragment layout). Rows >= n_c: every factor selected to 0. Warp w: pair w / 2 owns the
+// blocks {30, 31, 32}, {20, 21, 22}, {33, 00} or {10, 11}; half w % 2 the keys [64 h, 64 h + 64).
+
+// Block b of warp pair `pair`: row block i, column block j.
+__device__ __forceinline__ int pipe_bi(int pair, int b) { return pair == 0 ? 3 : pair == 1 ? 2 : pair == 2 ? (b == 0 ? 3 : 0) : 1; }
+__device__ __forceinline__ int pipe_bj(int pair, int b) { return pair == 2 ? (b == 0 ? 3 : 0) : b; }
+// Slot of block b of pair `pair` among the 10 blocks (the partial sums' place in S).
+__device__ __forceinline__ int pipe_slot(int pair, int b) { return pair < 2 ? 3 * pair + b : 2 * pair + 2 + b; }
+
+__device__ __forceinline__ void pipe_ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void pipe_ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ float2 lds_f2(unsigned addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+
+// x (a pair of values in one register of fragment layout) times f, split into hi + lo bf16 pairs.
+__device__ __forceinline__ void pipe_split(unsigned x, float f0, float f1, unsigned& hi, unsigned& lo) {
+    const float a = __uint_as_float(x << 16) * f0, b = __uint_as_float(x & 0xffff0000u) * f1;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(b), "f"(a));
+    const float ah = __uint_as_float(hi << 16), bh = __uint_as_float(hi & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(b - bh), "f"(a - ah));
+}
+
+__device__ __forceinline__ void pipe_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The A operands of row block i at keys k0 .. k0 + 15: qe, ke as hi + lo fragments.
+__device__ __forceinline__ void pipe_a_operands(int i, int k0, int nc, unsigned qx, unsigned kv, unsigned G, unsigned (&qh)[4],
+                                                unsigned (&ql)[4], unsigned (&kh)[4], unsigned (&kl)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, m = 16 * i;
+    const unsigned at = pipe_tile(m + (lane & 15), (k0 >> 3) + (lane >> 4));
+    unsigned q[4], k[4];
+    pipe_ldsm_x4(q, qx + at);
+    pipe_ldsm_x4(k, kv + at);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        // register e: row m + g + 8 (e & 1), keys c, c + 1 with c = k0 + 2 t + 8 (e >> 1)
+        const int r = m + g + 8 * (e & 1), c = k0 + 2 * t + 8 * (e >> 1);
+        const float2 gr = lds_f2(G + (r * PIPE_GP + c) * 4), gm = lds_f2(G + (m * PIPE_GP + c) * 4);
+        const bool ok = r < nc;
+        const float f0 = ok ? ex2_ftz(gr.x - gm.x) : 0.f, f1 = ok ? ex2_ftz(gr.y - gm.y) : 0.f;
+        pipe_split(q[e], f0, f1, qh[e], ql[e]);
+        pipe_split(k[e], f0, f1, kh[e], kl[e]);
+    }
+}
+
+// The raw k̂ fragments of column block j at keys k0 .. k0 + 15 for the B operand: register
+// 2 n + h holds key row 16 j + 8 n + g, keys c, c + 1 with c = k0 + 2 t + 8 h.
+__device__ __forceinline__ void pipe_b_raw(int j, int k0, unsigned kv, unsigned (&k)[4]) {
+    const int lane = threadIdx.x & 31;
+    pipe_ldsm_x4(k, kv + pipe_tile(16 * j + (lane & 7) + ((lane >> 4) << 3), (k0 >> 3) + ((lane >> 3) & 1)));
+}
+
+// 8-column tile n of the B operand of block (i, j): kf = k̂_j . exp2(G_m - G_j) as hi + lo.
+__device__ __forceinline__ void pipe_b_operand(int i, int j, int n, int k0, int nc, unsigned G, const unsigned (&k)[4], unsigned (&bh)[2],
+                                               unsigned (&bl)[2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, m = 16 * i;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = 16 * j + 8 * n + g, c = k0 + 2 * t + 8 * h;
+        const float2 gr = lds_f2(G + (r * PIPE_GP + c) * 4), gm = lds_f2(G + (m * PIPE_GP + c) * 4);
+        const bool ok = r < nc && m < nc;
+        const float f0 = ok ? ex2_ftz(gm.x - gr.x) : 0.f, f1 = ok ? ex2_ftz(gm.y - gr.y) : 0.f;
+        pipe_split(k[2 * n + h], f0, f1, bh[h], bl[h]);
+    }
+}
+
+// P3 (see above): Aqk (bf16, final) into the rows < n_c of a.aqk, L (fp32, rows < n_c, j < r;
+// the rest of the lower blocks 0) into the 64 x 65 matrix at F. Uses S for the partial sums
+// of the upper key halves and the first 8 KB of QX (q̂ is dead) to stage Aqk. Ends with a
+// barrier.
+__device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G, float* part,
+                                              float* L, const float* beta) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int pair = warp >> 1, half = warp & 1, nb = pair < 2 ? 3 : 2, nc = it.nc;
+    float acc[3][2][2][4];  // [block][Aqk, L][8-column tile][fragment]
+#pragma unroll
+    for (int i = 0; i < 48; ++i) (&acc[0][0][0][0])[i] = 0.f;
+#pragma unroll 1
+    for (int ks = 0; ks < 4; ++ks) {
+        const int k0 = 64 * half + 16 * ks;
+        unsigned qh[4], ql[4], kh[4], kl[4];
+#pragma unroll
+        for (int b = 0; b < 3; ++b) {
+            if (b >= nb) break;
+            const int i = pipe_bi(pair, b), j = pipe_bj(pair, b);
+            if (b == 0 || pair == 2) pipe_a_operands(i, k0, nc, qx, kv, G, qh, ql, kh, kl);
+            unsigned kr[4];
+            pipe_b_raw(j, k0, kv, kr);
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                unsigned bh[2], bl[2];
+                pipe_b_operand(i, j, n, k0, nc, G, kr, bh, bl);
+                pipe_mma(acc[b][0][n], qh, bh[0], bh[1]);  // hi . hi
+                pipe_mma(acc[b][1][n], kh, bh[0], bh[1]);
+                pipe_mma(acc[b][0][n], qh, bl[0], bl[1]);  // hi . lo
+                pipe_mma(acc[b][1][n], kh, bl[0], bl[1]);
+                pipe_mma(acc[b][0][n], ql, bh[0], bh[1]);  // lo . hi
+                pipe_mma(acc[b][1][n], kl, bh[0], bh[1]);
+            }
+        }
+    }
+    // the upper half's partial sums through S ([slot][16 values][lane])
+    if (half == 1) {
+#pragma unroll
+        for (int b = 0; b < 3; ++b) {
+            if (b >= nb) break;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) part[(pipe_slot(pair, b) * 16 + e) * 32 + lane] = (&acc[b][0][0][0])[e];
+        }
+    }
+    __syncthreads();
+    if (half == 1) {
+        // the Aqk staging's blocks above the diagonal: 0 (16-byte chunk c of row r: block c / 2)
+        for (int x = threadIdx.x & 127; x < PIPE_BT * 8; x += 128) {
+            const int r = x >> 3, c = x & 7;
+            if ((c >> 1) > (r >> 4)) sts128(qx + r * 128 + ((c ^ (r & 7)) << 4), make_uint4(0, 0, 0, 0));
+        }
+    } else {
+        const float scale = (float)a.scale;
+#pragma unroll
+        for (int b = 0; b < 3; ++b) {
+            if (b >= nb) break;
+            const int i = pipe_bi(pair, b), j = pipe_bj(pair, b);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) (&acc[b][0][0][0])[e] += part[(pipe_slot(pair, b) * 16 + e) * 32 + lane];
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int R = 16 * i + g + 8 * h, J = 16 * j + 8 * n + 2 * t;
+                    float va[2], vl[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const bool in = R < nc && J + e <= R;
+                        va[e] = in ? scale * acc[b][0][n][2 * h + e] : 0.f;
+                        vl[e] = in && J + e < R ? beta[R] * acc[b][1][n][2 * h + e] : 0.f;
+                        L[R * (PIPE_BT + 1) + J + e] = vl[e];
+                    }
+                    unsigned w;
+                    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(va[1]), "f"(va[0]));
+                    const int c = J >> 3;
+                    asm volatile("st.shared.u32 [%0], %1;" ::"r"(qx + R * 128 + ((c ^ (R & 7)) << 4) + (J & 7) * 2), "r"(w));
+                }
+        }
+    }
+    __syncthreads();
+    // Aqk: rows < n_c, 128 bytes each (8 lanes a row)
+    const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
+    char* ap = reinterpret_cast<char*>(a.aqk) + ((it.row0 * a.HV + it.hv) * PIPE_BT) * 2 + c * 16;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = r0 + 32 * i;
+        if (r < nc) stg128(ap + (i64)r * a.HV * PIPE_BT * 2, lds128(qx + r * 128 + ((c ^ (r & 7)) << 4)));
+    }
+    __syncthreads();
+}
+
 // xw_r = bf16(β_r k̂_r . exp2(G_r)) into QX (q̂'s place; 0 for rows >= n_c), thread mapping of
 // pipe_gated.
 __device__ __forceinline__ void pipe_xw(const PipeItem& it, unsigned qx, unsigned kv, unsigned G, const float* beta) {
@@ -315,6 +489,8 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
     const unsigned sb = smem_u32(smem_raw);
     const unsigned qx = sb + PIPE_QX, kv = sb + PIPE_KV, G = sb + PIPE_G;
     float* tot = reinterpret_cast<float*>(smem_raw + PIPE_S);
+    float* part = tot;  // P3's partial sums
+    float* L = reinterpret_cast<float*>(smem_raw + PIPE_F);
     float* beta = reinterpret_cast<float*>(smem_raw + PIPE_SMALL);
     float* invq = beta + PIPE_BT;
     float* invk = invq + PIPE_BT;
@@ -341,19 +517,10 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
         __syncthreads();
         pipe_rows(a, it, qx, kv, invq, invk, beta);
         __syncthreads();
-        // P2
+        // P2 (no barrier: P3 only reads q̂, k̂, G too)
         pipe_gated(a, it, qx, kv, G);
-        {
-            // Aqk (not yet computed): 0 in the chunk's rows
-            const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
-            char* ap = reinterpret_cast<char*>(a.aqk) + ((it.row0 * a.HV + it.hv) * PIPE_BT) * 2 + c * 16;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int r = r0 + 32 * i;
-                if (r < it.nc) stg128(ap + (i64)r * a.HV * PIPE_BT * 2, make_uint4(0, 0, 0, 0));
-            }
-        }
-        __syncthreads();
+        // P3
+        pipe_products(a, it, qx, kv, G, part, L, beta);
         pipe_xw(it, qx, kv, G, beta);
         __syncthreads();
         // v of this item, g of the next (k̂ and G are dead)

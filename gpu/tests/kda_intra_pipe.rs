@@ -165,4 +165,25 @@ fn kda_intra_pipe_elementwise_bit_equal(gpu: &Gpu) {
     });
 }
 
-gpu_tests!(kda_intra_pipe_elementwise_bit_equal);
+/// `RMS(a - b) / RMS(b)` of `what` at most `thr`.
+fn assert_ratio(what: &str, a: &ArrayD<f64>, b: &ArrayD<f64>, thr: f64) {
+    if let Some((max_abs, ratio)) = close_ratio(what, a, b) {
+        assert!(
+            ratio <= thr,
+            "{what}: relative RMS {ratio:e} > {thr:e} (max_abs {max_abs:e})"
+        );
+    }
+}
+
+/// Aqk (the same bf16 hi + lo products as today's, another fp32 summation order: the two key
+/// halves summed apart) within relative RMS 1e-4 of today's kernel.
+fn kda_intra_pipe_aqk_matches(gpu: &Gpu) {
+    each_run(gpu, |what, today, pipe| {
+        assert_ratio(&format!("{what}: aqk"), &pipe.aqk, &today.aqk, 1e-4);
+    });
+}
+
+gpu_tests!(
+    kda_intra_pipe_elementwise_bit_equal,
+    kda_intra_pipe_aqk_matches
+);
