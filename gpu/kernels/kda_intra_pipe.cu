@@ -9,14 +9,16 @@
 //   kg_r = k̂_r . exp2(G_l - G_r),  qg_r = q̂_r . exp2(G_r),  lam = exp2(G_l),  qf_r = scale
 //   Aqk = scale (Q̂ K̂ᵀ ⊙ exp2(G_r - G_j))_{j<=r},  L = β (K̂ K̂ᵀ ⊙ exp2(G_r - G_j))_{j<r}   (P3)
 //   xw_r = bf16(β_r k̂_r . exp2(G_r)),  βv_r = bf16(β_r v_r)        (the operands of w and u)
+//   Akk = (I + L)^-1 (P4, intra_solve_tc: today's solve),  w = Akk xw,  u = Akk βv   (P5)
 //
 // Grid: a fixed number of CTAs (2 per multiprocessor), CTA b taking items b, b + grid, ...
 // ordered head-fastest. 256 threads, 107008 bytes of shared memory (2 CTAs per SM):
 //   QX  16 KB  q -> q̂ -> xw                       then q of the next item
 //   KV  16 KB  k -> k̂ -> v -> βv                  then k of the next item
 //   G   33 KB  g -> G (fp32, rows padded to 528 B) then g of the next item
-//   F   18 KB  L (fp32, 64 x 65)
-//   S   20 KB  the gate's segment totals; the products' partial sums
+//   F   18 KB  L (fp32, 64 x 65) -> X = (I + L)^-1 as hi + lo bf16 (2 x 8 KB)
+//   S   20 KB  the gate's segment totals; the products' partial sums; X (fp32) and the
+//              solve's tmp; the per-warp staging of w, u (2 KB a warp)
 //   small      β, 1 / |q|, 1 / |k|
 // bf16 tiles are 64 rows of 256 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of
 // row r at c ^ (r & 7)) so that ldmatrix of 8 rows hits 8 distinct bank groups.
@@ -289,6 +291,12 @@ __device__ __forceinline__ void pipe_ldsm_x4(unsigned (&r)[4], unsigned addr) {
 __device__ __forceinline__ void pipe_ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+__device__ __forceinline__ float lds_f(unsigned addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void sts_f(unsigned addr, float v) { asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v)); }
 __device__ __forceinline__ float2 lds_f2(unsigned addr) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
@@ -354,8 +362,8 @@ __device__ __forceinline__ void pipe_b_operand(int i, int j, int n, int k0, int 
 // the rest of the lower blocks 0) into the 64 x 65 matrix at F. Uses S for the partial sums
 // of the upper key halves and the first 8 KB of QX (q̂ is dead) to stage Aqk. Ends with a
 // barrier.
-__device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G, float* part,
-                                              float* L, const float* beta) {
+__device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G, unsigned part,
+                                              unsigned L, unsigned beta) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int pair = warp >> 1, half = warp & 1, nb = pair < 2 ? 3 : 2, nc = it.nc;
     float acc[3][2][2][4];  // [block][Aqk, L][8-column tile][fragment]
@@ -391,7 +399,7 @@ __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem
         for (int b = 0; b < 3; ++b) {
             if (b >= nb) break;
 #pragma unroll
-            for (int e = 0; e < 16; ++e) part[(pipe_slot(pair, b) * 16 + e) * 32 + lane] = (&acc[b][0][0][0])[e];
+            for (int e = 0; e < 16; ++e) sts_f(part + ((pipe_slot(pair, b) * 16 + e) * 32 + lane) * 4, (&acc[b][0][0][0])[e]);
         }
     }
     __syncthreads();
@@ -408,7 +416,7 @@ __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem
             if (b >= nb) break;
             const int i = pipe_bi(pair, b), j = pipe_bj(pair, b);
 #pragma unroll
-            for (int e = 0; e < 16; ++e) (&acc[b][0][0][0])[e] += part[(pipe_slot(pair, b) * 16 + e) * 32 + lane];
+            for (int e = 0; e < 16; ++e) (&acc[b][0][0][0])[e] += lds_f(part + ((pipe_slot(pair, b) * 16 + e) * 32 + lane) * 4);
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -419,8 +427,8 @@ __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem
                     for (int e = 0; e < 2; ++e) {
                         const bool in = R < nc && J + e <= R;
                         va[e] = in ? scale * acc[b][0][n][2 * h + e] : 0.f;
-                        vl[e] = in && J + e < R ? beta[R] * acc[b][1][n][2 * h + e] : 0.f;
-                        L[R * (PIPE_BT + 1) + J + e] = vl[e];
+                        vl[e] = in && J + e < R ? lds_f(beta + R * 4) * acc[b][1][n][2 * h + e] : 0.f;
+                        sts_f(L + (R * (PIPE_BT + 1) + J + e) * 4, vl[e]);
                     }
                     unsigned w;
                     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(va[1]), "f"(va[0]));
@@ -473,13 +481,84 @@ __device__ __forceinline__ void pipe_bv(unsigned kv, const float* beta) {
     }
 }
 
-// Rows < n_c of a swizzled bf16 tile to dst (row stride rs bytes), 16 bytes a lane.
-__device__ __forceinline__ void pipe_store_tile(char* dst, i64 rs, unsigned tile, int nc) {
-    const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+// Byte offset of 16-byte chunk c of row r of a swizzled 64 x 64 bf16 tile (X hi, X lo, the
+// Aqk staging: 128-byte rows).
+__device__ __forceinline__ unsigned pipe_tile64(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// P4, after the solve (X = (I + L)^-1 = Akk, fp32 64 x 65): X as hi + lo bf16 tiles (today's
+// split: hi = bf16(x), lo = bf16(x - hi)). Thread: row tid / 4, columns 16 (tid % 4) .. + 15.
+__device__ __forceinline__ void pipe_split_x(const float* X, unsigned xh, unsigned xl) {
+    const int r = threadIdx.x >> 2, c0 = 2 * (threadIdx.x & 3);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = r0 + 16 * i;
-        if (r < nc) stg128(dst + r * rs + c * 16, lds128(tile + pipe_tile(r, c)));
+    for (int h = 0; h < 2; ++h) {
+        unsigned hi[4], lo[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float x0 = X[r * (PIPE_BT + 1) + 8 * (c0 + h) + 2 * e], x1 = X[r * (PIPE_BT + 1) + 8 * (c0 + h) + 2 * e + 1];
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi[e]) : "f"(x1), "f"(x0));
+            const float h0 = __uint_as_float(hi[e] << 16), h1 = __uint_as_float(hi[e] & 0xffff0000u);
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo[e]) : "f"(x1 - h1), "f"(x0 - h0));
+        }
+        sts128(xh + pipe_tile64(r, c0 + h), make_uint4(hi[0], hi[1], hi[2], hi[3]));
+        sts128(xl + pipe_tile64(r, c0 + h), make_uint4(lo[0], lo[1], lo[2], lo[3]));
+    }
+}
+
+// P5: w = Akk xw, u = Akk βv (Akk = X_hi + X_lo, the products X_hi B + X_lo B as today's), only
+// the lower 16 x 16 blocks. Warp w: the 32 columns 32 (w % 4) .. + 31 of row tiles {3, 0} (warps
+// 0-3) or {2, 1} (warps 4-7), five blocks each, both outputs. Each 16 x 32 result goes through
+// the warp's 2 KB of S (16-byte chunks swizzled by row) to whole 64-byte row pieces in global
+// memory; rows >= n_c are not stored.
+__device__ __forceinline__ void pipe_wu(const IntraArgs& a, const PipeItem& it, unsigned xh, unsigned xl, unsigned qx, unsigned kv,
+                                        unsigned stage) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, qc = warp & 3;
+    const i64 base = ((it.row0 * a.HV + it.hv) * PIPE_K) * 2 + 64 * qc, rs = a.HV * PIPE_K * 2;
+    const unsigned st = stage + warp * 2048;
+#pragma unroll 1
+    for (int p = 0; p < 2; ++p) {
+        const int rt = warp < 4 ? (p == 0 ? 3 : 0) : (p == 0 ? 2 : 1);
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+            const unsigned src = o == 0 ? qx : kv;
+            float acc[4][4];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) (&acc[0][0])[i] = 0.f;
+#pragma unroll 1
+            for (int js = 0; js <= rt; ++js) {
+                unsigned ah[4], al[4];
+                const unsigned at = pipe_tile64(16 * rt + (lane & 15), 2 * js + (lane >> 4));
+                pipe_ldsm_x4(ah, xh + at);
+                pipe_ldsm_x4(al, xl + at);
+#pragma unroll
+                for (int n2 = 0; n2 < 2; ++n2) {
+                    unsigned b[4];
+                    pipe_ldsm_x4_t(b, src + pipe_tile(16 * js + (lane & 15), 4 * qc + 2 * n2 + (lane >> 4)));
+                    pipe_mma(acc[2 * n2], ah, b[0], b[1]);
+                    pipe_mma(acc[2 * n2], al, b[0], b[1]);
+                    pipe_mma(acc[2 * n2 + 1], ah, b[2], b[3]);
+                    pipe_mma(acc[2 * n2 + 1], al, b[2], b[3]);
+                }
+            }
+            // the 16 x 32 result, bf16, into the staging (row r: 64 bytes, chunk n at n ^ (r / 2 % 4))
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = g + 8 * h;
+                    unsigned w;
+                    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(acc[n][2 * h + 1]), "f"(acc[n][2 * h]));
+                    asm volatile("st.shared.u32 [%0], %1;" ::"r"(st + r * 64 + ((n ^ ((r >> 1) & 3)) << 4) + 4 * t), "r"(w));
+                }
+            __syncwarp();
+            char* dst = reinterpret_cast<char*>(o == 0 ? a.w : a.u) + base;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = (lane >> 2) + 8 * h, c = lane & 3, row = 16 * rt + r;
+                const uint4 v = lds128(st + r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+                if (row < it.nc) stg128(dst + row * rs + 16 * c, v);
+            }
+            __syncwarp();
+        }
     }
 }
 
@@ -489,23 +568,28 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
     const unsigned sb = smem_u32(smem_raw);
     const unsigned qx = sb + PIPE_QX, kv = sb + PIPE_KV, G = sb + PIPE_G;
     float* tot = reinterpret_cast<float*>(smem_raw + PIPE_S);
-    float* part = tot;  // P3's partial sums
     float* L = reinterpret_cast<float*>(smem_raw + PIPE_F);
+    float* X = tot;                                  // P4: X (64 x 65), then tmp (48 x 17)
+    const unsigned xh = sb + PIPE_F, xl = xh + 8192;  // P4, P5: X as hi + lo bf16 (L is dead)
     float* beta = reinterpret_cast<float*>(smem_raw + PIPE_SMALL);
     float* invq = beta + PIPE_BT;
     float* invk = invq + PIPE_BT;
-    const i64 stride = gridDim.x;
-    i64 item = blockIdx.x;
-    if (item >= pa.items) return;
-    PipeItem it = pipe_item(a, item);
-    pipe_copy_g(a, it, G);
-    cp_async_commit();
-    pipe_copy_qk(a, it, qx, kv);
-    cp_async_commit();
-    for (; item < pa.items; item += stride) {
-        const i64 next = item + stride;
-        const bool more = next < pa.items;
-        const PipeItem nx = more ? pipe_item(a, next) : it;
+    const int stride = gridDim.x, items = (int)pa.items;
+    int item = blockIdx.x;
+    if (item >= items) return;
+    {
+        const PipeItem it = pipe_item(a, item);
+        pipe_copy_g(a, it, G);
+        cp_async_commit();
+        pipe_copy_qk(a, it, qx, kv);
+        cp_async_commit();
+    }
+    for (; item < items; item += stride) {
+        const int next = item + stride;  // the host keeps items + grid < 2^31
+        const bool more = next < items;
+        // the item's geometry, read again from the (cached) chunk table before P5 rather than
+        // held in registers through the solve
+        const PipeItem it = pipe_item(a, item);
         // P1: gate + cumsum (g landed), then the norms (q, k landed)
         cp_async_wait<1>();
         __syncthreads();
@@ -520,27 +604,28 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
         // P2 (no barrier: P3 only reads q̂, k̂, G too)
         pipe_gated(a, it, qx, kv, G);
         // P3
-        pipe_products(a, it, qx, kv, G, part, L, beta);
+        pipe_products(a, it, qx, kv, G, sb + PIPE_S, sb + PIPE_F, sb + PIPE_SMALL);
         pipe_xw(it, qx, kv, G, beta);
         __syncthreads();
         // v of this item, g of the next (k̂ and G are dead)
         pipe_copy_v(a, it, kv);
         cp_async_commit();
-        if (more) pipe_copy_g(a, nx, G);
+        if (more) pipe_copy_g(a, pipe_item(a, next), G);
         cp_async_commit();
-        // w = xw (the product is not yet computed)
-        const i64 wbase = ((it.row0 * a.HV + it.hv) * PIPE_K) * 2, rs = a.HV * PIPE_K * 2;
-        pipe_store_tile(reinterpret_cast<char*>(a.w) + wbase, rs, qx, it.nc);
+        // P4: X = (I + L)^-1 (L in F; X, tmp in S), then X as hi + lo into F
+        intra_solve_tc(reinterpret_cast<float (*)[INTRA_BT + 1]>(L), reinterpret_cast<float (*)[INTRA_BT + 1]>(X),
+                       reinterpret_cast<float (*)[17]>(X + PIPE_BT * (PIPE_BT + 1)));
+        pipe_split_x(X, xh, xl);
+        // P5: βv (v landed), then w, u
         cp_async_wait<1>();
         __syncthreads();
         pipe_bv(kv, beta);
         __syncthreads();
-        pipe_store_tile(reinterpret_cast<char*>(a.u) + wbase, rs, kv, it.nc);
+        pipe_wu(a, pipe_item(a, item), xh, xl, qx, kv, sb + PIPE_S);
         __syncthreads();
         // q, k of the next item
-        if (more) pipe_copy_qk(a, nx, qx, kv);
+        if (more) pipe_copy_qk(a, pipe_item(a, next), qx, kv);
         cp_async_commit();
-        it = nx;
     }
     cp_async_wait<0>();
 }

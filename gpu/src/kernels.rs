@@ -11,6 +11,7 @@ const NSA_ATTEND: &str = include_str!("../kernels/nsa_attend.cuh");
 const DECODE: &str = include_str!("../kernels/decode.cuh");
 const FWD_H: &str = include_str!("../kernels/fwd_h.cuh");
 const INTRA_ARGS: &str = include_str!("../kernels/intra_args.cuh");
+const INTRA_SOLVE: &str = include_str!("../kernels/intra_solve.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,11 +121,12 @@ impl Module {
             Module::ReadStream => {}
             Module::KdaIntra | Module::KdaIntraPipe | Module::DeltaFwd => {
                 // the gate of gate.cuh (DeltaFwd: kda_warm_bounds) and the dtype-coded loads of
-                // fwd_h.cuh; the intra kernels' shared arguments
+                // fwd_h.cuh; the intra kernels' shared arguments and solve
                 s.push_str(GATE);
                 s.push_str(FWD_H);
                 if self != Module::DeltaFwd {
                     s.push_str(INTRA_ARGS);
+                    s.push_str(INTRA_SOLVE);
                 }
             }
             _ => {

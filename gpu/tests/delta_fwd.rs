@@ -1167,7 +1167,65 @@ fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule, choice: FusedChoice
         .collect()
 }
 
+/// The whole `kda_fwd` with the fused path's intra stage on today's kernel and on
+/// `kda_intra_pipe` (`DeltaFwdPlan::with_intra_pipe`: two CTAs per multiprocessor, and 3 CTAs
+/// walking many items each) on a case it serves (bf16, K = V = 128, chunk 64, the lower-bound
+/// gate in the kernel with `safe_gate`, l2norm and β sigmoid in the kernel, GVA, varlen with
+/// partial chunks, initial states): `o` and the final state within 2e-3 of each other and 5e-3
+/// of the float64 reference.
+fn kda_intra_pipe_switch(gpu: &Gpu) {
+    let mut c = base(true, Dtype::BF16);
+    c.draw.k = 128;
+    c.draw.v = 128;
+    c.draw.h = 2;
+    c.draw.hv = 4;
+    c.draw.t = 700;
+    c.draw.raw_qk = true;
+    c.draw.beta_logits = true;
+    c.draw.gate_input = true;
+    c.lower_bound = Some(-5.0);
+    c.safe_gate = true;
+    c.path = ForwardPath::Fused;
+    c.cu = Some(vec![0, 1, 100, 164, 450, 700]);
+    let (host, dev) = draw_case(gpu, &c, 0x9199e);
+    let want = reference(&c, &host);
+    let mut runs = Vec::new();
+    for grid in [None, Some(2 * gpu.sm_count()), Some(3)] {
+        let p = plan(gpu, &c, &dev, c.path).with_intra_pipe(grid);
+        assert_eq!(
+            p.intra_pipe(),
+            grid,
+            "the plan runs the intra kernel asked for"
+        );
+        let mut ws = p.alloc_workspace(gpu).unwrap();
+        let mut out = p.alloc_outputs(gpu).unwrap();
+        poison(gpu, &mut out);
+        p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+        let what = format!("intra grid {grid:?}");
+        let fin = download(gpu, out.final_state.as_ref().unwrap());
+        let o = download(gpu, &out.o);
+        assert_close(&format!("{what}: o"), &o, &want.o, 5e-3);
+        assert_close(
+            &format!("{what}: final_state"),
+            &fin,
+            want.fin.as_ref().unwrap(),
+            5e-3,
+        );
+        runs.push((what, o, fin));
+    }
+    for (what, o, fin) in &runs[1..] {
+        assert_close(&format!("{what} vs today's: o"), o, &runs[0].1, 2e-3);
+        assert_close(
+            &format!("{what} vs today's: final_state"),
+            fin,
+            &runs[0].2,
+            2e-3,
+        );
+    }
+}
+
 gpu_tests!(
+    kda_intra_pipe_switch,
     exact_fallback_takes_long_serial_chains,
     gdn_auto_split,
     kda_auto_split,

@@ -183,7 +183,18 @@ fn kda_intra_pipe_aqk_matches(gpu: &Gpu) {
     });
 }
 
+/// w and u (today's solve on L, whose products sum the key halves apart, then Akk as hi + lo
+/// times the bf16 operands) within relative RMS 1e-3 of today's kernel; they depend on every
+/// element of L, which no output shows directly.
+fn kda_intra_pipe_w_u_match(gpu: &Gpu) {
+    each_run(gpu, |what, today, pipe| {
+        assert_ratio(&format!("{what}: w"), &pipe.w, &today.w, 1e-3);
+        assert_ratio(&format!("{what}: u"), &pipe.u, &today.u, 1e-3);
+    });
+}
+
 gpu_tests!(
     kda_intra_pipe_elementwise_bit_equal,
-    kda_intra_pipe_aqk_matches
+    kda_intra_pipe_aqk_matches,
+    kda_intra_pipe_w_u_match
 );

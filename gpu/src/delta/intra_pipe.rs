@@ -10,7 +10,7 @@ use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
 use crate::params::dtype_code;
-use attn_reference::Dtype;
+use attn_reference::{Dtype, Error};
 use cudarc::driver::DeviceRepr;
 
 /// Threads per CTA (`PIPE_THREADS`).
@@ -70,7 +70,16 @@ pub(crate) fn launch(
     if items == 0 {
         return Ok(());
     }
-    let ctas = grid.clamp(1, items).min(i32::MAX as usize) as u32;
+    let ctas = grid.clamp(1, items);
+    // the kernel counts items in 32-bit integers, up to items + grid
+    if items + ctas > i32::MAX as usize {
+        return Err(Error::shape(
+            "q",
+            "fewer than 2^30 (chunk, value head) items",
+            vec![chunks, hv],
+        )
+        .into());
+    }
     let pa = PipeArgs {
         a: *args,
         items: items as i64,
@@ -78,7 +87,7 @@ pub(crate) fn launch(
     gpu.launch_with_smem(
         Module::KdaIntraPipe,
         "kda_intra_pipe_bf16",
-        (ctas, 1),
+        (ctas as u32, 1),
         THREADS,
         SMEM,
         &pa,

@@ -333,6 +333,67 @@ pub fn run(
     }))
 }
 
+/// The row of the persistent KDA intra kernel: the intra stage alone of `fwd_kda_h32_8x8192`
+/// (the lower-bound gate in the kernel, `safe_gate`) on today's `kda_intra_mma_fast_bf16` and on
+/// `kda_intra_pipe` at two CTAs per multiprocessor, both plans pinned
+/// ([`DeltaFwdPlan::with_intra_pipe`], so `$ATTN_KDA_INTRA` changes neither). GB/s on the stage's
+/// own traffic: q, k, v, g, β read, w, u, kg, qg, Aqk, qf and `exp2(G_ℓ)` written, once each.
+pub const INTRA_PIPE_ROW: &str = "intra_kda_pipe_h32_8x8192";
+
+pub fn run_intra_pipe(gpu: &Gpu, iters: usize, l2: usize, ceiling: f64) -> GpuResult<Value> {
+    let case = FwdCase {
+        name: INTRA_PIPE_ROW.to_string(),
+        h: 32,
+        hv: 32,
+        seqs: vec![8192; 8],
+        kda: true,
+        regime: None,
+    };
+    let (h, hv) = (case.h, case.hv);
+    let t: usize = case.seqs.iter().sum();
+    let mut cu = vec![0i64];
+    for s in &case.seqs {
+        cu.push(cu.last().unwrap() + *s as i64);
+    }
+    let in_bytes = t * (2 * h * K * 2 + hv * V * 2 + hv * K * 4 + hv * 4);
+    let chunks: usize = case.seqs.iter().map(|s| s.div_ceil(BT)).sum();
+    let out_bytes = t * hv * (4 * K * 2 + BT * 2 + 4) + chunks * hv * K * 4;
+    let nsets = (3 * l2).div_ceil(in_bytes).max(2);
+    let data = input_sets(gpu, &case, t, nsets)?;
+    let grid = 2 * gpu.sm_count();
+    let mut ms = [0.0f64; 2];
+    for (i, pipe) in [None, Some(grid)].into_iter().enumerate() {
+        let p = plan(gpu, &case, &data[0], &cu)?.with_intra_pipe(pipe);
+        assert_eq!(
+            p.intra_pipe(),
+            pipe,
+            "{INTRA_PIPE_ROW}: the plan runs the kernel asked for"
+        );
+        let mut ws = p.alloc_workspace(gpu)?;
+        ms[i] = time_ms(gpu, iters, |j| {
+            p.run_intra(gpu, &data[j % nsets].tensors(), &mut ws)
+        })?;
+    }
+    let gbps = |m: f64| (in_bytes + out_bytes) as f64 / (m * 1e-3) / 1e9;
+    println!(
+        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  kda_intra_pipe ({grid} CTAs); today's intra {:.4} ms ({:.0} GB/s), {:.2}x",
+        INTRA_PIPE_ROW,
+        ms[1],
+        gbps(ms[1]),
+        100.0 * gbps(ms[1]) / ceiling,
+        nsets,
+        ms[0],
+        gbps(ms[0]),
+        ms[0] / ms[1]
+    );
+    Ok(json!({
+        "name": INTRA_PIPE_ROW, "shape": [1, t, h, hv, K, V], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
+        "seqs": case.seqs, "bytes": in_bytes + out_bytes, "median_ms": ms[1], "gbps": gbps(ms[1]),
+        "share": gbps(ms[1]) / ceiling, "sets": nsets, "kernel": "kda_intra_pipe", "grid": grid,
+        "today_ms": ms[0], "today_gbps": gbps(ms[0]), "speedup": ms[0] / ms[1],
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
