@@ -57,14 +57,14 @@ struct PipeItem {
     int hv, kh;
 };
 
-__device__ __forceinline__ PipeItem pipe_item(const IntraArgs& a, i64 item) {
-    const i64 chunk = item / a.HV;
+__device__ __forceinline__ PipeItem pipe_item(const IntraArgs& a, int item) {
+    const int chunk = item / (int)a.HV;
     const i64* ch = reinterpret_cast<const i64*>(a.chunks) + chunk * 3;
     PipeItem it;
     it.row0 = ch[0];
     it.nc = (int)ch[1];
     it.cidx = ch[2];
-    it.hv = (int)(item - chunk * a.HV);
+    it.hv = item - chunk * (int)a.HV;
     it.kh = it.hv / (int)(a.HV / a.H);
     return it;
 }
@@ -72,13 +72,17 @@ __device__ __forceinline__ PipeItem pipe_item(const IntraArgs& a, i64 item) {
 // Byte offset of 16-byte chunk c of row r of a swizzled bf16 tile.
 __device__ __forceinline__ unsigned pipe_tile(int r, int c) { return (unsigned)(r * 256 + ((c ^ (r & 7)) << 4)); }
 
-// cp.async of a 64 x 256-byte bf16 tile (rows >= nc zero-filled) from src (row stride rs bytes).
+// cp.async of a 64 x 256-byte bf16 tile (rows >= nc zero-filled) from src (row stride rs
+// bytes): thread = chunk tid % 16 of rows tid / 16 + 16 u (one swizzle for its four rows).
 __device__ __forceinline__ void pipe_copy_tile(unsigned dst, const char* src, i64 rs, int nc) {
+    const int r0 = threadIdx.x >> 4, c = threadIdx.x & 15;
+    dst += pipe_tile(r0, c);
+    src += c * 16;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-        const int i = threadIdx.x + u * PIPE_THREADS, r = i >> 4, c = i & 15;
+        const int r = r0 + 16 * u;
         const bool ok = r < nc;
-        cp_async16(dst + pipe_tile(r, c), ok ? src + r * rs + c * 16 : src, ok ? 16 : 0);
+        cp_async16(dst + u * 16 * 256, ok ? src + r * rs : src, ok ? 16 : 0);
     }
 }
 
@@ -86,11 +90,13 @@ __device__ __forceinline__ void pipe_copy_tile(unsigned dst, const char* src, i6
 __device__ __forceinline__ void pipe_copy_g(const IntraArgs& a, const PipeItem& it, unsigned G) {
     const char* src = reinterpret_cast<const char*>(a.g) + ((it.row0 * a.HV + it.hv) * PIPE_K) * 4;
     const i64 rs = a.HV * PIPE_K * 4;
+    const int r0 = threadIdx.x >> 5, c = threadIdx.x & 31;
+    G += r0 * (PIPE_GP * 4) + c * 16;
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-        const int i = threadIdx.x + u * PIPE_THREADS, r = i >> 5, c = i & 31;
+        const int r = r0 + 8 * u;
         const bool ok = r < it.nc;
-        cp_async16(G + r * (PIPE_GP * 4) + c * 16, ok ? src + r * rs + c * 16 : src, ok ? 16 : 0);
+        cp_async16(G + u * 8 * (PIPE_GP * 4), ok ? src + r * rs + c * 16 : src, ok ? 16 : 0);
     }
 }
 
