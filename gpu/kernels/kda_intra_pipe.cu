@@ -12,14 +12,14 @@
 //   Akk = (I + L)^-1 (P4, intra_solve_tc: today's solve),  w = Akk xw,  u = Akk βv   (P5)
 //
 // Grid: a fixed number of CTAs (2 per multiprocessor), CTA b taking items b, b + grid, ...
-// ordered head-fastest. 256 threads, 107008 bytes of shared memory (2 CTAs per SM):
-//   QX  16 KB  q -> q̂ -> xw                       then q of the next item
+// ordered head-fastest. 256 threads, 105728 bytes of shared memory (2 CTAs per SM):
+//   QX  16 KB  q -> q̂ -> the Aqk staging -> xw    then q of the next item
 //   KV  16 KB  k -> k̂ -> v -> βv                  then k of the next item
 //   G   33 KB  g -> G (fp32, rows padded to 528 B) then g of the next item
 //   F   18 KB  L (fp32, 64 x 65) -> X = (I + L)^-1 as hi + lo bf16 (2 x 8 KB)
 //   S   20 KB  the gate's segment totals; the products' partial sums; X (fp32) and the
 //              solve's tmp; the per-warp staging of w, u (2 KB a warp)
-//   small      β, 1 / |q|, 1 / |k|
+//   small      β
 // bf16 tiles are 64 rows of 256 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of
 // row r at c ^ (r & 7)) so that ldmatrix of 8 rows hits 8 distinct bank groups.
 // cp.async groups, in commit order: {g(n)}, {q(n), k(n)} before the loop; per item n after the
@@ -41,7 +41,8 @@
 #define PIPE_F (PIPE_G + PIPE_BT * PIPE_GP * 4)
 #define PIPE_S (PIPE_F + 18432)
 #define PIPE_SMALL (PIPE_S + 20480)
-#define PIPE_SMEM (PIPE_SMALL + 1536)  // 107008
+#define PIPE_SMEM (PIPE_SMALL + PIPE_BT * 4)
+static_assert(PIPE_SMEM == 105728, "the host's SMEM (gpu/src/delta/intra_pipe.rs)");
 
 // The kernel's argument: the intra call and its number of items (chunks x value heads).
 struct PipeArgs {
@@ -187,8 +188,7 @@ __device__ __forceinline__ void pipe_gate(const IntraArgs& a, const PipeItem& it
 // of q and k in registers; the sums of squares in today's order (chunk by chunk, element by
 // element, then over the 4 lanes), q̂, k̂ rounded to bf16 back in place; β (sigmoid per
 // beta_mode) into the small region.
-__device__ __forceinline__ void pipe_rows(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, float* invq,
-                                          float* invk, float* beta) {
+__device__ __forceinline__ void pipe_rows(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, float* beta) {
     const int r = threadIdx.x >> 2, part = threadIdx.x & 3;
     uint4 q[4], k[4];
 #pragma unroll
@@ -230,8 +230,6 @@ __device__ __forceinline__ void pipe_rows(const IntraArgs& a, const PipeItem& it
         sts128(kv + pipe_tile(r, part + 4 * u), pipe_narrow8(y));
     }
     if (part == 0) {
-        invq[r] = iq;
-        invk[r] = ik;
         float b = 0.f;
         if (r < it.nc) {
             b = load_f<float>(reinterpret_cast<const void*>(a.beta), a.beta_dtype, (it.row0 + r) * a.HV + it.hv);
@@ -578,8 +576,6 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
     float* X = tot;                                  // P4: X (64 x 65), then tmp (48 x 17)
     const unsigned xh = sb + PIPE_F, xl = xh + 8192;  // P4, P5: X as hi + lo bf16 (L is dead)
     float* beta = reinterpret_cast<float*>(smem_raw + PIPE_SMALL);
-    float* invq = beta + PIPE_BT;
-    float* invk = invq + PIPE_BT;
     const int stride = gridDim.x, items = (int)pa.items;
     int item = blockIdx.x;
     if (item >= items) return;
@@ -605,7 +601,7 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
             pipe_gate<GATE_SOFTPLUS>(a, it, G, tot);
         cp_async_wait<0>();
         __syncthreads();
-        pipe_rows(a, it, qx, kv, invq, invk, beta);
+        pipe_rows(a, it, qx, kv, beta);
         __syncthreads();
         // P2 (no barrier: P3 only reads q̂, k̂, G too)
         pipe_gated(a, it, qx, kv, G);
