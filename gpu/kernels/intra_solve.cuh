@@ -11,9 +11,12 @@
 template <typename Acc>
 __device__ void intra_solve_diag(Acc (*L)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1]) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < INTRA_BT * INTRA_BT; i += INTRA_THREADS) {
-        const int r = i / INTRA_BT, j = i % INTRA_BT;
-        if (r / 16 != j / 16) X[r][j] = Acc(0);
+    {
+        // thread: column j = tid % 64 of rows tid / 64 + 4 u (row block u / 4)
+        const int j = tid % INTRA_BT, r0 = tid / INTRA_BT;
+#pragma unroll
+        for (int u = 0; u < INTRA_BT * INTRA_BT / INTRA_THREADS; ++u)
+            if (u / 4 != j / 16) X[r0 + 4 * u][j] = Acc(0);
     }
     if (warp < 4 && lane < 16) {
         const int b0 = warp * 16, cc = lane;
