@@ -1,6 +1,7 @@
 // kda_intra_pipe: the intra-chunk stage of the fused KDA forward as a persistent, prefetching
 // kernel (design: tools/bench-results/s15_6_study_kda_intra.md §3). The case it serves: bf16,
-// K = V = 128, chunk 64, g the fp32 input of the in-kernel KDA gate (gate.cuh), safe_gate, the
+// K = V = 128, chunk 64, g the fp32 input of the in-kernel KDA gate (gate.cuh; with safe_gate its
+// lower-bound form), safe_gate, the
 // fused path's outputs (w, u, kg, qg, Aqk, lam, qf; no per-token G, no Akk). Every output has
 // the layout and the rounding points of kda_intra_mma_fast_bf16 (kda_intra.cu), whose math it
 // computes, per item = (chunk, value head), with G the chunk-local cumulative gate in log2 units:
@@ -145,14 +146,14 @@ __device__ __forceinline__ void lds_f8(unsigned addr, float (&x)[8]) {
 }
 __device__ __forceinline__ void stg128(char* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
 
-// P1, the gate and its chunk-local cumsum, in place in G: thread = columns 2p, 2p + 1 (p = tid
+// P1, the gate (its lower-bound form: safe_gate with the gate in the kernel requires a lower
+// bound, spec 6.3) and its chunk-local cumsum, in place in G: thread = columns 2p, 2p + 1 (p = tid
 // % 64) of rows 16 s .. 16 s + 15 (s = tid / 64), in registers. The order of today's kernel
 // (bit-equal G): each 16-row segment summed from 0 in row order, then the totals of the
 // segments before it added in order (through S), then the sum times 1 / ln 2.
-template <int FORM>
 __device__ __forceinline__ void pipe_gate(const IntraArgs& a, const PipeItem& it, unsigned G, float* tot) {
     const int p = threadIdx.x & 63, s = threadIdx.x >> 6, d = 2 * p;
-    Gate<float, 2, FORM> gate;
+    Gate<float, 2, GATE_BOUNDED> gate;
     gate.init(a.gate, (i64)it.hv * PIPE_K + d);
     float x[16][2];
     float run[2] = {0.f, 0.f};
@@ -595,10 +596,7 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
         // P1: gate + cumsum (g landed), then the norms (q, k landed)
         cp_async_wait<1>();
         __syncthreads();
-        if (a.gate.has_lower_bound)
-            pipe_gate<GATE_BOUNDED>(a, it, G, tot);
-        else
-            pipe_gate<GATE_SOFTPLUS>(a, it, G, tot);
+        pipe_gate(a, it, G, tot);
         cp_async_wait<0>();
         __syncthreads();
         pipe_rows(a, it, qx, kv, beta);

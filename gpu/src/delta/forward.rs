@@ -1154,13 +1154,14 @@ impl DeltaFwdPlan {
 
     /// The fused KDA path's intra stage on `kda_intra_pipe` with `grid` CTAs (`None`: today's
     /// `kda_intra_mma*` kernels), for the plans whose every call fits it: bf16, `K = V = 128`,
-    /// chunk 64, the in-kernel gate on an fp32 `g`, `safe_gate` (a run whose intra stage also
-    /// writes `G` per token, CP's first half, keeps today's kernel). Other plans are unchanged.
+    /// chunk 64, the in-kernel gate (its lower-bound form) on an fp32 `g`, `safe_gate` (a run
+    /// whose intra stage also writes `G` per token, CP's first half, keeps today's kernel).
+    /// Other plans are unchanged.
     pub fn with_intra_pipe(mut self, grid: Option<usize>) -> DeltaFwdPlan {
         let fits = self.fused.is_some_and(|f| !f.lean)
             && self.dtype == Dtype::BF16
             && (self.geo.k, self.geo.v, self.geo.bt) == (128, 128, 64)
-            && matches!(self.prep.gate, GateInput::InKernel(_))
+            && matches!(self.prep.gate, GateInput::InKernel(Some(_)))
             && self.g_f32
             && self.prep.safe_gate;
         self.intra_pipe = grid.filter(|_| fits).map(|g| g.max(1));

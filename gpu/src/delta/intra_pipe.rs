@@ -31,7 +31,8 @@ struct PipeArgs {
 unsafe impl DeviceRepr for PipeArgs {}
 
 /// Whether the pipe kernel serves the intra call `a` of `dtype` data: bf16, `K = V = 128`,
-/// chunk 64, the KDA gate computed in the kernel from an fp32 `g`, `safe_gate`, and only the
+/// chunk 64, the KDA gate (its lower-bound form, which `safe_gate` implies) computed in the kernel
+/// from an fp32 `g`, `safe_gate`, and only the
 /// fused path's outputs (gated `kg`; no per-token `G`, no `Akk`, no lean tiles).
 pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
     dtype == Dtype::BF16
@@ -39,6 +40,7 @@ pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
         && a.v_dim == 128
         && a.bt == 64
         && a.gate_mode == 2
+        && a.gate.has_lower_bound != 0
         && a.g_dtype == dtype_code(Dtype::F32)
         && a.safe_gate != 0
         && a.scalar_gate == 0
