@@ -410,7 +410,8 @@ __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem
     __syncthreads();
     if (half == 1) {
         // the Aqk staging's blocks above the diagonal: 0 (16-byte chunk c of row r: block c / 2)
-        for (int x = threadIdx.x & 127; x < PIPE_BT * 8; x += 128) {
+        // the four upper-half warps (1, 3, 5, 7) as threads 0..127
+        for (int x = (warp >> 1) * 32 + lane; x < PIPE_BT * 8; x += 128) {
             const int r = x >> 3, c = x & 7;
             if ((c >> 1) > (r >> 4)) sts128(qx + r * 128 + ((c ^ (r & 7)) << 4), make_uint4(0, 0, 0, 0));
         }

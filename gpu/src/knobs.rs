@@ -49,10 +49,11 @@ pub(crate) fn prescan_split() -> bool {
     std::env::var("ATTN_PRESCAN_SPLIT").as_deref() != Ok("0")
 }
 
-/// `$ATTN_KDA_INTRA=pipe`: the fused KDA path's intra stage on the persistent `kda_intra_pipe`
-/// kernel where the call fits it (plans made while it is set); anything else keeps today's.
+/// `$ATTN_KDA_INTRA=mma`: the fused KDA path's intra stage on today's `kda_intra_mma*` kernels
+/// (plans made while it is set); unset or anything else, on the persistent `kda_intra_pipe`
+/// kernel where the call and the device fit it (the default since S16).
 pub(crate) fn kda_intra_pipe() -> bool {
-    std::env::var("ATTN_KDA_INTRA").as_deref() == Ok("pipe")
+    std::env::var("ATTN_KDA_INTRA").as_deref() != Ok("mma")
 }
 
 /// `$ATTN_NVRTC_OPTS`: extra NVRTC options, e.g. `-DATTN_MIN_BLOCKS=2`.

@@ -819,8 +819,9 @@ pub struct DeltaFwdPlan {
     /// ([`DeltaFwdPlan::with_exit_summary`]).
     exit_summary: bool,
     /// The fused KDA path's intra stage on the persistent `kda_intra_pipe` kernel with this many
-    /// CTAs ([`DeltaFwdPlan::with_intra_pipe`]; `$ATTN_KDA_INTRA=pipe` at plan time: two per
-    /// multiprocessor), where a call fits it (`intra_pipe::accepts`); else today's kernel.
+    /// CTAs ([`DeltaFwdPlan::with_intra_pipe`]; by default two per multiprocessor where the
+    /// device's shared memory holds them, `$ATTN_KDA_INTRA=mma` at plan time: none), where a
+    /// call fits it (`intra_pipe::accepts`); else today's `kda_intra_mma*` kernel.
     intra_pipe: Option<usize>,
     /// `g` is float32 (the pipe kernel's gate input).
     g_f32: bool,
@@ -1149,7 +1150,11 @@ impl DeltaFwdPlan {
             intra_pipe: None,
             g_f32: t.g.dtype() == Dtype::F32,
         }
-        .with_intra_pipe(knobs::kda_intra_pipe().then(|| intra_pipe::default_grid(gpu))))
+        .with_intra_pipe(
+            knobs::kda_intra_pipe()
+                .then(|| intra_pipe::default_grid(gpu))
+                .flatten(),
+        ))
     }
 
     /// The fused KDA path's intra stage on `kda_intra_pipe` with `grid` CTAs (`None`: today's

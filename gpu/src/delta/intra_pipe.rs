@@ -54,9 +54,17 @@ pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
             .all(|&p| p != 0)
 }
 
-/// The default grid on `gpu`: [`CTAS_PER_SM`] CTAs per multiprocessor.
-pub(crate) fn default_grid(gpu: &Gpu) -> usize {
-    CTAS_PER_SM * gpu.sm_count().max(1)
+/// The default grid on `gpu`: up to [`CTAS_PER_SM`] CTAs per multiprocessor, as many as its
+/// shared memory holds; `None` where one CTA's [`SMEM`] exceeds what a block may opt in to (the
+/// plan then keeps today's kernel).
+pub(crate) fn default_grid(gpu: &Gpu) -> Option<usize> {
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let attr = |a| gpu.context().attribute(a).ok().map(|v| v.max(0) as usize);
+    let per_block = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+    let per_sm = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
+    // each resident block also holds 1 KiB the driver reserves
+    let ctas = per_sm / (SMEM as usize + 1024);
+    (per_block >= SMEM as usize && ctas > 0).then(|| ctas.min(CTAS_PER_SM) * gpu.sm_count().max(1))
 }
 
 /// One launch over `chunks` chunks and `hv` value heads on `grid` CTAs (any grid is correct:
