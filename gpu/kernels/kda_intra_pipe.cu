@@ -1,8 +1,9 @@
 // kda_intra_pipe: the intra-chunk stage of the fused KDA forward as a persistent, prefetching
 // kernel (design: tools/bench-results/s15_6_study_kda_intra.md §3). The case it serves: bf16,
-// K = V = 128, chunk 64, g the fp32 input of the in-kernel KDA gate (gate.cuh; with safe_gate its
-// lower-bound form), safe_gate, the
-// fused path's outputs (w, u, kg, qg, Aqk, lam, qf; no per-token G, no Akk). Every output has
+// K = V = 128, chunk 64, g fp32: the per-step natural-log decay (gate_mode 1) or the input of the
+// in-kernel KDA gate (gate_mode 2, gate.cuh; with safe_gate its lower-bound form), safe_gate, the
+// fused path's outputs (w, u, kg, qg, Aqk, lam, qf; optionally G per token through gout, which
+// context parallelism's first half asks for; no Akk). Every output has
 // the layout and the rounding points of kda_intra_mma_fast_bf16 (kda_intra.cu), whose math it
 // computes, per item = (chunk, value head), with G the chunk-local cumulative gate in log2 units:
 //
@@ -146,15 +147,17 @@ __device__ __forceinline__ void lds_f8(unsigned addr, float (&x)[8]) {
 }
 __device__ __forceinline__ void stg128(char* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
 
-// P1, the gate (its lower-bound form: safe_gate with the gate in the kernel requires a lower
-// bound, spec 6.3) and its chunk-local cumsum, in place in G: thread = columns 2p, 2p + 1 (p = tid
-// % 64) of rows 16 s .. 16 s + 15 (s = tid / 64), in registers. The order of today's kernel
-// (bit-equal G): each 16-row segment summed from 0 in row order, then the totals of the
-// segments before it added in order (through S), then the sum times 1 / ln 2.
+// P1, the gate (gate_mode 2, its lower-bound form: safe_gate with the gate in the kernel requires
+// a lower bound, spec 6.3; gate_mode 1: g is the per-step decay itself) and its chunk-local
+// cumsum, in place in G: thread = columns 2p, 2p + 1 (p = tid % 64) of rows 16 s .. 16 s + 15
+// (s = tid / 64), in registers. The order of today's kernel for either mode (bit-equal G): each
+// 16-row segment summed from 0 in row order, then the totals of the segments before it added in
+// order (through S), then the sum times 1 / ln 2.
 __device__ __forceinline__ void pipe_gate(const IntraArgs& a, const PipeItem& it, unsigned G, float* tot) {
     const int p = threadIdx.x & 63, s = threadIdx.x >> 6, d = 2 * p;
+    const bool in_kernel = a.gate_mode == 2;
     Gate<float, 2, GATE_BOUNDED> gate;
-    gate.init(a.gate, (i64)it.hv * PIPE_K + d);
+    if (in_kernel) gate.init(a.gate, (i64)it.hv * PIPE_K + d);
     float x[16][2];
     float run[2] = {0.f, 0.f};
 #pragma unroll
@@ -162,7 +165,7 @@ __device__ __forceinline__ void pipe_gate(const IntraArgs& a, const PipeItem& it
         const int r = 16 * s + i;
         float v[2];
         asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v[0]), "=f"(v[1]) : "r"(G + (r * PIPE_GP + d) * 4));
-        gate.apply(v);
+        if (in_kernel) gate.apply(v);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             run[e] += r < it.nc ? v[e] : 0.f;
@@ -240,7 +243,8 @@ __device__ __forceinline__ void pipe_rows(const IntraArgs& a, const PipeItem& it
     }
 }
 
-// P2: kg, qg (whole 256-byte rows, 16 bytes a lane), lam and qf. Thread: chunk c = tid % 16
+// P2: kg, qg (whole 256-byte rows, 16 bytes a lane), lam and qf, and with gout G per token
+// (fp32, two 16-byte stores a lane: today's values and layout). Thread: chunk c = tid % 16
 // (columns 8c .. 8c + 7) of rows tid / 16 + 16 i.
 __device__ __forceinline__ void pipe_gated(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G) {
     const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4, l = it.nc - 1;
@@ -257,6 +261,12 @@ __device__ __forceinline__ void pipe_gated(const IntraArgs& a, const PipeItem& i
         pipe_widen8(lds128(qx + pipe_tile(r, c)), q);
         pipe_widen8(lds128(kv + pipe_tile(r, c)), k);
         lds_f8(G + (r * PIPE_GP + 8 * c) * 4, g);
+        if (a.gout != 0) {
+            // G per token (fp32, [rows][HV][K]): columns 8c .. 8c + 7 of row r
+            char* gp = reinterpret_cast<char*>(a.gout) + ((it.row0 + r) * a.HV + it.hv) * (PIPE_K * 4) + c * 32;
+            stg128(gp, make_uint4(__float_as_uint(g[0]), __float_as_uint(g[1]), __float_as_uint(g[2]), __float_as_uint(g[3])));
+            stg128(gp + 16, make_uint4(__float_as_uint(g[4]), __float_as_uint(g[5]), __float_as_uint(g[6]), __float_as_uint(g[7])));
+        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             k[e] *= ex2_ftz(gl[e] - g[e]);

@@ -1169,10 +1169,11 @@ fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule, choice: FusedChoice
 
 /// The whole `kda_fwd` with the fused path's intra stage on today's kernel and on
 /// `kda_intra_pipe` (`DeltaFwdPlan::with_intra_pipe`: two CTAs per multiprocessor, and 3 CTAs
-/// walking many items each) on a case it serves (bf16, K = V = 128, chunk 64, the lower-bound
-/// gate in the kernel with `safe_gate`, l2norm and β sigmoid in the kernel, GVA, varlen with
-/// partial chunks, initial states): `o` and the final state within 2e-3 of each other and 5e-3
-/// of the float64 reference.
+/// walking many items each) on the cases it serves (bf16, K = V = 128, chunk 64, `safe_gate`
+/// with the lower-bound gate in the kernel, or with `g` given as per-step decays in the
+/// promise's `[−5, 0]`; l2norm and β sigmoid in the kernel, GVA, varlen with partial chunks,
+/// initial states): `o` and the final state within 2e-3 of each other and 5e-3 of the float64
+/// reference.
 fn kda_intra_pipe_switch(gpu: &Gpu) {
     let mut c = base(true, Dtype::BF16);
     c.draw.k = 128;
@@ -1187,31 +1188,42 @@ fn kda_intra_pipe_switch(gpu: &Gpu) {
     c.safe_gate = true;
     c.path = ForwardPath::Fused;
     c.cu = Some(vec![0, 1, 100, 164, 450, 700]);
-    let (host, dev) = draw_case(gpu, &c, 0x9199e);
-    let want = reference(&c, &host);
+    pipe_switch(gpu, "in-kernel gate", &c, 0x9199e);
+    // g given (use_gate_in_kernel off): the per-step decays U[-5, 0] of safe_gate's promise
+    c.draw.gate_input = false;
+    c.draw.regime = Regime::Safe;
+    c.lower_bound = None;
+    pipe_switch(gpu, "given g", &c, 0x9199f);
+}
+
+/// The default plan of `c` on the pipe kernel (Hopper), and `c` on today's kernel and on the
+/// pipe kernel at two grids against the reference and each other.
+fn pipe_switch(gpu: &Gpu, name: &str, c: &Case, seed: u64) {
+    let (host, dev) = draw_case(gpu, c, seed);
+    let want = reference(c, &host);
     // the default plan takes the pipe kernel on Hopper (its shared memory holds two CTAs a
     // multiprocessor) unless `$ATTN_KDA_INTRA=mma` asks for today's
     if gpu.arch().0 == 9 {
         let on = std::env::var("ATTN_KDA_INTRA").as_deref() != Ok("mma");
         assert_eq!(
-            plan(gpu, &c, &dev, c.path).intra_pipe(),
+            plan(gpu, c, &dev, c.path).intra_pipe(),
             on.then(|| 2 * gpu.sm_count()),
-            "the default plan's intra kernel"
+            "{name}: the default plan's intra kernel"
         );
     }
     let mut runs = Vec::new();
     for grid in [None, Some(2 * gpu.sm_count()), Some(3)] {
-        let p = plan(gpu, &c, &dev, c.path).with_intra_pipe(grid);
+        let p = plan(gpu, c, &dev, c.path).with_intra_pipe(grid);
         assert_eq!(
             p.intra_pipe(),
             grid,
-            "the plan runs the intra kernel asked for"
+            "{name}: the plan runs the intra kernel asked for"
         );
         let mut ws = p.alloc_workspace(gpu).unwrap();
         let mut out = p.alloc_outputs(gpu).unwrap();
         poison(gpu, &mut out);
         p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
-        let what = format!("intra grid {grid:?}");
+        let what = format!("{name}, intra grid {grid:?}");
         let fin = download(gpu, out.final_state.as_ref().unwrap());
         let o = download(gpu, &out.o);
         assert_close(&format!("{what}: o"), &o, &want.o, 5e-3);

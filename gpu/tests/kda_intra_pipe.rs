@@ -1,10 +1,13 @@
 //! The persistent KDA intra kernel `kda_intra_pipe` against today's `kda_intra_mma_fast_bf16`
 //! on the same calls (the fused KDA path's intra stage, both plans pinned explicitly so that
-//! `$ATTN_KDA_INTRA` changes nothing here): bf16, `K = V = 128`, chunk 64, the in-kernel gate
-//! (two lower bounds) with `safe_gate`, the in-kernel L2 norm and β sigmoid, GVA,
-//! varlen with partial and one-token chunks, grids of one CTA, a few CTAs (several items each)
-//! and two per multiprocessor. Outputs are poisoned with NaN before each run, so every element
-//! must have been written. Without a GPU each test is reported ignored with the reason.
+//! `$ATTN_KDA_INTRA` changes nothing here): bf16, `K = V = 128`, chunk 64, `safe_gate` with the
+//! gate in the kernel (two lower bounds) or `g` given as fp32 per-step decays (three regimes:
+//! strong `U[−1.5, −0.05]`, trained-like clamped to the promise's `[−5, 0]`, long memory
+//! `U[−1e-3, 0]`), the in-kernel L2 norm and β sigmoid, GVA, varlen with partial and one-token
+//! chunks, and the per-token `G` that context parallelism's first half asks for (`rows_gate`);
+//! grids of one CTA, a few CTAs (several items each) and two per multiprocessor. Outputs are
+//! poisoned with NaN before each run, so every element must have been written. Without a GPU
+//! each test is reported ignored with the reason.
 
 mod common;
 
@@ -16,16 +19,30 @@ use common::forward::*;
 use common::*;
 use ndarray::ArrayD;
 
-/// One call: its draw, `cu_seqlens` and gate form.
+/// How a case's gate arrives.
+#[derive(Clone, Copy)]
+enum GateCase {
+    /// The KDA gate in the kernel (`use_gate_in_kernel`) with this lower bound.
+    InKernel(f64),
+    /// `g` given: `U[−1.5, −0.05]` per token and key (the benchmarks' strong regime).
+    Strong,
+    /// `g` given: the trained regime (`−exp(A_log) · softplus(x + dt_bias)`) clamped to `−5`.
+    Trained,
+    /// `g` given: `U[−1e-3, 0]` (long memory).
+    Long,
+}
+
+/// One call: its draw, `cu_seqlens`, gate and whether the intra stage also writes `G` per token.
 struct Case {
     name: &'static str,
     draw: Draw,
     cu: Vec<i64>,
-    lower_bound: Option<f64>,
+    gate: GateCase,
+    rows_gate: bool,
 }
 
 fn cases() -> Vec<Case> {
-    let draw = |h, hv, t| Draw {
+    let draw = |h, hv, t, gate| Draw {
         b: 1,
         t,
         h,
@@ -33,26 +50,89 @@ fn cases() -> Vec<Case> {
         k: 128,
         v: 128,
         per_key: true,
-        regime: Regime::Safe,
+        regime: match gate {
+            GateCase::Trained => Regime::Trained,
+            GateCase::Long => Regime::Long,
+            _ => Regime::Safe,
+        },
         raw_qk: true,
         beta_logits: true,
-        gate_input: true,
+        gate_input: matches!(gate, GateCase::InKernel(_)),
         h0: false,
         v_first: false,
     };
+    let case = |name, h, hv, t, cu: &[i64], gate, rows_gate| Case {
+        name,
+        draw: draw(h, hv, t, gate),
+        cu: cu.to_vec(),
+        gate,
+        rows_gate,
+    };
+    let varlen = [0, 1, 64, 130, 130, 300, 517];
     vec![
-        Case {
-            name: "lower-bound gate, GVA, varlen",
-            draw: draw(2, 4, 517),
-            cu: vec![0, 1, 64, 130, 130, 300, 517],
-            lower_bound: Some(-5.0),
-        },
-        Case {
-            name: "lower bound -2, whole chunks",
-            draw: draw(3, 3, 384),
-            cu: vec![0, 384],
-            lower_bound: Some(-2.0),
-        },
+        case(
+            "lower-bound gate, GVA, varlen",
+            2,
+            4,
+            517,
+            &varlen,
+            GateCase::InKernel(-5.0),
+            false,
+        ),
+        case(
+            "lower bound -2, whole chunks",
+            3,
+            3,
+            384,
+            &[0, 384],
+            GateCase::InKernel(-2.0),
+            false,
+        ),
+        case(
+            "given g strong, GVA, varlen",
+            2,
+            4,
+            517,
+            &varlen,
+            GateCase::Strong,
+            false,
+        ),
+        case(
+            "given g trained-like, varlen",
+            2,
+            2,
+            450,
+            &[0, 63, 64, 65, 200, 450],
+            GateCase::Trained,
+            false,
+        ),
+        case(
+            "given g long memory, whole chunks",
+            3,
+            3,
+            384,
+            &[0, 384],
+            GateCase::Long,
+            false,
+        ),
+        case(
+            "rows gate, lower-bound gate, GVA, varlen",
+            2,
+            4,
+            517,
+            &varlen,
+            GateCase::InKernel(-5.0),
+            true,
+        ),
+        case(
+            "rows gate, given g strong, varlen",
+            2,
+            2,
+            450,
+            &[0, 63, 64, 65, 200, 450],
+            GateCase::Strong,
+            true,
+        ),
     ]
 }
 
@@ -61,14 +141,33 @@ fn params(c: &Case) -> KdaFwdParams {
         scale: None,
         output_final_state: true,
         use_qk_l2norm_in_kernel: true,
-        use_gate_in_kernel: true,
-        lower_bound: c.lower_bound,
+        use_gate_in_kernel: matches!(c.gate, GateCase::InKernel(_)),
+        lower_bound: match c.gate {
+            GateCase::InKernel(lb) => Some(lb),
+            _ => None,
+        },
         use_beta_sigmoid_in_kernel: true,
         allow_neg_eigval: false,
         safe_gate: true,
         chunk_size: 64,
         state_v_first: false,
     }
+}
+
+/// The device tensors of `c`: its draw, with a given `g` replaced by the case's regime where the
+/// common draw differs (strong: the benchmarks' uniform; trained: clamped to the `safe_gate`
+/// promise `[−5, 0]`).
+fn draw_case(gpu: &Gpu, rng: &mut Rng, c: &Case) -> ForwardDev {
+    let (host, mut dev) = draw(gpu, rng, &c.draw, Dtype::BF16, Dtype::F32);
+    let g = match c.gate {
+        GateCase::Strong => Some(rng.array(host.g.shape(), -1.5, -0.05)),
+        GateCase::Trained => Some(host.g.mapv(|x| x.max(-5.0))),
+        _ => None,
+    };
+    if let Some(g) = g {
+        dev.g = upload(gpu, &g, Dtype::F32).0;
+    }
+    dev
 }
 
 /// The intra stage's outputs of one run, downloaded.
@@ -80,6 +179,8 @@ struct Tiles {
     qf: ArrayD<f64>,
     lam: ArrayD<f64>,
     aqk: ArrayD<f64>,
+    /// `G` per token, where the case asks for it.
+    rows_gate: Option<ArrayD<f64>>,
 }
 
 fn download_tiles(gpu: &Gpu, ws: &DeltaFwdWorkspace) -> Tiles {
@@ -92,6 +193,7 @@ fn download_tiles(gpu: &Gpu, ws: &DeltaFwdWorkspace) -> Tiles {
         qf: download(gpu, t.qf),
         lam: download(gpu, t.lam),
         aqk: download(gpu, t.aqk),
+        rows_gate: t.rows_gate.map(|g| download(gpu, g)),
     }
 }
 
@@ -114,9 +216,25 @@ fn intra(gpu: &Gpu, c: &Case, dev: &ForwardDev, grid: Option<usize>) -> Tiles {
         c.name
     );
     let mut ws = plan.alloc_workspace(gpu).unwrap();
-    ws.poison_intra_tiles(gpu).unwrap();
-    plan.run_intra(gpu, &dev.tensors(), &mut ws).unwrap();
-    download_tiles(gpu, &ws)
+    if c.rows_gate {
+        // the first run allocates the per-token G, poisoned with the rest before the second
+        plan.run_intra_rows_gate(gpu, &dev.tensors(), &mut ws)
+            .unwrap();
+        ws.poison_intra_tiles(gpu).unwrap();
+        plan.run_intra_rows_gate(gpu, &dev.tensors(), &mut ws)
+            .unwrap();
+    } else {
+        ws.poison_intra_tiles(gpu).unwrap();
+        plan.run_intra(gpu, &dev.tensors(), &mut ws).unwrap();
+    }
+    let t = download_tiles(gpu, &ws);
+    assert_eq!(
+        t.rows_gate.is_some(),
+        c.rows_gate,
+        "{}: G per token written where asked",
+        c.name
+    );
+    t
 }
 
 fn no_nan(what: &str, x: &ArrayD<f64>) {
@@ -133,7 +251,7 @@ fn no_nan(what: &str, x: &ArrayD<f64>) {
 fn each_run(gpu: &Gpu, check: impl Fn(&str, &Tiles, &Tiles)) {
     for (i, c) in cases().iter().enumerate() {
         let mut rng = Rng::new(0x5eed_0000 + i as u64);
-        let (_, dev) = draw(gpu, &mut rng, &c.draw, Dtype::BF16, Dtype::F32);
+        let dev = draw_case(gpu, &mut rng, c);
         let today = intra(gpu, c, &dev, None);
         for grid in [1, 7, 2 * gpu.sm_count()] {
             let pipe = intra(gpu, c, &dev, Some(grid));
@@ -149,15 +267,23 @@ fn each_run(gpu: &Gpu, check: impl Fn(&str, &Tiles, &Tiles)) {
             ] {
                 no_nan(&format!("{what}: {name}"), x);
             }
+            if let Some(g) = &pipe.rows_gate {
+                no_nan(&format!("{what}: rows_gate"), g);
+            }
             check(&what, &today, &pipe);
         }
     }
 }
 
-/// kg, qg, lam and qf (the norms, the gate, its cumsum and the elementwise factors) bit-equal to
-/// today's kernel.
+/// kg, qg, lam and qf (the norms, the gate or the given decays, their cumsum and the elementwise
+/// factors) bit-equal to today's kernel, and so is `G` per token where the case writes it.
 fn kda_intra_pipe_elementwise_bit_equal(gpu: &Gpu) {
     each_run(gpu, |what, today, pipe| {
+        match (&pipe.rows_gate, &today.rows_gate) {
+            (Some(p), Some(t)) => assert_bit_identical(&format!("{what}: rows_gate"), p, t),
+            (None, None) => {}
+            _ => panic!("{what}: rows_gate written by one kernel only"),
+        }
         assert_bit_identical(&format!("{what}: kg"), &pipe.kg, &today.kg);
         assert_bit_identical(&format!("{what}: qg"), &pipe.qg, &today.qg);
         assert_bit_identical(&format!("{what}: lam"), &pipe.lam, &today.lam);

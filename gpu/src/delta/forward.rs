@@ -917,7 +917,8 @@ pub struct DeltaFwdWorkspace {
 /// The intra stage's outputs in a workspace of the fused KDA path
 /// ([`DeltaFwdWorkspace::intra_tiles`]), in the layouts of `conformance/spec/ops-delta-rule.md`
 /// §7.3 (`w, u, kg, qg`: `[B, T, HV, K]`; `aqk`: `[B, T, HV, BT]`; `qf`: `[B, T, HV]` f32;
-/// `lam`: `exp2(G_ℓ)` per chunk, `[NT, HV, K]` f32).
+/// `lam`: `exp2(G_ℓ)` per chunk, `[NT, HV, K]` f32; `rows_gate`: `G` per token, `[B, T, HV, K]`
+/// f32, once an intra stage wrote it: [`DeltaFwdPlan::run_intra_rows_gate`]).
 #[derive(Debug, Clone, Copy)]
 pub struct IntraTiles<'a> {
     pub w: &'a DeviceTensor,
@@ -927,6 +928,7 @@ pub struct IntraTiles<'a> {
     pub qf: &'a DeviceTensor,
     pub lam: &'a DeviceTensor,
     pub aqk: &'a DeviceTensor,
+    pub rows_gate: Option<&'a DeviceTensor>,
 }
 
 impl DeltaFwdWorkspace {
@@ -942,6 +944,7 @@ impl DeltaFwdWorkspace {
                 qf: &f.qf,
                 lam: &f.gate,
                 aqk: &self.aqk,
+                rows_gate: f.rows_gate.as_ref(),
             }),
             _ => None,
         }
@@ -960,6 +963,9 @@ impl DeltaFwdWorkspace {
                 &mut f.gate,
             ] {
                 t.poison(gpu)?;
+            }
+            if let Some(g) = f.rows_gate.as_mut() {
+                g.poison(gpu)?;
             }
         }
         self.aqk.poison(gpu)
@@ -1159,14 +1165,17 @@ impl DeltaFwdPlan {
 
     /// The fused KDA path's intra stage on `kda_intra_pipe` with `grid` CTAs (`None`: today's
     /// `kda_intra_mma*` kernels), for the plans whose every call fits it: bf16, `K = V = 128`,
-    /// chunk 64, the in-kernel gate (its lower-bound form) on an fp32 `g`, `safe_gate` (a run
-    /// whose intra stage also writes `G` per token, CP's first half, keeps today's kernel).
-    /// Other plans are unchanged.
+    /// chunk 64, an fp32 `g` (the given per-step decay, or the in-kernel gate's input with its
+    /// lower bound), `safe_gate` (a run whose intra stage also writes `G` per token, CP's first
+    /// half, takes it too). Other plans are unchanged.
     pub fn with_intra_pipe(mut self, grid: Option<usize>) -> DeltaFwdPlan {
         let fits = self.fused.is_some_and(|f| !f.lean)
             && self.dtype == Dtype::BF16
             && (self.geo.k, self.geo.v, self.geo.bt) == (128, 128, 64)
-            && matches!(self.prep.gate, GateInput::InKernel(Some(_)))
+            && matches!(
+                self.prep.gate,
+                GateInput::InKernel(Some(_)) | GateInput::Decay
+            )
             && self.g_f32
             && self.prep.safe_gate;
         self.intra_pipe = grid.filter(|_| fits).map(|g| g.max(1));
@@ -1462,6 +1471,23 @@ impl DeltaFwdPlan {
     ) -> GpuResult<()> {
         self.check_inputs(t)?;
         self.intra(gpu, t, &mut ws.aqk, &mut ws.tiles)
+    }
+
+    /// [`Self::run_intra`] that also writes `G` per token, as the first half of a
+    /// context-parallel run asks ([`Self::run_head`]'s `rows_gate`; the fused path with full
+    /// tiles, else as [`Self::run_intra`]), into [`IntraTiles::rows_gate`] (tests compare the
+    /// intra kernels on it). Later runs of `ws` write it only where they ask again.
+    pub fn run_intra_rows_gate(
+        &self,
+        gpu: &Gpu,
+        t: &ForwardTensors<'_>,
+        ws: &mut DeltaFwdWorkspace,
+    ) -> GpuResult<()> {
+        self.check_inputs(t)?;
+        self.set_rows_gate(ws, true);
+        let r = self.intra(gpu, t, &mut ws.aqk, &mut ws.tiles);
+        self.set_rows_gate(ws, false);
+        r
     }
 
     /// Re-validates `t` and checks it against the plan's shapes and dtypes.

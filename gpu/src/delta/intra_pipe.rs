@@ -1,6 +1,7 @@
 //! The persistent KDA intra kernel `kda_intra_pipe` (`kda_intra_pipe.cu`; design:
 //! `tools/bench-results/s15_6_study_kda_intra.md` §3): the fused KDA path's intra stage for
-//! bf16, `K = V = 128`, chunk 64, the in-kernel fp32 gate with `safe_gate`, computing what
+//! bf16, `K = V = 128`, chunk 64, an fp32 `g` (the per-step decay, or the input of the in-kernel
+//! gate) with `safe_gate`, optionally `G` per token (context parallelism's first half), computing what
 //! `kda_intra_mma_fast_bf16` computes (the same outputs, layouts and rounding points) on a fixed
 //! grid of CTAs that each walk items (chunk, value head) `b, b + grid, …` while the next item's
 //! `q, k, g` arrive by `cp.async`.
@@ -31,21 +32,20 @@ struct PipeArgs {
 unsafe impl DeviceRepr for PipeArgs {}
 
 /// Whether the pipe kernel serves the intra call `a` of `dtype` data: bf16, `K = V = 128`,
-/// chunk 64, the KDA gate (its lower-bound form, which `safe_gate` implies) computed in the kernel
-/// from an fp32 `g`, `safe_gate`, and only the
-/// fused path's outputs (gated `kg`; no per-token `G`, no `Akk`, no lean tiles).
+/// chunk 64, an fp32 `g` that is either the per-step natural-log decay (`gate_mode` 1) or the
+/// input of the KDA gate computed in the kernel (`gate_mode` 2, its lower-bound form, which
+/// `safe_gate` implies), `safe_gate`, and the fused path's outputs (gated `kg`, optionally `G`
+/// per token through `gout`; no `Akk`, no lean tiles).
 pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
     dtype == Dtype::BF16
         && a.k_dim == 128
         && a.v_dim == 128
         && a.bt == 64
-        && a.gate_mode == 2
-        && a.gate.has_lower_bound != 0
+        && (a.gate_mode == 1 || (a.gate_mode == 2 && a.gate.has_lower_bound != 0))
         && a.g_dtype == dtype_code(Dtype::F32)
         && a.safe_gate != 0
         && a.scalar_gate == 0
         && a.kg_gated != 0
-        && a.gout == 0
         && a.akk == 0
         && a.tbh == 0
         && a.tbl == 0

@@ -333,21 +333,40 @@ pub fn run(
     }))
 }
 
-/// The row of the persistent KDA intra kernel: the intra stage alone of `fwd_kda_h32_8x8192`
-/// (the lower-bound gate in the kernel, `safe_gate`) on today's `kda_intra_mma_fast_bf16` and on
-/// `kda_intra_pipe` at two CTAs per multiprocessor, both plans pinned
-/// ([`DeltaFwdPlan::with_intra_pipe`], so `$ATTN_KDA_INTRA` changes neither). GB/s on the stage's
-/// own traffic: q, k, v, g, β read, w, u, kg, qg, Aqk, qf and `exp2(G_ℓ)` written, once each.
+/// The rows of the persistent KDA intra kernel: the intra stage alone of `fwd_kda_h32_8x8192`
+/// with `safe_gate`, the lower-bound gate in the kernel (`INTRA_PIPE_ROW`) or `g` given in a
+/// regime within `[−5, 0]` (`…_strong`, `…_long`: `use_gate_in_kernel` off), on today's
+/// `kda_intra_mma_fast_bf16` and on `kda_intra_pipe` at two CTAs per multiprocessor, both plans
+/// pinned ([`DeltaFwdPlan::with_intra_pipe`], so `$ATTN_KDA_INTRA` changes neither). GB/s on the
+/// stage's own traffic: q, k, v, g, β read, w, u, kg, qg, Aqk, qf and `exp2(G_ℓ)` written, once
+/// each.
 pub const INTRA_PIPE_ROW: &str = "intra_kda_pipe_h32_8x8192";
 
-pub fn run_intra_pipe(gpu: &Gpu, iters: usize, l2: usize, ceiling: f64) -> GpuResult<Value> {
+/// The regimes of the intra rows (`None`: the gate in the kernel) and their names.
+pub fn intra_pipe_rows() -> Vec<(String, Option<GateRegime>)> {
+    std::iter::once((INTRA_PIPE_ROW.to_string(), None))
+        .chain(
+            [GateRegime::Strong, GateRegime::Long]
+                .map(|r| (format!("{INTRA_PIPE_ROW}_{}", r.name()), Some(r))),
+        )
+        .collect()
+}
+
+pub fn run_intra_pipe(
+    gpu: &Gpu,
+    name: &str,
+    regime: Option<GateRegime>,
+    iters: usize,
+    l2: usize,
+    ceiling: f64,
+) -> GpuResult<Value> {
     let case = FwdCase {
-        name: INTRA_PIPE_ROW.to_string(),
+        name: name.to_string(),
         h: 32,
         hv: 32,
         seqs: vec![8192; 8],
         kda: true,
-        regime: None,
+        regime,
     };
     let (h, hv) = (case.h, case.hv);
     let t: usize = case.seqs.iter().sum();
@@ -367,7 +386,7 @@ pub fn run_intra_pipe(gpu: &Gpu, iters: usize, l2: usize, ceiling: f64) -> GpuRe
         assert_eq!(
             p.intra_pipe(),
             pipe,
-            "{INTRA_PIPE_ROW}: the plan runs the kernel asked for"
+            "{name}: the plan runs the kernel asked for"
         );
         let mut ws = p.alloc_workspace(gpu)?;
         ms[i] = time_ms(gpu, iters, |j| {
@@ -377,7 +396,7 @@ pub fn run_intra_pipe(gpu: &Gpu, iters: usize, l2: usize, ceiling: f64) -> GpuRe
     let gbps = |m: f64| (in_bytes + out_bytes) as f64 / (m * 1e-3) / 1e9;
     println!(
         "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  kda_intra_pipe ({grid} CTAs); today's intra {:.4} ms ({:.0} GB/s), {:.2}x",
-        INTRA_PIPE_ROW,
+        name,
         ms[1],
         gbps(ms[1]),
         100.0 * gbps(ms[1]) / ceiling,
@@ -387,10 +406,11 @@ pub fn run_intra_pipe(gpu: &Gpu, iters: usize, l2: usize, ceiling: f64) -> GpuRe
         ms[0] / ms[1]
     );
     Ok(json!({
-        "name": INTRA_PIPE_ROW, "shape": [1, t, h, hv, K, V], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
+        "name": name, "shape": [1, t, h, hv, K, V], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
         "seqs": case.seqs, "bytes": in_bytes + out_bytes, "median_ms": ms[1], "gbps": gbps(ms[1]),
         "share": gbps(ms[1]) / ceiling, "sets": nsets, "kernel": "kda_intra_pipe", "grid": grid,
         "today_ms": ms[0], "today_gbps": gbps(ms[0]), "speedup": ms[0] / ms[1],
+        "regime": regime.map(GateRegime::name),
     }))
 }
 

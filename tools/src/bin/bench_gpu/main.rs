@@ -15,8 +15,8 @@
 //! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
 //! the delta-rule cases (`chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`) in [`delta`], the
 //! intra-card split (`chunk_gated_delta_rule_fwd_h_split`: serial, auto, forced split) in
-//! [`split`], the whole forwards (`gdn_fwd`, `kda_fwd`; and `intra_kda_pipe_h32_8x8192`, the KDA
-//! intra stage on `kda_intra_pipe` beside today's kernel) in [`forward`], the context-parallel
+//! [`split`], the whole forwards (`gdn_fwd`, `kda_fwd`; and `intra_kda_pipe_h32_8x8192{,_strong,_long}`, the
+//! KDA intra stage on `kda_intra_pipe` beside today's kernel) in [`forward`], the context-parallel
 //! forwards over 1, 2, 4 GPUs (`cp_gdn_*`, `cp_kda_*`) in [`cp`].
 //!
 //! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
@@ -403,8 +403,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for case in forward::cases().into_iter().filter(|c| wanted(&c.name)) {
         rows.push(forward::run(gpu, &case, iters, l2, free, ceiling)?);
     }
-    if wanted(forward::INTRA_PIPE_ROW) {
-        rows.push(forward::run_intra_pipe(gpu, iters, l2, ceiling)?);
+    for (name, regime) in forward::intra_pipe_rows() {
+        if wanted(&name) {
+            rows.push(forward::run_intra_pipe(
+                gpu, &name, regime, iters, l2, ceiling,
+            )?);
+        }
     }
     rows.extend(cp::run_all(iters, ceiling, |name| {
         !filter.is_empty() && wanted(name)
