@@ -1474,7 +1474,7 @@ impl DeltaFwdPlan {
     }
 
     /// [`Self::run_intra`] that also writes `G` per token, as the first half of a
-    /// context-parallel run asks ([`Self::run_head`]'s `rows_gate`; the fused path with full
+    /// context-parallel run asks (`run_head`'s `rows_gate`; the fused path with full
     /// tiles, else as [`Self::run_intra`]), into [`IntraTiles::rows_gate`] (tests compare the
     /// intra kernels on it). Later runs of `ws` write it only where they ask again.
     pub fn run_intra_rows_gate(

@@ -85,7 +85,7 @@ pub(crate) fn launch(
     if items + ctas > i32::MAX as usize {
         return Err(Error::shape(
             "q",
-            "fewer than 2^30 (chunk, value head) items",
+            "(chunk, value head) items + CTAs below 2^31",
             vec![chunks, hv],
         )
         .into());
