@@ -29,6 +29,7 @@
 //! (`first_vs_one`, largest |difference| over largest |o|; rank 0 merges nothing, so the same
 //! kernels see the same inputs). The other ranks' outputs at that size have no check here.
 
+use super::cu_seqlens;
 use super::forward::Set;
 use attn_gpu::cp::{
     CpFwdPlan, CpGroup, CpPhaseTimes, LocalChoice, Partition, SentSummary, DEFAULT_MIN_PIECE_CHUNKS,
@@ -159,15 +160,6 @@ fn used_gib(gpu: &Gpu) -> GpuResult<f64> {
         .mem_get_info()
         .map_err(attn_gpu::GpuError::driver_ctx("memory info"))?;
     Ok((total - free) as f64 / (1u64 << 30) as f64)
-}
-
-/// The sequences' `cu_seqlens`.
-fn cu_seqlens(seqs: &[usize]) -> Vec<i64> {
-    let mut cu = vec![0i64];
-    for s in seqs {
-        cu.push(cu.last().copied().unwrap_or(0) + *s as i64);
-    }
-    cu
 }
 
 /// Bytes of a row: q, k, v (bf16), g, β (fp32), o (bf16), initial and final states (fp32).

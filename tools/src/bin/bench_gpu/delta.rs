@@ -7,7 +7,7 @@
 //! kernel's time does not depend on the values. Bytes = `k, w, u, v_new, h` (bf16) + `gk` (fp32)
 //! + the states (fp32), each once.
 
-use super::{random_tensor, time_ms};
+use super::{cu_seqlens, random_tensor, time_ms};
 use attn_gpu::delta::{FwdHPlan, FwdHPreScanPlan, FwdHTensors};
 use attn_gpu::{DeviceTensor, Gpu, GpuResult};
 use attn_reference::delta::{FwdHParams, FwdHPreScanParams};
@@ -121,10 +121,7 @@ pub fn run(
 ) -> GpuResult<Value> {
     let t: usize = case.seqs.iter().sum();
     let h = case.heads;
-    let mut cu = vec![0i64];
-    for s in &case.seqs {
-        cu.push(cu.last().unwrap() + *s as i64);
-    }
+    let cu = cu_seqlens(&case.seqs);
     let chunks: usize = case.seqs.iter().map(|s| s.div_ceil(BT)).sum();
     let n = case.seqs.len();
     let tok = t * h;

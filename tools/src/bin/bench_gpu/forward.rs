@@ -21,7 +21,7 @@
 //! K each), `w`, `u` (BT² K, BT² V: triangular), `W S`, `Q S`, `Kᵀ D` (2 BT K V each) and
 //! `Aqk D` (BT² V).
 
-use super::{random_tensor, time_ms};
+use super::{cu_seqlens, random_tensor, time_ms};
 use attn_gpu::delta::{DeltaFwdPlan, ForwardPath, ForwardTensors};
 use attn_gpu::{DeviceTensor, Gpu, GpuResult};
 use attn_reference::delta::{GdnFwdParams, KdaFwdParams};
@@ -240,10 +240,7 @@ pub fn run(
     let (h, hv) = (case.h, case.hv);
     let t: usize = case.seqs.iter().sum();
     let n = case.seqs.len();
-    let mut cu = vec![0i64];
-    for s in &case.seqs {
-        cu.push(cu.last().unwrap() + *s as i64);
-    }
+    let cu = cu_seqlens(&case.seqs);
     let gk = if case.kda { K } else { 1 };
     let in_bytes = t * (2 * h * K * 2 + hv * V * 2 + hv * gk * 4 + hv * 4) + n * hv * K * V * 4;
     let out_bytes = t * hv * V * 2 + n * hv * K * V * 4;
@@ -370,10 +367,7 @@ pub fn run_intra_pipe(
     };
     let (h, hv) = (case.h, case.hv);
     let t: usize = case.seqs.iter().sum();
-    let mut cu = vec![0i64];
-    for s in &case.seqs {
-        cu.push(cu.last().unwrap() + *s as i64);
-    }
+    let cu = cu_seqlens(&case.seqs);
     let in_bytes = t * (2 * h * K * 2 + hv * V * 2 + hv * K * 4 + hv * 4);
     let chunks: usize = case.seqs.iter().map(|s| s.div_ceil(BT)).sum();
     let out_bytes = t * hv * (4 * K * 2 + BT * 2 + 4) + chunks * hv * K * 4;

@@ -198,6 +198,15 @@ fn random_tensor(
     Ok(t)
 }
 
+/// The sequences' `cu_seqlens`.
+fn cu_seqlens(seqs: &[usize]) -> Vec<i64> {
+    let mut cu = vec![0i64];
+    for s in seqs {
+        cu.push(cu.last().copied().unwrap_or(0) + *s as i64);
+    }
+    cu
+}
+
 /// Median of per-launch event times (ms) of `iters` launches queued back to back.
 fn time_ms(
     gpu: &Gpu,

@@ -14,7 +14,7 @@
 //! chosen warm-ups summarised (`trunc_*_warm`: pieces warmed up, longest warm-up).
 
 use super::delta::{sets, BT};
-use super::{random_tensor, time_ms};
+use super::{cu_seqlens, random_tensor, time_ms};
 use attn_gpu::delta::{
     BoundGates, FwdHPlan, FwdHSplitPlan, SplitMode, SplitStage, TruncationInputs, TruncationParams,
 };
@@ -80,10 +80,7 @@ pub fn cases() -> Vec<SplitCase> {
 
 /// Times `case` three ways and returns its JSON row.
 pub fn run(gpu: &Gpu, case: &SplitCase, iters: usize, l2: usize, free: usize) -> GpuResult<Value> {
-    let mut cu = vec![0i64];
-    for s in &case.seqs {
-        cu.push(cu.last().unwrap() + *s as i64);
-    }
+    let cu = cu_seqlens(&case.seqs);
     let data = sets(gpu, case.heads, &case.seqs, l2, free)?;
     let n = data.len();
     let p = FwdHParams {
