@@ -3,7 +3,9 @@
 //! thresholds) and against the single-GPU result on GPU 0 (same dtype, 5e-3): one long
 //! sequence, a long one with short ones on either side, many sequences, a sequence shorter than
 //! `R` chunks, zero-length sequences; with and without `initial_state`, final state on; strong,
-//! trained-like and long-memory gates; repeated runs bit-identical; bad input refused; the
+//! trained-like and long-memory gates; KDA under `safe_gate` at `K = V = 128`, whose ranks'
+//! local intra stages run on `kda_intra_pipe` (asserted on Hopper); repeated runs
+//! bit-identical; bad input refused; the
 //! persistent plans (`CpFwdPlan`, `CpFwdHPlan`) run twice bit-identical to the one-call ops,
 //! and a shard of the wrong shape at `run` refused before any launch; a rank whose peer (a second
 //! process: this binary run again) never enters a collective gets the timeout's error and the
@@ -117,12 +119,12 @@ fn to_f32(a: &ArrayD<f64>) -> ArrayD<f32> {
     a.mapv(|x| x as f32)
 }
 
-/// A bf16 forward case on GPU 0 over the layout `cu` (1 key head, 2 value heads, K = V = 64,
+/// A bf16 forward case on GPU 0 over the layout `cu` (1 key head, 2 value heads, K = V = `dk`,
 /// fp32 gates and states), with one `initial_state` row per sequence when `h0`.
 fn draw_forward(
     gpu0: &Gpu,
     cu: &[i64],
-    per_key: bool,
+    (per_key, dk): (bool, usize),
     regime: Regime,
     h0: bool,
     seed: u64,
@@ -132,8 +134,8 @@ fn draw_forward(
         t: *cu.last().unwrap() as usize,
         h: 1,
         hv: 2,
-        k: 64,
-        v: 64,
+        k: dk,
+        v: dk,
         per_key,
         regime,
         raw_qk: false,
@@ -269,6 +271,9 @@ impl ScatteredFwdH {
 /// under strong decay and the whole piece's under long memory; and a rank whose local forward
 /// splits a piece of `EXACT_FALLBACK_CHUNKS` chunks or more takes the exact fallback under
 /// long memory and not under strong decay.
+/// One forward over `group` against the float64 reference and GPU 0 alone. With `safe`, KDA
+/// under `safe_gate` at `K = V = 128` with the per-step decays `U[-5, 0]` it promises: the
+/// shape whose local intra stages (and their rows-gate first half) run on `kda_intra_pipe`.
 fn forward_case(
     group: &CpGroup,
     per_key: bool,
@@ -276,6 +281,7 @@ fn forward_case(
     regime: Regime,
     h0: bool,
     tail: Option<usize>,
+    safe: bool,
 ) {
     let ranks = group.world();
     let (name, cu, splits) = layouts()
@@ -285,19 +291,24 @@ fn forward_case(
         .unwrap();
     let what = format!(
         "{} R={ranks} {name} {regime:?} h0={h0} tail={tail:?}",
-        if per_key { "kda" } else { "gdn" }
+        match (per_key, safe) {
+            (true, true) => "kda safe_gate K=128",
+            (true, false) => "kda",
+            _ => "gdn",
+        }
     );
     let gpu0 = group.gpu(0);
     let (host, dev) = draw_forward(
         gpu0,
         &cu,
-        per_key,
+        (per_key, if safe { 128 } else { 64 }),
         regime,
         h0,
         0xC0 + lay as u64 + 16 * ranks as u64,
     );
     let kp = KdaFwdParams {
         output_final_state: true,
+        safe_gate: safe,
         ..KdaFwdParams::default()
     };
     let gp = GdnFwdParams {
@@ -395,6 +406,18 @@ fn forward_case(
     let (o2, f2) = run();
     assert_bit_identical(&format!("{what}: o repeated"), &o, &o2);
     assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
+    if safe && gpu0.arch().0 == 9 && std::env::var("ATTN_KDA_INTRA").as_deref() != Ok("mma") {
+        if let Some(p) = &plan {
+            for (r, grid) in p.local_intra_pipes().into_iter().enumerate() {
+                let pieces = !part.shard(r).pieces.is_empty();
+                assert_eq!(
+                    grid.is_some(),
+                    pieces,
+                    "{what}: rank {r}'s local intra stage on kda_intra_pipe"
+                );
+            }
+        }
+    }
     if let (Some(p), Regime::Strong | Regime::Long) = (&plan, regime) {
         for (r, choice) in p.local_choices().unwrap().into_iter().enumerate() {
             let long = part
@@ -460,17 +483,34 @@ fn forward_all(group: &CpGroup, per_key: bool) {
     let regimes = [Regime::Strong, Regime::Trained, Regime::Long];
     for lay in 0..layouts().len() {
         for (j, h0) in [true, false].into_iter().enumerate() {
-            forward_case(group, per_key, lay, regimes[(lay + j) % 3], h0, None);
+            forward_case(group, per_key, lay, regimes[(lay + j) % 3], h0, None, false);
         }
     }
     // summaries over 8-chunk tails where the decay allows (the one long sequence, 40 chunks)
     for regime in [Regime::Strong, Regime::Long] {
-        forward_case(group, per_key, 0, regime, true, Some(8));
+        forward_case(group, per_key, 0, regime, true, Some(8), false);
     }
     // shards long enough for the local forwards' exact fallback
     for regime in [Regime::Strong, Regime::Long] {
-        forward_case(group, per_key, layouts().len(), regime, true, Some(64));
+        forward_case(
+            group,
+            per_key,
+            layouts().len(),
+            regime,
+            true,
+            Some(64),
+            false,
+        );
     }
+}
+
+/// KDA under `safe_gate` at `K = V = 128` (the ranks' local intra stages on `kda_intra_pipe`,
+/// the first half with `G` per token): the long sequence with an 8-chunk tail and through the
+/// one-call path, and the long sequence among short ones.
+fn pipe_all(group: &CpGroup) {
+    forward_case(group, true, 0, Regime::Safe, true, Some(8), true);
+    forward_case(group, true, 0, Regime::Safe, false, None, true);
+    forward_case(group, true, 1, Regime::Safe, true, Some(2), true);
 }
 
 /// `fwd_h` over `ranks` GPUs: `h`, `v_new` (gathered) and the final states against the float64
@@ -601,7 +641,7 @@ fn plan_case(group: &CpGroup, per_key: bool) {
     let (host, _) = draw_forward(
         gpu0,
         &cu,
-        per_key,
+        (per_key, 64),
         Regime::Strong,
         true,
         0x9A + ranks as u64,
@@ -795,8 +835,9 @@ fn all_ops(ranks: usize) -> TestResult {
         Err(outcome) => return outcome,
     };
     type Op<'a> = &'a dyn Fn(&CpGroup);
-    let ops: [(&str, Op); 6] = [
+    let ops: [(&str, Op); 7] = [
         ("kda_fwd", &|g| forward_all(g, true)),
+        ("kda_fwd safe_gate (kda_intra_pipe)", &pipe_all),
         ("gdn_fwd", &|g| forward_all(g, false)),
         ("fwd_h", &fwd_h_all),
         ("kda_fwd plan", &|g| plan_case(g, true)),

@@ -1201,6 +1201,16 @@ impl<'g> CpFwdPlan<'g> {
             .collect()
     }
 
+    /// Per local rank: the grid of the persistent `kda_intra_pipe` kernel when its local
+    /// forward's intra stage runs on it ([`DeltaFwdPlan::intra_pipe`]); `None` for a rank
+    /// without pieces, a GDN plan, or a call the kernel does not take.
+    pub fn local_intra_pipes(&self) -> Vec<Option<usize>> {
+        self.ranks
+            .iter()
+            .map(|r| r.local.as_ref().and_then(|(plan, _)| plan.intra_pipe()))
+            .collect()
+    }
+
     /// The partition the plan runs.
     pub fn partition(&self) -> &Partition {
         &self.frame.part
