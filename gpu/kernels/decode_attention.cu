@@ -47,6 +47,15 @@
 #define DECODE_RING_SLOT_MAX 16384
 #define DECODE_WARPS 4
 #define DECODE_THREADS (DECODE_WARPS * 32)
+// Resident blocks per multiprocessor the register allocator must allow: the one-row kernels
+// (RB = 1) and the others (tuning knobs through ATTN_NVRTC_OPTS, e.g.
+// -DDECODE_MIN_BLOCKS_R1=5; 0: the compiler's choice, no .minnctapersm).
+#ifndef DECODE_MIN_BLOCKS_R1
+#define DECODE_MIN_BLOCKS_R1 0
+#endif
+#ifndef DECODE_MIN_BLOCKS
+#define DECODE_MIN_BLOCKS 0
+#endif
 // The most splits per row (the host keeps nsplit at or below it; the combine keeps one weight
 // per split in shared memory).
 #define DECODE_MAX_SPLITS 1024
@@ -517,7 +526,8 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
 // elements per load (16 bytes, or 1 for a head dim that is not a multiple of 16 bytes), RB the
 // query rows held per pass.
 #define DECODE_KERNEL(T, TAG, DP, W, RB)                                                      \
-    extern "C" __global__ void __launch_bounds__(DECODE_THREADS)                             \
+    extern "C" __global__ void                                                                \
+    __launch_bounds__(DECODE_THREADS, RB == 1 ? DECODE_MIN_BLOCKS_R1 : DECODE_MIN_BLOCKS)     \
         decode_attention_##TAG##_d##DP##_w##W##_r##RB(const DecodeArgs a) {                  \
         decode_block<T, DP, W, RB>(a);                                                        \
     }
