@@ -68,11 +68,13 @@ def run(nc, regime):
                 for r in range(16):
                     if r < j: continue
                     R = 16*db + r
-                    qq = np.concatenate([lds_bf8(QX + tile(R, kq + 8*h)) for h in range(2)])
-                    kk = np.concatenate([lds_bf8(KV + tile(R, kq + 8*h)) for h in range(2)])
+                    at = db*4096 + 256*r + ((kq ^ (r & 7)) << 4)   # = tile(R, kq + 8 h) - 128 h
+                    qq = np.concatenate([lds_bf8(QX + at + 128*h) for h in range(2)])
+                    kk = np.concatenate([lds_bf8(KV + at + 128*h) for h in range(2)])
                     if r == j: e = kk.copy()
                     else:
-                        st = np.concatenate([np.frombuffer(sm, np.float32, 4, steps + step_at(R, 16*h + 2*kq + p)) for h in range(2) for p in range(2)])
+                        sp = [steps + db*8192 + ((2*kq + (p ^ (kq >> 2))) << 4) for p in range(2)]  # = step_at(R, 16 h + 2 kq + p) - 512 r - 256 h
+                        st = np.concatenate([np.frombuffer(sm, np.float32, 4, sp[p] + 512*r + 256*h) for h in range(2) for p in range(2)])
                         e = (e * st).astype(np.float32)
                         for x in range(16): v[16+r] = np.float32(kk[x]*e[x] + v[16+r])
                     for x in range(16): v[r] = np.float32(qq[x]*e[x] + v[r])

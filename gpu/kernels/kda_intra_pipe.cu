@@ -441,6 +441,11 @@ __device__ __forceinline__ void pipe_diag_fma(const IntraArgs& a, const PipeItem
     __syncthreads();
     const int db = lane >> 3, kq = lane & 7;
     const bool b2 = (kq & 4) != 0, b1 = (kq & 2) != 0, b0 = (kq & 1) != 0;
+    // the lane's step units 16 h + 2 kq + p of row 16 db + r at sp[p] + 512 r + 256 h
+    // (pipe_step_at: u / 8 % 2 = kq / 4 flips bit 0), and its q̂, k̂ chunks kq + 8 h at
+    // qk + 256 r + 128 h + ((kq ^ r % 8) << 4) (pipe_tile: 16 db % 8 = 0)
+    const unsigned sp[2] = {steps + db * 8192 + ((2 * kq + (kq >> 2)) << 4), steps + db * 8192 + ((2 * kq + (1 ^ (kq >> 2))) << 4)};
+    const unsigned qk = (unsigned)(db * 4096);
     float res0[4], res1[4];
 #pragma unroll 1
     for (int s = 0; s < 2; ++s) {
@@ -453,12 +458,12 @@ __device__ __forceinline__ void pipe_diag_fma(const IntraArgs& a, const PipeItem
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
             if (r < j) continue;  // the warp's bound
-            const int R = 16 * db + r;
             float q[2][8], k[2][8];
+            const unsigned at = qk + 256 * r + ((kq ^ (r & 7)) << 4);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                pipe_widen8(lds128(qx + pipe_tile(R, kq + 8 * h)), q[h]);
-                pipe_widen8(lds128(kv + pipe_tile(R, kq + 8 * h)), k[h]);
+                pipe_widen8(lds128(qx + at + 128 * h), q[h]);
+                pipe_widen8(lds128(kv + at + 128 * h), k[h]);
             }
             if (r == j) {
 #pragma unroll
@@ -468,7 +473,7 @@ __device__ __forceinline__ void pipe_diag_fma(const IntraArgs& a, const PipeItem
                 for (int h = 0; h < 2; ++h)
 #pragma unroll
                     for (int p = 0; p < 2; ++p) {
-                        const float4 st = lds_f4(steps + pipe_step_at(R, 16 * h + 2 * kq + p));
+                        const float4 st = lds_f4(sp[p] + 512 * r + 256 * h);
                         e[h][4 * p] *= st.x, e[h][4 * p + 1] *= st.y, e[h][4 * p + 2] *= st.z, e[h][4 * p + 3] *= st.w;
                     }
 #pragma unroll
