@@ -1,9 +1,11 @@
 // kda_intra_pipe: the intra-chunk stage of the fused KDA forward as a persistent, prefetching
 // kernel (design: tools/bench-results/s15_6_study_kda_intra.md §3). The case it serves: bf16,
 // K = V = 128, chunk 64, g fp32: the per-step natural-log decay (gate_mode 1) or the input of the
-// in-kernel KDA gate (gate_mode 2, gate.cuh; with safe_gate its lower-bound form), safe_gate, the
-// fused path's outputs (w, u, kg, qg, Aqk, lam, qf; optionally G per token through gout, which
-// context parallelism's first half asks for; no Akk). Every output has
+// in-kernel KDA gate (gate_mode 2, gate.cuh; with safe_gate its lower-bound form, without it
+// either form), with safe_gate (kda_intra_pipe_bf16: every block of P3 on tensor cores) or without
+// (kda_intra_pipe_fma_bf16: P3's diagonal blocks by FMAs, pipe_diag_fma), the fused path's
+// outputs (w, u, kg, qg, Aqk, lam, qf; optionally G per token through gout, which context
+// parallelism's first half asks for; no Akk). Every output has
 // the layout and the rounding points of kda_intra_mma_fast_bf16 (kda_intra.cu), whose math it
 // computes, per item = (chunk, value head), with G the chunk-local cumulative gate in log2 units:
 //
