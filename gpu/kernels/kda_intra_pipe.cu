@@ -1,9 +1,11 @@
 // kda_intra_pipe: the intra-chunk stage of the fused KDA forward as a persistent, prefetching
 // kernel (design: tools/bench-results/s15_6_study_kda_intra.md §3). The case it serves: bf16,
 // K = V = 128, chunk 64, g fp32: the per-step natural-log decay (gate_mode 1) or the input of the
-// in-kernel KDA gate (gate_mode 2, gate.cuh; with safe_gate its lower-bound form), safe_gate, the
-// fused path's outputs (w, u, kg, qg, Aqk, lam, qf; optionally G per token through gout, which
-// context parallelism's first half asks for; no Akk). Every output has
+// in-kernel KDA gate (gate_mode 2, gate.cuh; with safe_gate its lower-bound form, without it
+// either form), with safe_gate (kda_intra_pipe_bf16: every block of P3 on tensor cores) or without
+// (kda_intra_pipe_fma_bf16: P3's diagonal blocks by FMAs, pipe_diag_fma), the fused path's
+// outputs (w, u, kg, qg, Aqk, lam, qf; optionally G per token through gout, which context
+// parallelism's first half asks for; no Akk). Every output has
 // the layout and the rounding points of kda_intra_mma_fast_bf16 (kda_intra.cu), whose math it
 // computes, per item = (chunk, value head), with G the chunk-local cumulative gate in log2 units:
 //
@@ -147,16 +149,18 @@ __device__ __forceinline__ void lds_f8(unsigned addr, float (&x)[8]) {
 }
 __device__ __forceinline__ void stg128(char* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
 
-// P1, the gate (gate_mode 2, its lower-bound form: safe_gate with the gate in the kernel requires
-// a lower bound, spec 6.3; gate_mode 1: g is the per-step decay itself) and its chunk-local
+// P1, the gate (gate_mode 2 in form FORM: the lower-bound form, which safe_gate with the gate in
+// the kernel requires (spec 6.3), or without safe_gate also the softplus form; gate_mode 1: g is
+// the per-step decay itself) and its chunk-local
 // cumsum, in place in G: thread = columns 2p, 2p + 1 (p = tid % 64) of rows 16 s .. 16 s + 15
 // (s = tid / 64), in registers. The order of today's kernel for either mode (bit-equal G): each
 // 16-row segment summed from 0 in row order, then the totals of the segments before it added in
 // order (through S), then the sum times 1 / ln 2.
+template <int FORM>
 __device__ __forceinline__ void pipe_gate(const IntraArgs& a, const PipeItem& it, unsigned G, float* tot) {
     const int p = threadIdx.x & 63, s = threadIdx.x >> 6, d = 2 * p;
     const bool in_kernel = a.gate_mode == 2;
-    Gate<float, 2, GATE_BOUNDED> gate;
+    Gate<float, 2, FORM> gate;
     if (in_kernel) gate.init(a.gate, (i64)it.hv * PIPE_K + d);
     float x[16][2];
     float run[2] = {0.f, 0.f};
@@ -293,12 +297,26 @@ __device__ __forceinline__ void pipe_gated(const IntraArgs& a, const PipeItem& i
 // (today's operands and products, formed here in registers from ldmatrix fragments and G in
 // the fragment layout). Rows >= n_c: every factor selected to 0. Warp w: pair w / 2 owns the
 // blocks {30, 31, 32}, {20, 21, 22}, {33, 00} or {10, 11}; half w % 2 the keys [64 h, 64 h + 64).
+// Without safe_gate (SAFE false) the diagonal blocks' kf is unbounded (any gate: a step's decay
+// may be large); they are the FMAs of pipe_diag_fma, and the pairs own the six blocks below the
+// diagonal as {30, 31}, {20, 21}, {32} and {10}.
 
+// Blocks of warp pair `pair`.
+template <bool SAFE> __device__ __forceinline__ int pipe_nb(int pair) { return SAFE ? (pair < 2 ? 3 : 2) : (pair < 2 ? 2 : 1); }
 // Block b of warp pair `pair`: row block i, column block j.
-__device__ __forceinline__ int pipe_bi(int pair, int b) { return pair == 0 ? 3 : pair == 1 ? 2 : pair == 2 ? (b == 0 ? 3 : 0) : 1; }
-__device__ __forceinline__ int pipe_bj(int pair, int b) { return pair == 2 ? (b == 0 ? 3 : 0) : b; }
-// Slot of block b of pair `pair` among the 10 blocks (the partial sums' place in S).
-__device__ __forceinline__ int pipe_slot(int pair, int b) { return pair < 2 ? 3 * pair + b : 2 * pair + 2 + b; }
+template <bool SAFE> __device__ __forceinline__ int pipe_bi(int pair, int b) {
+    if (!SAFE) return pair == 0 || pair == 2 ? 3 : pair == 1 ? 2 : 1;
+    return pair == 0 ? 3 : pair == 1 ? 2 : pair == 2 ? (b == 0 ? 3 : 0) : 1;
+}
+template <bool SAFE> __device__ __forceinline__ int pipe_bj(int pair, int b) {
+    if (!SAFE) return pair < 2 ? b : pair == 2 ? 2 : 0;
+    return pair == 2 ? (b == 0 ? 3 : 0) : b;
+}
+// Slot of block b of pair `pair` among the 10 (SAFE) or 6 blocks (the partial sums' place in S).
+template <bool SAFE> __device__ __forceinline__ int pipe_slot(int pair, int b) {
+    if (!SAFE) return pair < 2 ? 2 * pair + b : pair + 2;
+    return pair < 2 ? 3 * pair + b : 2 * pair + 2 + b;
+}
 
 __device__ __forceinline__ void pipe_ldsm_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -373,26 +391,162 @@ __device__ __forceinline__ void pipe_b_operand(int i, int j, int n, int k0, int 
     }
 }
 
+// Without safe_gate, the four diagonal blocks (j <= r in one block, m = 16 b) as today's kernel
+// takes them: FMAs with exp2(G_r - G_j) as the running product of the steps
+// exp2(G_s - G_{s-1}) (s = j + 1 .. r, each <= 1 for any decay) on q̂, k̂ widened to fp32:
+//   Aqk_rj = scale Σ_d q̂_rd e_rd,  L_rj = β_r Σ_d k̂_rd e_rd,  e_jd = k̂_jd,  e_rd = e_(r-1)d step_rd.
+// The steps of every row but the blocks' first (fp32, 64 x 128: 32 KB over F and S, 16-byte
+// units u of row r at u ^ (u / 8 % 2) so that the 8 key groups of a block read 8 distinct bank
+// groups), then warp w takes the columns j = w and 15 - w (17 rows between them, r >= j: the
+// loop's bounds are the warp's, so nothing is selected), lane = block db = lane / 8 and the
+// 16 keys of chunks kq, kq + 8 (kq = lane % 8); the 32 sums of a column (Aqk, L of its 16 rows)
+// reduced over the 8 key groups by halving (each lane keeps 4: tensor kq / 4, rows
+// 4 (kq % 4) .. + 3). L goes to its place in F (j < r, rows < n_c; else 0), Aqk (scaled, j <= r,
+// rows < n_c; else 0) to fp32 blocks [db][r][j] (pitch 17) in S after the six products' partial
+// sums, which pipe_products<false> moves into the Aqk staging once q̂ is dead.
+#define PIPE_STEPS_BYTES (PIPE_BT * PIPE_K * 4)
+#define PIPE_HOLD_OFF (6 * 2048)  // the held Aqk blocks' offset in S: after the six slots
+static_assert(PIPE_F + PIPE_STEPS_BYTES <= PIPE_SMALL, "the steps fit F and S");
+static_assert(PIPE_S + PIPE_HOLD_OFF + 4 * 16 * 17 * 4 <= PIPE_SMALL, "the held Aqk blocks fit S");
+
+__device__ __forceinline__ unsigned pipe_step_at(int r, int u) { return (unsigned)(r * 512 + ((u ^ ((u >> 3) & 1)) << 4)); }
+__device__ __forceinline__ float4 lds_f4(unsigned addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void sts_f4(unsigned addr, float x, float y, float z, float w) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w));
+}
+
+// The diagonal blocks without safe_gate (see above): steps at `steps` (F, S), L into `L`, Aqk
+// into `hold`. Two barriers: after the steps, and after their last read.
+__device__ __forceinline__ void pipe_diag_fma(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G, unsigned steps,
+                                              unsigned L, unsigned hold, unsigned beta) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nc = it.nc;
+    {
+        // the steps: thread = unit `lane` (keys 4 lane .. + 3) of rows 8 warp .. + 7 (a block's
+        // first row has none)
+        const int r0 = 8 * warp;
+        float4 prev = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (warp & 1) prev = lds_f4(G + ((r0 - 1) * PIPE_GP + 4 * lane) * 4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int r = r0 + i;
+            const float4 cur = lds_f4(G + (r * PIPE_GP + 4 * lane) * 4);
+            if (i > 0 || (warp & 1))
+                sts_f4(steps + pipe_step_at(r, lane), ex2_ftz(cur.x - prev.x), ex2_ftz(cur.y - prev.y), ex2_ftz(cur.z - prev.z),
+                       ex2_ftz(cur.w - prev.w));
+            prev = cur;
+        }
+    }
+    __syncthreads();
+    const int db = lane >> 3, kq = lane & 7;
+    const bool b2 = (kq & 4) != 0, b1 = (kq & 2) != 0, b0 = (kq & 1) != 0;
+    // the lane's step units 16 h + 2 kq + p of row 16 db + r at sp[p] + 512 r + 256 h
+    // (pipe_step_at: u / 8 % 2 = kq / 4 flips bit 0), and its q̂, k̂ chunks kq + 8 h at
+    // qk + 256 r + 128 h + ((kq ^ r % 8) << 4) (pipe_tile: 16 db % 8 = 0)
+    const unsigned sp[2] = {steps + db * 8192 + ((2 * kq + (kq >> 2)) << 4), steps + db * 8192 + ((2 * kq + (1 ^ (kq >> 2))) << 4)};
+    const unsigned qk = (unsigned)(db * 4096);
+    float res0[4], res1[4];
+#pragma unroll 1
+    for (int s = 0; s < 2; ++s) {
+        const int j = s == 0 ? warp : 15 - warp;
+        float e[2][8], v[32];  // v: Aqk of rows 0..15, then L of rows 0..15
+#pragma unroll
+        for (int x = 0; x < 16; ++x) (&e[0][0])[x] = 0.f;
+#pragma unroll
+        for (int x = 0; x < 32; ++x) v[x] = 0.f;
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            if (r < j) continue;  // the warp's bound
+            float q[2][8], k[2][8];
+            const unsigned at = qk + 256 * r + ((kq ^ (r & 7)) << 4);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                pipe_widen8(lds128(qx + at + 128 * h), q[h]);
+                pipe_widen8(lds128(kv + at + 128 * h), k[h]);
+            }
+            if (r == j) {
+#pragma unroll
+                for (int x = 0; x < 16; ++x) (&e[0][0])[x] = (&k[0][0])[x];
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int p = 0; p < 2; ++p) {
+                        const float4 st = lds_f4(sp[p] + 512 * r + 256 * h);
+                        e[h][4 * p] *= st.x, e[h][4 * p + 1] *= st.y, e[h][4 * p + 2] *= st.z, e[h][4 * p + 3] *= st.w;
+                    }
+#pragma unroll
+                for (int x = 0; x < 16; ++x) v[16 + r] = fmaf((&k[0][0])[x], (&e[0][0])[x], v[16 + r]);
+            }
+#pragma unroll
+            for (int x = 0; x < 16; ++x) v[r] = fmaf((&q[0][0])[x], (&e[0][0])[x], v[r]);
+        }
+        // the sums over the 8 key groups, halving: xor 4 keeps the tensor kq / 4, xor 2 the rows'
+        // half kq / 2 % 2, xor 1 their quarter kq % 2
+#pragma unroll
+        for (int x = 0; x < 16; ++x) {
+            const float send = b2 ? v[x] : v[x + 16], keep = b2 ? v[x + 16] : v[x];
+            v[x] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+        }
+#pragma unroll
+        for (int x = 0; x < 8; ++x) {
+            const float send = b1 ? v[x] : v[x + 8], keep = b1 ? v[x + 8] : v[x];
+            v[x] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+        }
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const float send = b0 ? v[x] : v[x + 4], keep = b0 ? v[x + 4] : v[x];
+            v[x] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+            if (s == 0)
+                res0[x] = v[x];
+            else
+                res1[x] = v[x];
+        }
+    }
+    __syncthreads();  // the steps read (L and the held blocks overwrite them)
+    const float scale = (float)a.scale;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+        const int j = s == 0 ? warp : 15 - warp, J = 16 * db + j;
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const int r = 4 * (kq & 3) + x, R = 16 * db + r;
+            const float v = s == 0 ? res0[x] : res1[x];
+            if (!b2)
+                sts_f(hold + ((16 * db + r) * 17 + j) * 4, R < nc && j <= r ? scale * v : 0.f);
+            else
+                sts_f(L + (R * (PIPE_BT + 1) + J) * 4, R < nc && j < r ? lds_f(beta + R * 4) * v : 0.f);
+        }
+    }
+}
+
 // P3 (see above): Aqk (bf16, final) into the rows < n_c of a.aqk, L (fp32, rows < n_c, j < r;
 // the rest of the lower blocks 0) into the 64 x 65 matrix at F. Uses S for the partial sums
-// of the upper key halves and the first 8 KB of QX (q̂ is dead) to stage Aqk. Ends with a
-// barrier.
+// of the upper key halves and the first 8 KB of QX (q̂ is dead) to stage Aqk. Without safe_gate
+// the diagonal blocks first (pipe_diag_fma: F and S for the steps, L's diagonal blocks in F,
+// Aqk's held in S until the staging). Ends with a barrier.
+template <bool SAFE>
 __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G, unsigned part,
                                               unsigned L, unsigned beta) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int pair = warp >> 1, half = warp & 1, nb = pair < 2 ? 3 : 2, nc = it.nc;
-    float acc[3][2][2][4];  // [block][Aqk, L][8-column tile][fragment]
+    const int pair = warp >> 1, half = warp & 1, nb = pipe_nb<SAFE>(pair), nc = it.nc;
+    constexpr int NB = SAFE ? 3 : 2;  // the most blocks a pair owns
+    if (!SAFE) pipe_diag_fma(a, it, qx, kv, G, L, L, part + PIPE_HOLD_OFF, beta);
+    float acc[NB][2][2][4];  // [block][Aqk, L][8-column tile][fragment]
 #pragma unroll
-    for (int i = 0; i < 48; ++i) (&acc[0][0][0][0])[i] = 0.f;
+    for (int i = 0; i < NB * 16; ++i) (&acc[0][0][0][0])[i] = 0.f;
 #pragma unroll 1
     for (int ks = 0; ks < 4; ++ks) {
         const int k0 = 64 * half + 16 * ks;
         unsigned qh[4], ql[4], kh[4], kl[4];
 #pragma unroll
-        for (int b = 0; b < 3; ++b) {
+        for (int b = 0; b < NB; ++b) {
             if (b >= nb) break;
-            const int i = pipe_bi(pair, b), j = pipe_bj(pair, b);
-            if (b == 0 || pair == 2) pipe_a_operands(i, k0, nc, qx, kv, G, qh, ql, kh, kl);
+            const int i = pipe_bi<SAFE>(pair, b), j = pipe_bj<SAFE>(pair, b);
+            if (b == 0 || (SAFE && pair == 2)) pipe_a_operands(i, k0, nc, qx, kv, G, qh, ql, kh, kl);
             unsigned kr[4];
             pipe_b_raw(j, k0, kv, kr);
 #pragma unroll
@@ -411,10 +565,10 @@ __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem
     // the upper half's partial sums through S ([slot][16 values][lane])
     if (half == 1) {
 #pragma unroll
-        for (int b = 0; b < 3; ++b) {
+        for (int b = 0; b < NB; ++b) {
             if (b >= nb) break;
 #pragma unroll
-            for (int e = 0; e < 16; ++e) sts_f(part + ((pipe_slot(pair, b) * 16 + e) * 32 + lane) * 4, (&acc[b][0][0][0])[e]);
+            for (int e = 0; e < 16; ++e) sts_f(part + ((pipe_slot<SAFE>(pair, b) * 16 + e) * 32 + lane) * 4, (&acc[b][0][0][0])[e]);
         }
     }
     __syncthreads();
@@ -425,14 +579,23 @@ __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem
             const int r = x >> 3, c = x & 7;
             if ((c >> 1) > (r >> 4)) sts128(qx + r * 128 + ((c ^ (r & 7)) << 4), make_uint4(0, 0, 0, 0));
         }
+        if (!SAFE) {
+            // the held diagonal blocks of Aqk into the staging: thread x = 0..127 the 8 columns
+            // 8 h .. + 7 (h = x % 2) of row r = x / 2 % 16 of block db = x / 32
+            const int x = (warp >> 1) * 32 + lane, db = x >> 5, r = (x >> 1) & 15, h = x & 1, R = 16 * db + r, c = 2 * db + h;
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = lds_f(part + PIPE_HOLD_OFF + ((16 * db + r) * 17 + 8 * h + e) * 4);
+            sts128(qx + R * 128 + ((c ^ (R & 7)) << 4), pipe_narrow8(v));
+        }
     } else {
         const float scale = (float)a.scale;
 #pragma unroll
-        for (int b = 0; b < 3; ++b) {
+        for (int b = 0; b < NB; ++b) {
             if (b >= nb) break;
-            const int i = pipe_bi(pair, b), j = pipe_bj(pair, b);
+            const int i = pipe_bi<SAFE>(pair, b), j = pipe_bj<SAFE>(pair, b);
 #pragma unroll
-            for (int e = 0; e < 16; ++e) (&acc[b][0][0][0])[e] += lds_f(part + ((pipe_slot(pair, b) * 16 + e) * 32 + lane) * 4);
+            for (int e = 0; e < 16; ++e) (&acc[b][0][0][0])[e] += lds_f(part + ((pipe_slot<SAFE>(pair, b) * 16 + e) * 32 + lane) * 4);
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -578,6 +741,7 @@ __device__ __forceinline__ void pipe_wu(const IntraArgs& a, const PipeItem& it, 
     }
 }
 
+template <bool SAFE>
 __device__ void kda_intra_pipe(const PipeArgs& pa) {
     const IntraArgs& a = pa.a;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -607,7 +771,10 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
         // P1: gate + cumsum (g landed), then the norms (q, k landed)
         cp_async_wait<1>();
         __syncthreads();
-        pipe_gate(a, it, G, tot);
+        if (SAFE || a.gate_mode != 2 || a.gate.has_lower_bound)
+            pipe_gate<GATE_BOUNDED>(a, it, G, tot);
+        else
+            pipe_gate<GATE_SOFTPLUS>(a, it, G, tot);
         cp_async_wait<0>();
         __syncthreads();
         pipe_rows(a, it, qx, kv, beta);
@@ -615,7 +782,7 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
         // P2 (no barrier: P3 only reads q̂, k̂, G too)
         pipe_gated(a, it, qx, kv, G);
         // P3
-        pipe_products(a, it, qx, kv, G, sb + PIPE_S, sb + PIPE_F, sb + PIPE_SMALL);
+        pipe_products<SAFE>(a, it, qx, kv, G, sb + PIPE_S, sb + PIPE_F, sb + PIPE_SMALL);
         pipe_xw(it, qx, kv, G, beta);
         __syncthreads();
         // v of this item, g of the next (k̂ and G are dead)
@@ -645,6 +812,13 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
 #define KDA_INTRA_PIPE_MIN_BLOCKS 2
 #endif
 
+// With safe_gate: every block on tensor cores.
 extern "C" __global__ void __launch_bounds__(PIPE_THREADS, KDA_INTRA_PIPE_MIN_BLOCKS) kda_intra_pipe_bf16(const PipeArgs pa) {
-    kda_intra_pipe(pa);
+    kda_intra_pipe<true>(pa);
+}
+
+// Without safe_gate: the diagonal blocks by FMAs (pipe_diag_fma), the gate in the kernel in
+// either form.
+extern "C" __global__ void __launch_bounds__(PIPE_THREADS, KDA_INTRA_PIPE_MIN_BLOCKS) kda_intra_pipe_fma_bf16(const PipeArgs pa) {
+    kda_intra_pipe<false>(pa);
 }

@@ -1171,9 +1171,11 @@ fn piece_chunk_offsets(gpu: &Gpu, c: &Case, rule: SplitRule, choice: FusedChoice
 /// `kda_intra_pipe` (`DeltaFwdPlan::with_intra_pipe`: two CTAs per multiprocessor, and 3 CTAs
 /// walking many items each) on the cases it serves (bf16, K = V = 128, chunk 64, `safe_gate`
 /// with the lower-bound gate in the kernel, or with `g` given as per-step decays in the
-/// promise's `[−5, 0]`; l2norm and β sigmoid in the kernel, GVA, varlen with partial chunks,
-/// initial states): `o` and the final state within 2e-3 of each other and 5e-3 of the float64
-/// reference.
+/// promise's `[−5, 0]`; without `safe_gate`, the diagonal blocks by FMAs: the trained gate in
+/// the kernel (softplus form), `g` given in the trained and the strong regime; l2norm and β
+/// sigmoid in the kernel, GVA, varlen with one-token and partial chunks, initial states): the
+/// default plan on the pipe kernel (Hopper), `o` and the final state within 2e-3 of each other
+/// and 5e-3 of the float64 reference.
 fn kda_intra_pipe_switch(gpu: &Gpu) {
     let mut c = base(true, Dtype::BF16);
     c.draw.k = 128;
@@ -1194,6 +1196,22 @@ fn kda_intra_pipe_switch(gpu: &Gpu) {
     c.draw.regime = Regime::Safe;
     c.lower_bound = None;
     pipe_switch(gpu, "given g", &c, 0x9199f);
+    // without safe_gate (kda_intra_pipe_fma_bf16): the trained gate in the kernel (no lower
+    // bound), then g given as the trained and the strong regimes draw it (unclamped)
+    c.safe_gate = false;
+    c.draw.gate_input = true;
+    c.lower_bound = None;
+    pipe_switch(
+        gpu,
+        "no safe_gate, softplus gate in the kernel",
+        &c,
+        0x919a0,
+    );
+    c.draw.gate_input = false;
+    c.draw.regime = Regime::Trained;
+    pipe_switch(gpu, "no safe_gate, given g trained", &c, 0x919a1);
+    c.draw.regime = Regime::Strong;
+    pipe_switch(gpu, "no safe_gate, given g strong", &c, 0x919a2);
 }
 
 /// The default plan of `c` on the pipe kernel (Hopper), and `c` on today's kernel and on the

@@ -3,7 +3,11 @@
 //! `$ATTN_KDA_INTRA` changes nothing here): bf16, `K = V = 128`, chunk 64, `safe_gate` with the
 //! gate in the kernel (two lower bounds) or `g` given as fp32 per-step decays (three regimes:
 //! strong `U[−1.5, −0.05]`, trained-like clamped to the promise's `[−5, 0]`, long memory
-//! `U[−1e-3, 0]`), the in-kernel L2 norm and β sigmoid, GVA, varlen with partial and one-token
+//! `U[−1e-3, 0]`); without `safe_gate` (the entry point whose diagonal blocks are FMAs on the
+//! running product of the steps, against today's FMA path) the gate in the kernel in both forms
+//! (softplus: the trained gate; lower bound) or `g` given as the common regimes draw it (trained
+//! unclamped, strong `logsigmoid(randn)` per key, long memory, hard forget with 5% of the steps at
+//! −1000); the in-kernel L2 norm and β sigmoid, GVA, varlen with empty, one-token and partial
 //! chunks, and the per-token `G` that context parallelism's first half asks for (`rows_gate`);
 //! grids of one CTA, a few CTAs (several items each) and two per multiprocessor. Outputs are
 //! poisoned with NaN before each run, so every element must have been written. Without a GPU
@@ -30,14 +34,21 @@ enum GateCase {
     Trained,
     /// `g` given: `U[−1e-3, 0]` (long memory).
     Long,
+    /// The KDA gate in the kernel without a lower bound (`−exp(A_log) · softplus(x + dt_bias)`;
+    /// only without `safe_gate`).
+    InKernelSoftplus,
+    /// `g` given as the common draw's regime makes it (unclamped).
+    Drawn(Regime),
 }
 
-/// One call: its draw, `cu_seqlens`, gate and whether the intra stage also writes `G` per token.
+/// One call: its draw, `cu_seqlens`, gate, `safe_gate` and whether the intra stage also writes
+/// `G` per token.
 struct Case {
     name: &'static str,
     draw: Draw,
     cu: Vec<i64>,
     gate: GateCase,
+    safe: bool,
     rows_gate: bool,
 }
 
@@ -53,11 +64,12 @@ fn cases() -> Vec<Case> {
         regime: match gate {
             GateCase::Trained => Regime::Trained,
             GateCase::Long => Regime::Long,
+            GateCase::Drawn(r) => r,
             _ => Regime::Safe,
         },
         raw_qk: true,
         beta_logits: true,
-        gate_input: matches!(gate, GateCase::InKernel(_)),
+        gate_input: matches!(gate, GateCase::InKernel(_) | GateCase::InKernelSoftplus),
         h0: false,
         v_first: false,
     };
@@ -66,9 +78,15 @@ fn cases() -> Vec<Case> {
         draw: draw(h, hv, t, gate),
         cu: cu.to_vec(),
         gate,
+        safe: true,
         rows_gate,
     };
+    let unsafe_case = |name, h, hv, t, cu: &[i64], gate, rows_gate| Case {
+        safe: false,
+        ..case(name, h, hv, t, cu, gate, rows_gate)
+    };
     let varlen = [0, 1, 64, 130, 130, 300, 517];
+    let varlen2 = [0, 63, 64, 65, 200, 450];
     vec![
         case(
             "lower-bound gate, GVA, varlen",
@@ -133,6 +151,79 @@ fn cases() -> Vec<Case> {
             GateCase::Strong,
             true,
         ),
+        // without safe_gate: the diagonal blocks by FMAs
+        unsafe_case(
+            "no safe_gate, softplus gate in the kernel, GVA, varlen",
+            2,
+            4,
+            517,
+            &varlen,
+            GateCase::InKernelSoftplus,
+            false,
+        ),
+        unsafe_case(
+            "no safe_gate, lower-bound gate, partial last chunk",
+            3,
+            3,
+            400,
+            &[0, 400],
+            GateCase::InKernel(-5.0),
+            false,
+        ),
+        unsafe_case(
+            "no safe_gate, given g trained, varlen",
+            2,
+            2,
+            450,
+            &varlen2,
+            GateCase::Drawn(Regime::Trained),
+            false,
+        ),
+        unsafe_case(
+            "no safe_gate, given g strong logsigmoid, GVA, varlen",
+            2,
+            4,
+            517,
+            &varlen,
+            GateCase::Drawn(Regime::Strong),
+            false,
+        ),
+        unsafe_case(
+            "no safe_gate, given g long memory, partial last chunk",
+            3,
+            3,
+            400,
+            &[0, 400],
+            GateCase::Drawn(Regime::Long),
+            false,
+        ),
+        unsafe_case(
+            "no safe_gate, given g hard forget, varlen",
+            2,
+            2,
+            450,
+            &varlen2,
+            GateCase::Drawn(Regime::Hard),
+            false,
+        ),
+        unsafe_case(
+            "no safe_gate, rows gate, softplus gate in the kernel, varlen",
+            2,
+            2,
+            450,
+            &varlen2,
+            GateCase::InKernelSoftplus,
+            true,
+        ),
+        unsafe_case(
+            "no safe_gate, rows gate, given g trained, GVA, varlen",
+            2,
+            4,
+            517,
+            &varlen,
+            GateCase::Drawn(Regime::Trained),
+            true,
+        ),
     ]
 }
 
@@ -141,14 +232,14 @@ fn params(c: &Case) -> KdaFwdParams {
         scale: None,
         output_final_state: true,
         use_qk_l2norm_in_kernel: true,
-        use_gate_in_kernel: matches!(c.gate, GateCase::InKernel(_)),
+        use_gate_in_kernel: matches!(c.gate, GateCase::InKernel(_) | GateCase::InKernelSoftplus),
         lower_bound: match c.gate {
             GateCase::InKernel(lb) => Some(lb),
             _ => None,
         },
         use_beta_sigmoid_in_kernel: true,
         allow_neg_eigval: false,
-        safe_gate: true,
+        safe_gate: c.safe,
         chunk_size: 64,
         state_v_first: false,
     }
@@ -156,7 +247,7 @@ fn params(c: &Case) -> KdaFwdParams {
 
 /// The device tensors of `c`: its draw, with a given `g` replaced by the case's regime where the
 /// common draw differs (strong: the benchmarks' uniform; trained: clamped to the `safe_gate`
-/// promise `[−5, 0]`).
+/// promise `[−5, 0]`; `Drawn`: as drawn).
 fn draw_case(gpu: &Gpu, rng: &mut Rng, c: &Case) -> ForwardDev {
     let (host, mut dev) = draw(gpu, rng, &c.draw, Dtype::BF16, Dtype::F32);
     let g = match c.gate {

@@ -1165,19 +1165,19 @@ impl DeltaFwdPlan {
 
     /// The fused KDA path's intra stage on `kda_intra_pipe` with `grid` CTAs (`None`: today's
     /// `kda_intra_mma*` kernels), for the plans whose every call fits it: bf16, `K = V = 128`,
-    /// chunk 64, an fp32 `g` (the given per-step decay, or the in-kernel gate's input with its
-    /// lower bound), `safe_gate` (a run whose intra stage also writes `G` per token, CP's first
-    /// half, takes it too). Other plans are unchanged.
+    /// chunk 64, an fp32 `g` (the given per-step decay, or the in-kernel gate's input: with
+    /// `safe_gate` its lower-bound form, without it either form), with or without `safe_gate` (a
+    /// run whose intra stage also writes `G` per token, CP's first half, takes it too). Other
+    /// plans are unchanged.
     pub fn with_intra_pipe(mut self, grid: Option<usize>) -> DeltaFwdPlan {
         let fits = self.fused.is_some_and(|f| !f.lean)
             && self.dtype == Dtype::BF16
             && (self.geo.k, self.geo.v, self.geo.bt) == (128, 128, 64)
-            && matches!(
-                self.prep.gate,
-                GateInput::InKernel(Some(_)) | GateInput::Decay
-            )
-            && self.g_f32
-            && self.prep.safe_gate;
+            && match self.prep.gate {
+                GateInput::Decay => true,
+                GateInput::InKernel(lb) => lb.is_some() || !self.prep.safe_gate,
+            }
+            && self.g_f32;
         self.intra_pipe = grid.filter(|_| fits).map(|g| g.max(1));
         self
     }

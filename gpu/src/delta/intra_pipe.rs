@@ -1,10 +1,20 @@
 //! The persistent KDA intra kernel `kda_intra_pipe` (`kda_intra_pipe.cu`; design:
 //! `tools/bench-results/s15_6_study_kda_intra.md` §3): the fused KDA path's intra stage for
 //! bf16, `K = V = 128`, chunk 64, an fp32 `g` (the per-step decay, or the input of the in-kernel
-//! gate) with `safe_gate`, optionally `G` per token (context parallelism's first half), computing what
+//! gate), optionally `G` per token (context parallelism's first half), computing what
 //! `kda_intra_mma_fast_bf16` computes (the same outputs, layouts and rounding points) on a fixed
 //! grid of CTAs that each walk items (chunk, value head) `b, b + grid, …` while the next item's
 //! `q, k, g` arrive by `cp.async`.
+//!
+//! Two entry points, chosen per call by `safe_gate`. With it (`kda_intra_pipe_bf16`) every 16 × 16
+//! block of `Aqk` and `L` is a tensor-core product of factors `q̂, k̂ · exp2(G_r − G_m)` and
+//! `k̂_j · exp2(G_m − G_j)` (`m` the row block's first row), the latter bounded by `2^109` on the
+//! diagonal only because every step is in `[−5, 0]`. Without it (`kda_intra_pipe_fma_bf16`: the
+//! trained gate `−exp(A_log) · softplus(x + dt_bias)` in the kernel, or any given `g`) the six
+//! blocks below the diagonal keep those products (both factors `≤ 1` for any gate) and the four
+//! diagonal blocks are fp32 FMAs, as `kda_intra_mma*`'s path without `safe_gate`:
+//! `Aqk_rj = scale Σ_d q̂_rd e_rd`, `L_rj = β_r Σ_d k̂_rd e_rd` with the running product
+//! `e_jd = k̂_jd`, `e_rd = e_(r−1)d · exp2(G_rd − G_(r−1)d)` (each step `≤ 1`).
 
 use super::intra::IntraArgs;
 use crate::device::Gpu;
@@ -33,17 +43,17 @@ unsafe impl DeviceRepr for PipeArgs {}
 
 /// Whether the pipe kernel serves the intra call `a` of `dtype` data: bf16, `K = V = 128`,
 /// chunk 64, an fp32 `g` that is either the per-step natural-log decay (`gate_mode` 1) or the
-/// input of the KDA gate computed in the kernel (`gate_mode` 2, its lower-bound form, which
-/// `safe_gate` implies), `safe_gate`, and the fused path's outputs (gated `kg`, optionally `G`
-/// per token through `gout`; no `Akk`, no lean tiles).
+/// input of the KDA gate computed in the kernel (`gate_mode` 2: with `safe_gate` its lower-bound
+/// form, which `safe_gate` implies; without it either form), and the fused path's outputs (gated
+/// `kg`, optionally `G` per token through `gout`; no `Akk`, no lean tiles).
 pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
     dtype == Dtype::BF16
         && a.k_dim == 128
         && a.v_dim == 128
         && a.bt == 64
-        && (a.gate_mode == 1 || (a.gate_mode == 2 && a.gate.has_lower_bound != 0))
+        && (a.gate_mode == 1
+            || (a.gate_mode == 2 && (a.safe_gate == 0 || a.gate.has_lower_bound != 0)))
         && a.g_dtype == dtype_code(Dtype::F32)
-        && a.safe_gate != 0
         && a.scalar_gate == 0
         && a.kg_gated != 0
         && a.akk == 0
@@ -65,6 +75,16 @@ pub(crate) fn default_grid(gpu: &Gpu) -> Option<usize> {
     // each resident block also holds 1 KiB the driver reserves
     let ctas = per_sm / (SMEM as usize + 1024);
     (per_block >= SMEM as usize && ctas > 0).then(|| ctas.min(CTAS_PER_SM) * gpu.sm_count().max(1))
+}
+
+/// The entry point of the call `a`: every block on tensor cores with `safe_gate`, the diagonal
+/// blocks by FMAs without it.
+fn kernel_name(a: &IntraArgs) -> &'static str {
+    if a.safe_gate != 0 {
+        "kda_intra_pipe_bf16"
+    } else {
+        "kda_intra_pipe_fma_bf16"
+    }
 }
 
 /// One launch over `chunks` chunks and `hv` value heads on `grid` CTAs (any grid is correct:
@@ -96,7 +116,7 @@ pub(crate) fn launch(
     };
     gpu.launch_with_smem(
         Module::KdaIntraPipe,
-        "kda_intra_pipe_bf16",
+        kernel_name(args),
         (ctas as u32, 1),
         THREADS,
         SMEM,

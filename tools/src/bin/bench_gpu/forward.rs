@@ -332,7 +332,8 @@ pub fn run(
 
 /// The rows of the persistent KDA intra kernel: the intra stage alone of `fwd_kda_h32_8x8192`
 /// with `safe_gate`, the lower-bound gate in the kernel (`INTRA_PIPE_ROW`) or `g` given in a
-/// regime within `[−5, 0]` (`…_strong`, `…_long`: `use_gate_in_kernel` off), on today's
+/// regime within `[−5, 0]` (`…_strong`, `…_long`: `use_gate_in_kernel` off), or without
+/// `safe_gate` in the trained regime (`…_trained`: the pipe kernel's FMA diagonal), on today's
 /// `kda_intra_mma_fast_bf16` and on `kda_intra_pipe` at two CTAs per multiprocessor, both plans
 /// pinned ([`DeltaFwdPlan::with_intra_pipe`], so `$ATTN_KDA_INTRA` changes neither). GB/s on the
 /// stage's own traffic: q, k, v, g, β read, w, u, kg, qg, Aqk, qf and `exp2(G_ℓ)` written, once
@@ -343,7 +344,7 @@ pub const INTRA_PIPE_ROW: &str = "intra_kda_pipe_h32_8x8192";
 pub fn intra_pipe_rows() -> Vec<(String, Option<GateRegime>)> {
     std::iter::once((INTRA_PIPE_ROW.to_string(), None))
         .chain(
-            [GateRegime::Strong, GateRegime::Long]
+            [GateRegime::Strong, GateRegime::Long, GateRegime::Trained]
                 .map(|r| (format!("{INTRA_PIPE_ROW}_{}", r.name()), Some(r))),
         )
         .collect()

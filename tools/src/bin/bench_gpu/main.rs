@@ -15,7 +15,7 @@
 //! The NSA cases (`nsa_compress_kv`, `nsa_gate_combine`, `nsa_select_blocks`) are in [`nsa`],
 //! the delta-rule cases (`chunk_gated_delta_rule_fwd_h`, `fwd_h_pre_scan`) in [`delta`], the
 //! intra-card split (`chunk_gated_delta_rule_fwd_h_split`: serial, auto, forced split) in
-//! [`split`], the whole forwards (`gdn_fwd`, `kda_fwd`; and `intra_kda_pipe_h32_8x8192{,_strong,_long}`, the
+//! [`split`], the whole forwards (`gdn_fwd`, `kda_fwd`; and `intra_kda_pipe_h32_8x8192{,_strong,_long,_trained}`, the
 //! KDA intra stage on `kda_intra_pipe` beside today's kernel) in [`forward`], the context-parallel
 //! forwards over 1, 2, 4 GPUs (`cp_gdn_*`, `cp_kda_*`) in [`cp`].
 //!
