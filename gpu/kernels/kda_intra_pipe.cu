@@ -64,7 +64,7 @@ struct PipeItem {
 
 __device__ __forceinline__ PipeItem pipe_item(const IntraArgs& a, int item) {
     const int chunk = item / (int)a.HV;
-    const i64* ch = reinterpret_cast<const i64*>(a.chunks) + chunk * 3;
+    const i64* ch = reinterpret_cast<const i64*>(a.chunks) + (i64)chunk * 3;
     PipeItem it;
     it.row0 = ch[0];
     it.nc = (int)ch[1];
