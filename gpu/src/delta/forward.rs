@@ -1546,6 +1546,12 @@ impl DeltaFwdPlan {
                 }
             }
         }
+        // `with_intra_pipe` promises the calls `accepts` takes: a disagreement would run the
+        // old kernel silently where tests expect the pipe kernel
+        debug_assert!(
+            self.intra_pipe.is_none() || intra_pipe::accepts(self.dtype, &args),
+            "with_intra_pipe and intra_pipe::accepts disagree"
+        );
         match self.intra_pipe {
             Some(grid) if intra_pipe::accepts(self.dtype, &args) => {
                 intra_pipe::launch(gpu, self.nchunks, self.geo.hv, grid, &args)
