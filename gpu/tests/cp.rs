@@ -3,8 +3,8 @@
 //! thresholds) and against the single-GPU result on GPU 0 (same dtype, 5e-3): one long
 //! sequence, a long one with short ones on either side, many sequences, a sequence shorter than
 //! `R` chunks, zero-length sequences; with and without `initial_state`, final state on; strong,
-//! trained-like and long-memory gates; KDA under `safe_gate` at `K = V = 128`, whose ranks'
-//! local intra stages run on `kda_intra_pipe` (asserted on Hopper); repeated runs
+//! trained-like and long-memory gates; KDA at `K = V = 128` with and without `safe_gate`, whose
+//! ranks' local intra stages run on `kda_intra_pipe` (asserted on Hopper); repeated runs
 //! bit-identical; bad input refused; the
 //! persistent plans (`CpFwdPlan`, `CpFwdHPlan`) run twice bit-identical to the one-call ops,
 //! and a shard of the wrong shape at `run` refused before any launch; a rank whose peer (a second
@@ -271,9 +271,16 @@ impl ScatteredFwdH {
 /// under strong decay and the whole piece's under long memory; and a rank whose local forward
 /// splits a piece of `EXACT_FALLBACK_CHUNKS` chunks or more takes the exact fallback under
 /// long memory and not under strong decay.
-/// One forward over `group` against the float64 reference and GPU 0 alone. With `safe`, KDA
-/// under `safe_gate` at `K = V = 128` with the per-step decays `U[-5, 0]` it promises: the
-/// shape whose local intra stages (and their rows-gate first half) run on `kda_intra_pipe`.
+/// The key and value width of a case, and for `K = V = 128` (KDA: the width whose ranks' local
+/// intra stages, their rows-gate first half included, run on `kda_intra_pipe`) whether it runs
+/// under `safe_gate`.
+#[derive(Clone, Copy)]
+enum Width {
+    K64,
+    K128 { safe_gate: bool },
+}
+
+/// One forward over `group` against the float64 reference and GPU 0 alone.
 fn forward_case(
     group: &CpGroup,
     per_key: bool,
@@ -281,7 +288,7 @@ fn forward_case(
     regime: Regime,
     h0: bool,
     tail: Option<usize>,
-    safe: bool,
+    width: Width,
 ) {
     let ranks = group.world();
     let (name, cu, splits) = layouts()
@@ -291,24 +298,25 @@ fn forward_case(
         .unwrap();
     let what = format!(
         "{} R={ranks} {name} {regime:?} h0={h0} tail={tail:?}",
-        match (per_key, safe) {
-            (true, true) => "kda safe_gate K=128",
-            (true, false) => "kda",
-            _ => "gdn",
+        match (per_key, width) {
+            (true, Width::K128 { safe_gate: true }) => "kda safe_gate K=128",
+            (true, Width::K128 { safe_gate: false }) => "kda K=128",
+            (true, Width::K64) => "kda",
+            (false, _) => "gdn",
         }
     );
     let gpu0 = group.gpu(0);
     let (host, dev) = draw_forward(
         gpu0,
         &cu,
-        (per_key, if safe { 128 } else { 64 }),
+        (per_key, if matches!(width, Width::K64) { 64 } else { 128 }),
         regime,
         h0,
         0xC0 + lay as u64 + 16 * ranks as u64,
     );
     let kp = KdaFwdParams {
         output_final_state: true,
-        safe_gate: safe,
+        safe_gate: matches!(width, Width::K128 { safe_gate: true }),
         ..KdaFwdParams::default()
     };
     let gp = GdnFwdParams {
@@ -406,7 +414,8 @@ fn forward_case(
     let (o2, f2) = run();
     assert_bit_identical(&format!("{what}: o repeated"), &o, &o2);
     assert_bit_identical(&format!("{what}: final_state repeated"), &f, &f2);
-    if safe && gpu0.arch().0 == 9 && std::env::var("ATTN_KDA_INTRA").as_deref() != Ok("mma") {
+    let wide = per_key && !matches!(width, Width::K64);
+    if wide && gpu0.arch().0 == 9 && std::env::var("ATTN_KDA_INTRA").as_deref() != Ok("mma") {
         if let Some(p) = &plan {
             for (r, grid) in p.local_intra_pipes().into_iter().enumerate() {
                 let pieces = !part.shard(r).pieces.is_empty();
@@ -483,12 +492,20 @@ fn forward_all(group: &CpGroup, per_key: bool) {
     let regimes = [Regime::Strong, Regime::Trained, Regime::Long];
     for lay in 0..layouts().len() {
         for (j, h0) in [true, false].into_iter().enumerate() {
-            forward_case(group, per_key, lay, regimes[(lay + j) % 3], h0, None, false);
+            forward_case(
+                group,
+                per_key,
+                lay,
+                regimes[(lay + j) % 3],
+                h0,
+                None,
+                Width::K64,
+            );
         }
     }
     // summaries over 8-chunk tails where the decay allows (the one long sequence, 40 chunks)
     for regime in [Regime::Strong, Regime::Long] {
-        forward_case(group, per_key, 0, regime, true, Some(8), false);
+        forward_case(group, per_key, 0, regime, true, Some(8), Width::K64);
     }
     // shards long enough for the local forwards' exact fallback
     for regime in [Regime::Strong, Regime::Long] {
@@ -499,18 +516,23 @@ fn forward_all(group: &CpGroup, per_key: bool) {
             regime,
             true,
             Some(64),
-            false,
+            Width::K64,
         );
     }
 }
 
-/// KDA under `safe_gate` at `K = V = 128` (the ranks' local intra stages on `kda_intra_pipe`,
-/// the first half with `G` per token): the long sequence with an 8-chunk tail and through the
-/// one-call path, and the long sequence among short ones.
+/// KDA at `K = V = 128` (the ranks' local intra stages on `kda_intra_pipe`, the first half with
+/// `G` per token): under `safe_gate` (per-step decays `U[-5, 0]`) the long sequence with an
+/// 8-chunk tail and through the one-call path, and the long sequence among short ones; without
+/// it (the kernel's FMA diagonal) trained-like and long-memory gates.
 fn pipe_all(group: &CpGroup) {
-    forward_case(group, true, 0, Regime::Safe, true, Some(8), true);
-    forward_case(group, true, 0, Regime::Safe, false, None, true);
-    forward_case(group, true, 1, Regime::Safe, true, Some(2), true);
+    let safe = Width::K128 { safe_gate: true };
+    let unsafe_gate = Width::K128 { safe_gate: false };
+    forward_case(group, true, 0, Regime::Safe, true, Some(8), safe);
+    forward_case(group, true, 0, Regime::Safe, false, None, safe);
+    forward_case(group, true, 1, Regime::Safe, true, Some(2), safe);
+    forward_case(group, true, 0, Regime::Trained, true, Some(8), unsafe_gate);
+    forward_case(group, true, 1, Regime::Long, true, None, unsafe_gate);
 }
 
 /// `fwd_h` over `ranks` GPUs: `h`, `v_new` (gathered) and the final states against the float64
@@ -837,7 +859,7 @@ fn all_ops(ranks: usize) -> TestResult {
     type Op<'a> = &'a dyn Fn(&CpGroup);
     let ops: [(&str, Op); 7] = [
         ("kda_fwd", &|g| forward_all(g, true)),
-        ("kda_fwd safe_gate (kda_intra_pipe)", &pipe_all),
+        ("kda_fwd K=128 (kda_intra_pipe)", &pipe_all),
         ("gdn_fwd", &|g| forward_all(g, false)),
         ("fwd_h", &fwd_h_all),
         ("kda_fwd plan", &|g| plan_case(g, true)),
