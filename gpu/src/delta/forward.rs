@@ -1483,9 +1483,8 @@ impl DeltaFwdPlan {
         t: &ForwardTensors<'_>,
         ws: &mut DeltaFwdWorkspace,
     ) -> GpuResult<()> {
-        self.check_inputs(t)?;
         self.set_rows_gate(ws, true);
-        let r = self.intra(gpu, t, &mut ws.aqk, &mut ws.tiles);
+        let r = self.run_intra(gpu, t, ws);
         self.set_rows_gate(ws, false);
         r
     }
