@@ -1,13 +1,15 @@
-// kda_intra_pipe: the intra-chunk stage of the fused KDA forward as a persistent, prefetching
-// kernel (design: tools/bench-results/s15_6_study_kda_intra.md §3). The case it serves: bf16,
-// K = V = 128, chunk 64, g fp32: the per-step natural-log decay (gate_mode 1) or the input of the
-// in-kernel KDA gate (gate_mode 2, gate.cuh; with safe_gate its lower-bound form, without it
-// either form), with safe_gate (kda_intra_pipe_bf16: every block of P3 on tensor cores) or without
-// (kda_intra_pipe_fma_bf16: P3's diagonal blocks by FMAs, pipe_diag_fma), the fused path's
-// outputs (w, u, kg, qg, Aqk, lam, qf; optionally G per token through gout, which context
-// parallelism's first half asks for; no Akk). Every output has
-// the layout and the rounding points of kda_intra_mma_fast_bf16 (kda_intra.cu), whose math it
-// computes, per item = (chunk, value head), with G the chunk-local cumulative gate in log2 units:
+// kda_intra_pipe: the intra-chunk stage of the KDA forward (the fused path's, and the staged
+// exact fallback's) as a persistent, prefetching kernel (design:
+// tools/bench-results/s15_6_study_kda_intra.md §3). The case it serves: bf16, K = V = 128,
+// chunk 64, g fp32: the per-step natural-log decay (gate_mode 1) or the input of the in-kernel
+// KDA gate (gate_mode 2, gate.cuh; with safe_gate its lower-bound form, without it either form),
+// with safe_gate (kda_intra_pipe_bf16: every block of P3 on tensor cores) or without
+// (kda_intra_pipe_fma_bf16: P3's diagonal blocks by FMAs, pipe_diag_fma). Outputs: w, u, kg
+// (always gated), qg, Aqk, qf; lam where the call passes it (the fused path; the staged path
+// passes none); G per token through gout where passed (context parallelism's first half; the
+// staged path's gate tiles); no Akk. Every output has the layout and the rounding points of
+// kda_intra_mma_fast_bf16 (kda_intra.cu), whose math it computes, per item = (chunk, value
+// head), with G the chunk-local cumulative gate in log2 units:
 //
 //   q̂, k̂ = q, k / sqrt(Σ_d x_d² + 1e-6) rounded to bf16 (with l2norm)
 //   kg_r = k̂_r . exp2(G_l - G_r),  qg_r = q̂_r . exp2(G_r),  lam = exp2(G_l),  qf_r = scale
@@ -247,7 +249,7 @@ __device__ __forceinline__ void pipe_rows(const IntraArgs& a, const PipeItem& it
     }
 }
 
-// P2: kg, qg (whole 256-byte rows, 16 bytes a lane), lam and qf, and with gout G per token
+// P2: kg, qg (whole 256-byte rows, 16 bytes a lane), lam (where asked for) and qf, and with gout G per token
 // (fp32, two 16-byte stores a lane: today's values and layout). Thread: chunk c = tid % 16
 // (columns 8c .. 8c + 7) of rows tid / 16 + 16 i.
 __device__ __forceinline__ void pipe_gated(const IntraArgs& a, const PipeItem& it, unsigned qx, unsigned kv, unsigned G) {
@@ -281,9 +283,13 @@ __device__ __forceinline__ void pipe_gated(const IntraArgs& a, const PipeItem& i
     }
     const int t = threadIdx.x;
     if (t < PIPE_K) {
-        float g;
-        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(g) : "r"(G + (l * PIPE_GP + t) * 4));
-        reinterpret_cast<float*>(a.lam)[(it.cidx * a.HV + it.hv) * PIPE_K + t] = ex2_ftz(g);
+        // lam only where the call asks for it (the fused path; the staged path's exact
+        // fallback passes none): a is in param space, so the branch is uniform
+        if (a.lam != 0) {
+            float g;
+            asm volatile("ld.shared.f32 %0, [%1];" : "=f"(g) : "r"(G + (l * PIPE_GP + t) * 4));
+            reinterpret_cast<float*>(a.lam)[(it.cidx * a.HV + it.hv) * PIPE_K + t] = ex2_ftz(g);
+        }
     } else if (t - PIPE_K < it.nc) {
         reinterpret_cast<float*>(a.qf)[(it.row0 + t - PIPE_K) * a.HV + it.hv] = (float)a.scale;
     }

@@ -425,6 +425,18 @@ fn forward_case(
                     "{what}: rank {r}'s local intra stage on kda_intra_pipe"
                 );
             }
+            // a rank whose local forward took the exact fallback ran the staged twin's intra
+            // stage on the pipe kernel too
+            let twins = p.local_fallback_intra_pipes();
+            for (r, choice) in p.local_choices().unwrap().into_iter().enumerate() {
+                if choice.is_some_and(|c| c.exact_fallback) {
+                    assert_eq!(
+                        twins[r],
+                        Some(2 * group.gpu(r).sm_count()),
+                        "{what}: rank {r}'s exact fallback's intra stage on kda_intra_pipe"
+                    );
+                }
+            }
         }
     }
     if let (Some(p), Regime::Strong | Regime::Long) = (&plan, regime) {
@@ -524,7 +536,9 @@ fn forward_all(group: &CpGroup, per_key: bool) {
 /// KDA at `K = V = 128` (the ranks' local intra stages on `kda_intra_pipe`, the first half with
 /// `G` per token): under `safe_gate` (per-step decays `U[-5, 0]`) the long sequence with an
 /// 8-chunk tail and through the one-call path, and the long sequence among short ones; without
-/// it (the kernel's FMA diagonal) trained-like and long-memory gates.
+/// it (the kernel's FMA diagonal) trained-like and long-memory gates, and long-memory gates on
+/// shards long enough for the local forwards' exact fallback (its staged twin's intra stage on
+/// the pipe kernel as well).
 fn pipe_all(group: &CpGroup) {
     let safe = Width::K128 { safe_gate: true };
     let unsafe_gate = Width::K128 { safe_gate: false };
@@ -533,6 +547,15 @@ fn pipe_all(group: &CpGroup) {
     forward_case(group, true, 1, Regime::Safe, true, Some(2), safe);
     forward_case(group, true, 0, Regime::Trained, true, Some(8), unsafe_gate);
     forward_case(group, true, 1, Regime::Long, true, None, unsafe_gate);
+    forward_case(
+        group,
+        true,
+        layouts().len(),
+        Regime::Long,
+        true,
+        Some(64),
+        unsafe_gate,
+    );
 }
 
 /// `fwd_h` over `ranks` GPUs: `h`, `v_new` (gathered) and the final states against the float64

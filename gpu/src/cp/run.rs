@@ -1211,6 +1211,22 @@ impl<'g> CpFwdPlan<'g> {
             .collect()
     }
 
+    /// Per local rank: the grid of `kda_intra_pipe` when its local forward's exact fallback (the
+    /// staged twin) runs its intra stage on it ([`DeltaFwdPlan::fallback_intra_pipe`]); `None`
+    /// for a rank without pieces, a local plan without the fallback (no sequence long enough, or
+    /// no split), a GDN plan, or a call the kernel does not take. Whether the twin ran is
+    /// [`LocalChoice::exact_fallback`].
+    pub fn local_fallback_intra_pipes(&self) -> Vec<Option<usize>> {
+        self.ranks
+            .iter()
+            .map(|r| {
+                r.local
+                    .as_ref()
+                    .and_then(|(plan, _)| plan.fallback_intra_pipe())
+            })
+            .collect()
+    }
+
     /// The partition the plan runs.
     pub fn partition(&self) -> &Partition {
         &self.frame.part

@@ -818,10 +818,12 @@ pub struct DeltaFwdPlan {
     /// The staged path's split `fwd_h` also summarises the last sequence's last piece
     /// ([`DeltaFwdPlan::with_exit_summary`]).
     exit_summary: bool,
-    /// The fused KDA path's intra stage on the persistent `kda_intra_pipe` kernel with this many
-    /// CTAs ([`DeltaFwdPlan::with_intra_pipe`]; by default two per multiprocessor where the
-    /// device's shared memory holds them, `$ATTN_KDA_INTRA=mma` at plan time: none), where a
-    /// call fits it (`intra_pipe::accepts`); else today's `kda_intra_mma*` kernel.
+    /// The KDA intra stage (the fused path's, or a staged plan's: the exact fallback's twin) on
+    /// the persistent `kda_intra_pipe` kernel with this many CTAs
+    /// ([`DeltaFwdPlan::with_intra_pipe`]; by default two per multiprocessor where the device's
+    /// shared memory holds them, `$ATTN_KDA_INTRA=mma` at plan time: none); else today's
+    /// `kda_intra_mma*` kernel. Set only where every call fits it (`intra_pipe::accepts`): a
+    /// call that does not is an error, never the old kernel.
     intra_pipe: Option<usize>,
     /// `g` is float32 (the pipe kernel's gate input).
     g_f32: bool,
@@ -1163,14 +1165,16 @@ impl DeltaFwdPlan {
         ))
     }
 
-    /// The fused KDA path's intra stage on `kda_intra_pipe` with `grid` CTAs (`None`: today's
+    /// The KDA intra stage on `kda_intra_pipe` with `grid` CTAs (`None`: today's
     /// `kda_intra_mma*` kernels), for the plans whose every call fits it: bf16, `K = V = 128`,
     /// chunk 64, an fp32 `g` (the given per-step decay, or the in-kernel gate's input: with
-    /// `safe_gate` its lower-bound form, without it either form), with or without `safe_gate` (a
-    /// run whose intra stage also writes `G` per token, CP's first half, takes it too). Other
-    /// plans are unchanged.
+    /// `safe_gate` its lower-bound form, without it either form), with or without `safe_gate`,
+    /// on the fused path (not lean; a run whose intra stage also writes `G` per token, CP's
+    /// first half, takes it too) or the staged path (a per-key gate: KDA, not GDN). Other plans
+    /// are unchanged. The exact fallback's staged twin ([`Self::fallback_intra_pipe`]) takes the
+    /// same `grid`, so `None` pins both plans to the old kernels.
     pub fn with_intra_pipe(mut self, grid: Option<usize>) -> DeltaFwdPlan {
-        let fits = self.fused.is_some_and(|f| !f.lean)
+        let fits = self.fused.map_or(!self.prep.scalar_gate, |f| !f.lean)
             && self.dtype == Dtype::BF16
             && (self.geo.k, self.geo.v, self.geo.bt) == (128, 128, 64)
             && match self.prep.gate {
@@ -1179,12 +1183,23 @@ impl DeltaFwdPlan {
             }
             && self.g_f32;
         self.intra_pipe = grid.filter(|_| fits).map(|g| g.max(1));
+        // the twin (built before the parent, and given its own default grid there) follows
+        self.fallback = self
+            .fallback
+            .take()
+            .map(|fb| Box::new(fb.with_intra_pipe(grid)));
         self
     }
 
     /// The grid of `kda_intra_pipe` when the plan's intra stage runs on it.
     pub fn intra_pipe(&self) -> Option<usize> {
         self.intra_pipe
+    }
+
+    /// The grid of `kda_intra_pipe` when the exact fallback's staged twin runs its intra stage on
+    /// it (`None` also where the plan holds no fallback).
+    pub fn fallback_intra_pipe(&self) -> Option<usize> {
+        self.fallback.as_ref().and_then(|fb| fb.intra_pipe)
     }
 
     /// The fused path's pieces under `rule` (one per sequence at the serial width without a
@@ -1545,17 +1560,17 @@ impl DeltaFwdPlan {
                 }
             }
         }
-        // `with_intra_pipe` promises the calls `accepts` takes: a disagreement would run the
-        // old kernel silently where tests expect the pipe kernel
-        debug_assert!(
-            self.intra_pipe.is_none() || intra_pipe::accepts(self.dtype, &args),
-            "with_intra_pipe and intra_pipe::accepts disagree"
-        );
+        // `with_intra_pipe` promises the calls `accepts` takes: a disagreement is an error in
+        // every build rather than the old kernel run silently where the plan reports the pipe
         match self.intra_pipe {
-            Some(grid) if intra_pipe::accepts(self.dtype, &args) => {
-                intra_pipe::launch(gpu, self.nchunks, self.geo.hv, grid, &args)
-            }
-            _ => launch_intra(gpu, self.dtype, self.nchunks, self.geo.hv, &args),
+            Some(_) if !intra_pipe::accepts(self.dtype, &args) => Err(Error::param(
+                "intra_pipe",
+                "a call kda_intra_pipe accepts (the plan promised its intra stage to it)",
+                "a call it does not accept (with_intra_pipe and intra_pipe::accepts disagree)",
+            )
+            .into()),
+            Some(grid) => intra_pipe::launch(gpu, self.nchunks, self.geo.hv, grid, &args),
+            None => launch_intra(gpu, self.dtype, self.nchunks, self.geo.hv, &args),
         }
     }
 

@@ -1,10 +1,12 @@
 //! The persistent KDA intra kernel `kda_intra_pipe` (`kda_intra_pipe.cu`; design:
-//! `tools/bench-results/s15_6_study_kda_intra.md` §3): the fused KDA path's intra stage for
-//! bf16, `K = V = 128`, chunk 64, an fp32 `g` (the per-step decay, or the input of the in-kernel
-//! gate), optionally `G` per token (context parallelism's first half), computing what
-//! `kda_intra_mma_fast_bf16` computes (the same outputs, layouts and rounding points) on a fixed
-//! grid of CTAs that each walk items (chunk, value head) `b, b + grid, …` while the next item's
-//! `q, k, g` arrive by `cp.async`.
+//! `tools/bench-results/s15_6_study_kda_intra.md` §3): the KDA intra stage of the fused path and
+//! of the staged path (the exact fallback's twin, `s17_6_study_fallback_pipe.md`) for bf16,
+//! `K = V = 128`, chunk 64, an fp32 `g` (the per-step decay, or the input of the in-kernel
+//! gate), `lam` where the call passes it (the fused path; the staged path passes none),
+//! optionally `G` per token (context parallelism's first half; the staged path's gate tiles),
+//! computing what `kda_intra_mma_fast_bf16` computes (the same outputs, layouts and rounding
+//! points) on a fixed grid of CTAs that each walk items (chunk, value head) `b, b + grid, …`
+//! while the next item's `q, k, g` arrive by `cp.async`.
 //!
 //! Two entry points, chosen per call by `safe_gate`. With it (`kda_intra_pipe_bf16`) every 16 × 16
 //! block of `Aqk` and `L` is a tensor-core product of factors `q̂, k̂ · exp2(G_r − G_m)` and
@@ -44,8 +46,10 @@ unsafe impl DeviceRepr for PipeArgs {}
 /// Whether the pipe kernel serves the intra call `a` of `dtype` data: bf16, `K = V = 128`,
 /// chunk 64, an fp32 `g` that is either the per-step natural-log decay (`gate_mode` 1) or the
 /// input of the KDA gate computed in the kernel (`gate_mode` 2: with `safe_gate` its lower-bound
-/// form, which `safe_gate` implies; without it either form), and the fused path's outputs (gated
-/// `kg`, optionally `G` per token through `gout`; no `Akk`, no lean tiles).
+/// form, which `safe_gate` implies; without it either form), and the outputs of the fused or the
+/// staged path: gated `kg`, `w, u, qg, qf, Aqk`; `lam` optional (the fused path passes it, the
+/// staged path none: the kernel then skips its store); optionally `G` per token through `gout`;
+/// no `Akk`, no lean tiles.
 pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
     dtype == Dtype::BF16
         && a.k_dim == 128
@@ -59,9 +63,7 @@ pub(crate) fn accepts(dtype: Dtype, a: &IntraArgs) -> bool {
         && a.akk == 0
         && a.tbh == 0
         && a.tbl == 0
-        && [a.w, a.u, a.kg, a.qg, a.qf, a.aqk, a.lam]
-            .iter()
-            .all(|&p| p != 0)
+        && [a.w, a.u, a.kg, a.qg, a.qf, a.aqk].iter().all(|&p| p != 0)
 }
 
 /// The default grid on `gpu`: up to [`CTAS_PER_SM`] CTAs per multiprocessor, as many as its

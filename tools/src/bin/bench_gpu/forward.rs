@@ -290,7 +290,11 @@ pub fn run(
                 ", verdict: split for {} of {} (sequence, head)",
                 v.iter().filter(|&&x| x).count(),
                 v.len()
-            )) + if fell_back { ", exact fallback (staged, fwd_h split)" } else { "" }
+            )) + match (fell_back, plan_auto.fallback_intra_pipe()) {
+                (true, Some(_)) => ", exact fallback (staged, fwd_h split, intra on kda_intra_pipe)",
+                (true, None) => ", exact fallback (staged, fwd_h split)",
+                (false, _) => "",
+            }
         ),
         (None, Some(_)) => ", no split".to_string(),
         (None, None) => String::new(),
