@@ -522,6 +522,38 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     if (threadIdx.x == 0) *counter = 0u;
 }
 
+// A diagnostic, off by default (the kernels are unchanged without it): with -DDECODE_TIMELINE
+// (through ATTN_NVRTC_OPTS) thread 0 of every block records, at linear block id i < the table
+// size, its start and end on %globaltimer (ns) and its multiprocessor: decode_timeline[3 i ..
+// 3 i + 2] = (start, end, smid). The host reads it with attn_gpu::decode::timeline (bench_gpu
+// --decode-timeline): how the blocks of one launch fill the multiprocessors over time (ramp,
+// waves, tail).
+#ifdef DECODE_TIMELINE
+#define DECODE_TIMELINE_BLOCKS (1 << 18)
+__device__ unsigned long long decode_timeline[3 * DECODE_TIMELINE_BLOCKS];
+__device__ __forceinline__ unsigned long long decode_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define DECODE_TL_BEGIN const unsigned long long tl_start = decode_now();
+#define DECODE_TL_END                                                                          \
+    if (threadIdx.x == 0) {                                                                   \
+        const unsigned long long i =                                                          \
+            blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z); \
+        unsigned sm;                                                                          \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                      \
+        if (i < DECODE_TIMELINE_BLOCKS) {                                                     \
+            decode_timeline[3 * i] = tl_start;                                                \
+            decode_timeline[3 * i + 1] = decode_now();                                        \
+            decode_timeline[3 * i + 2] = sm;                                                  \
+        }                                                                                     \
+    }
+#else
+#define DECODE_TL_BEGIN
+#define DECODE_TL_END
+#endif
+
 // decode_attention_{dtype}_d{DP}_w{W}_r{RB}: DP the padded head dim (64, 128, 256), W the
 // elements per load (16 bytes, or 1 for a head dim that is not a multiple of 16 bytes), RB the
 // query rows held per pass.
@@ -529,7 +561,9 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& a) {
     extern "C" __global__ void                                                                \
     __launch_bounds__(DECODE_THREADS, RB == 1 ? DECODE_MIN_BLOCKS_R1 : DECODE_MIN_BLOCKS)     \
         decode_attention_##TAG##_d##DP##_w##W##_r##RB(const DecodeArgs a) {                  \
+        DECODE_TL_BEGIN                                                                       \
         decode_block<T, DP, W, RB>(a);                                                        \
+        DECODE_TL_END                                                                         \
     }
 #define DECODE_ROWS(T, TAG, DP, W)   \
     DECODE_KERNEL(T, TAG, DP, W, 1) \

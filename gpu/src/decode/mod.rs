@@ -20,6 +20,7 @@
 
 mod args;
 pub mod check;
+pub mod timeline;
 mod workspace;
 
 pub use attn_reference::decode::CacheLayout;

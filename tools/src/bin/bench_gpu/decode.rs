@@ -10,6 +10,7 @@
 
 use super::{random_tensor, time_ms};
 use attn_gpu::decode::check::check_attention_shapes;
+use attn_gpu::decode::timeline::{self, BlockSpan};
 use attn_gpu::{
     capture, decode_attention_into, decode_step, CacheLayout, CacheRows, DecodeOutputs,
     DecodeParams, DecodeWorkspace, DeviceTensor, Gpu, GpuError, GpuResult, KvCache, NewTokens,
@@ -123,8 +124,15 @@ pub fn cases() -> Vec<DecodeCase> {
     v
 }
 
-/// Median time of one step (ms) and the number of cache copies rotated over.
-pub fn run(gpu: &Gpu, case: &DecodeCase, iters: usize) -> GpuResult<(f64, usize)> {
+/// Median time of one step (ms), the number of cache copies rotated over, and with `timeline`
+/// (plain launches only; the kernels built with `-DDECODE_TIMELINE`) the block timeline of one
+/// more launch after the timed ones.
+pub fn run(
+    gpu: &Gpu,
+    case: &DecodeCase,
+    iters: usize,
+    timeline: bool,
+) -> GpuResult<(f64, usize, Option<Vec<BlockSpan>>)> {
     let cache_shape = case.cache_shape();
     let q_shape = [case.b, 1, case.h, case.d];
     let shape = check_attention_shapes(
@@ -177,7 +185,14 @@ pub fn run(gpu: &Gpu, case: &DecodeCase, iters: usize) -> GpuResult<(f64, usize)
                 let k = i % sets;
                 decode_attention_into(gpu, &qs[k], &caches[k], rows, &params, &mut ws, &mut out)
             })?;
-            Ok((ms, sets))
+            let spans = if timeline {
+                timeline::reset(gpu)?;
+                decode_attention_into(gpu, &qs[0], &caches[0], rows, &params, &mut ws, &mut out)?;
+                Some(timeline::read(gpu)?)
+            } else {
+                None
+            };
+            Ok((ms, sets, spans))
         }
         Mode::Graph | Mode::StepGraph => {
             // the fused step appends one token at n - 1 (the lengths stay, so every replay
@@ -206,7 +221,7 @@ pub fn run(gpu: &Gpu, case: &DecodeCase, iters: usize) -> GpuResult<(f64, usize)
             gpu.synchronize()?;
             let graph = capture(gpu, |gpu| (0..GRAPH_STEPS).try_for_each(|_| step(gpu)))?;
             let ms = time_ms(gpu, iters, |_| graph.replay())?;
-            Ok((ms / GRAPH_STEPS as f64, 1))
+            Ok((ms / GRAPH_STEPS as f64, 1, None))
         }
     }
 }

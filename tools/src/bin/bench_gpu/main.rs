@@ -19,10 +19,13 @@
 //! KDA intra stage on `kda_intra_pipe` beside today's kernel) in [`forward`], the context-parallel
 //! forwards over 1, 2, 4 GPUs (`cp_gdn_*`, `cp_kda_*`) in [`cp`].
 //!
-//! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]` (cases whose name
-//! contains any of the substrings; the `cp_*` rows, minutes of work on million-token inputs,
-//! run only when `--filter` names them, e.g. `--filter cp_`). Prints a table; `--json`
-//! writes `{device, ceiling_gbps, cases: [{name, shape, bytes, median_ms, gbps, share}]}`.
+//! Usage: `bench_gpu [--json PATH] [--filter SUBSTR[,SUBSTR...]] [--iters N]
+//! [--decode-timeline DIR]` (cases whose name contains any of the substrings; the `cp_*` rows,
+//! minutes of work on million-token inputs, run only when `--filter` names them, e.g. `--filter
+//! cp_`). Prints a table; `--json` writes `{device, ceiling_gbps, cases: [{name, shape, bytes,
+//! median_ms, gbps, share}]}`. `--decode-timeline DIR` (a diagnostic: the decode module built
+//! with `ATTN_NVRTC_OPTS=-DDECODE_TIMELINE`, whose times are then not benchmarks) also records
+//! one launch of each plain decode row block by block ([`timeline`]).
 
 mod cp;
 mod decode;
@@ -31,6 +34,7 @@ mod forward;
 mod nsa;
 mod nsa_attn;
 mod split;
+mod timeline;
 
 use attn_gpu::{
     chunk_global_cumsum_into, chunk_local_cumsum_into, cumsum_into, kda_gate_chunk_cumsum_into,
@@ -268,13 +272,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut json_path = None;
     let mut filter = String::new();
     let mut iters = 30usize;
+    let mut timeline_dir: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--json" => json_path = args.next(),
             "--filter" => filter = args.next().unwrap_or_default(),
             "--iters" => iters = args.next().and_then(|v| v.parse().ok()).unwrap_or(30).max(20),
-            other => return Err(format!("unknown argument {other}; usage: bench_gpu [--json PATH] [--filter SUBSTR] [--iters N]").into()),
+            "--decode-timeline" => timeline_dir = args.next().map(Into::into),
+            other => return Err(format!("unknown argument {other}; usage: bench_gpu [--json PATH] [--filter SUBSTR] [--iters N] [--decode-timeline DIR]").into()),
         }
     }
     let gpu = Gpu::shared()?;
@@ -382,7 +388,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dgpu = gpu.fork()?;
     dgpu.set_checked(false);
     for case in decode::cases().into_iter().filter(|c| wanted(&c.name)) {
-        let (ms, sets) = decode::run(&dgpu, &case, iters)?;
+        let (ms, sets, spans) = decode::run(&dgpu, &case, iters, timeline_dir.is_some())?;
+        if let (Some(dir), Some(spans)) = (&timeline_dir, spans) {
+            print!(
+                "{}",
+                timeline::report(dir, &case.name, &spans, dgpu.sm_count())?
+            );
+        }
         let bytes = case.bytes();
         let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
         println!(
