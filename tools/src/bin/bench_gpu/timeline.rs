@@ -109,8 +109,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("timeline-test-{}", std::process::id()));
         let s = report(&dir, "row", &spans, 2).unwrap();
         // busy (8 + 6) / (2 · 10) = 70%; ramp 2 µs; tail 10 − 8 = 2 µs
-        assert!(s.contains("4 blocks on 2 of 2 SMs, span 10.0 us, busy 70.0%"), "{s}");
-        assert!(s.contains("ramp 2.0 us, tail 2.0 us (20.0% of the span)"), "{s}");
+        assert!(
+            s.contains("4 blocks on 2 of 2 SMs, span 10.0 us, busy 70.0%"),
+            "{s}"
+        );
+        assert!(
+            s.contains("ramp 2.0 us, tail 2.0 us (20.0% of the span)"),
+            "{s}"
+        );
         let csv = std::fs::read_to_string(dir.join("row.csv")).unwrap();
         assert_eq!(csv.lines().count(), 5);
         assert!(csv.contains("\n1,0,6000,10000\n"), "{csv}");
