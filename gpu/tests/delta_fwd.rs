@@ -504,6 +504,28 @@ fn exact_fallback_takes_long_serial_chains(gpu: &Gpu) {
     }
 }
 
+/// One run of `p` on a fresh, poisoned workspace and outputs, asserting that it took the exact
+/// fallback: `o` and the final state.
+fn run_falling_back(
+    gpu: &Gpu,
+    p: &DeltaFwdPlan,
+    dev: &ForwardDev,
+    what: &str,
+) -> (ArrayD<f64>, ArrayD<f64>) {
+    let mut ws = p.alloc_workspace(gpu).unwrap();
+    let mut out = p.alloc_outputs(gpu).unwrap();
+    poison(gpu, &mut out);
+    p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
+    assert!(
+        p.ran_exact_fallback(&ws),
+        "{what}: the exact fallback taken"
+    );
+    (
+        download(gpu, &out.o),
+        download(gpu, out.final_state.as_ref().unwrap()),
+    )
+}
+
 /// The KDA rows at K = V = 128 of [`exact_fallback_takes_long_serial_chains`]: the default plan's
 /// staged twin runs its intra stage on `kda_intra_pipe` (Hopper, unless `$ATTN_KDA_INTRA=mma`),
 /// a run on a fresh workspace bit-identical; the same plan pinned to today's intra kernel
@@ -530,22 +552,11 @@ fn fallback_on_the_pipe(
         );
     }
     // a third run on a fresh workspace: o and the final state bit-identical
-    let mut ws = p.alloc_workspace(gpu).unwrap();
-    let mut out = p.alloc_outputs(gpu).unwrap();
-    poison(gpu, &mut out);
-    p.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
-    assert!(
-        p.ran_exact_fallback(&ws),
-        "{what}: the exact fallback taken"
-    );
-    assert_bit_identical(
-        &format!("{what}: o, fresh workspace"),
-        &download(gpu, &out.o),
-        o,
-    );
+    let (fresh_o, fresh_fin) = run_falling_back(gpu, p, dev, what);
+    assert_bit_identical(&format!("{what}: o, fresh workspace"), &fresh_o, o);
     assert_bit_identical(
         &format!("{what}: final_state, fresh workspace"),
-        &download(gpu, out.final_state.as_ref().unwrap()),
+        &fresh_fin,
         fin,
     );
     let old = plan(gpu, c, dev, ForwardPath::Auto).with_intra_pipe(None);
@@ -555,18 +566,7 @@ fn fallback_on_the_pipe(
         None,
         "{what}: the twin pinned to today's intra"
     );
-    let mut ws = old.alloc_workspace(gpu).unwrap();
-    let mut out = old.alloc_outputs(gpu).unwrap();
-    poison(gpu, &mut out);
-    old.run(gpu, &dev.tensors(), &mut ws, &mut out).unwrap();
-    assert!(
-        old.ran_exact_fallback(&ws),
-        "{what}: today's intra: the exact fallback taken"
-    );
-    let (old_o, old_fin) = (
-        download(gpu, &out.o),
-        download(gpu, out.final_state.as_ref().unwrap()),
-    );
+    let (old_o, old_fin) = run_falling_back(gpu, &old, dev, &format!("{what}: today's intra"));
     assert_close(&format!("{what}: today's intra: o"), &old_o, want_o, t);
     assert_close(
         &format!("{what}: today's intra: final_state"),
