@@ -8,7 +8,7 @@
 //! - tail = `t1` − the earliest last end over the multiprocessors (the first one idle for good);
 //! - resident blocks a multiprocessor at 10 evenly spaced instants (waves show as steps).
 
-use attn_gpu::decode::timeline::BlockSpan;
+use attn_gpu::decode::timeline::{BlockSpan, BLOCKS};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -71,7 +71,7 @@ pub fn report(dir: &Path, row: &str, spans: &[BlockSpan], sms: usize) -> std::io
     Ok(format!(
         "{row}: {} blocks on {used} of {sms} SMs, span {:.1} us, busy {:.1}%, ramp {:.1} us, \
          tail {:.1} us ({:.1}% of the span), block us median {:.1} / max {:.1}, {short} blocks \
-         under 2 us; resident blocks per SM at tenths of the span: {}\n",
+         under 2 us; resident blocks per SM at tenths of the span: {}{}\n",
         spans.len(),
         span / 1e3,
         100.0 * busy as f64 / (sms.max(1) as f64 * span),
@@ -81,6 +81,11 @@ pub fn report(dir: &Path, row: &str, spans: &[BlockSpan], sms: usize) -> std::io
         durs[durs.len() / 2] as f64 / 1e3,
         durs[durs.len() - 1] as f64 / 1e3,
         resident.join(" "),
+        if spans.len() >= BLOCKS {
+            " (the table is full: later blocks were not recorded)"
+        } else {
+            ""
+        },
     ))
 }
 
