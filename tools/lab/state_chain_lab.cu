@@ -3,8 +3,8 @@
 // delta-rule forward alone, one chain per (head, 64 state columns), against an f64 reference of
 // the same rounding points, and timed per chunk step.
 //
-// Per head and chunk c (64 rows, K = V = 128; the inputs are the intra stage's, ops-delta-rule.md
-// §7.4, built here in f64 from random q-free inputs and rounded to bf16):
+// Per head and chunk c (64 rows, K = V = 128; the inputs are the intra stage's,
+// conformance/spec/ops-delta-rule.md §7.4, built here in f64 from random q-free inputs and rounded to bf16):
 //
 //   D  = bf16(U_c − W_c · bf16(S))          (v_new; fp32 accumulation)
 //   S ← diag(lam_c) · S + Kg_cᵀ · D         (S fp32; lam_c = exp2(G_last) per key)
@@ -89,8 +89,8 @@ static const Kernel kernels[] = {{"chain_fma", launch_fma}};
 
 static double rbf(double x) { return (double)__bfloat162float(__float2bfloat16((float)x)); }
 
-// The intra outputs of `heads` heads × `nchunks` chunks (ops-delta-rule.md §7.4 in f64, rounded to
-// bf16): k rows unit-norm, β ∈ [0.2, 0.8], v ~ U[−1, 1], per-key log-decay g ~ `regime`
+// The intra outputs of `heads` heads × `nchunks` chunks (conformance/spec/ops-delta-rule.md §7.4
+// in f64, rounded to bf16): k rows unit-norm, β ∈ [0.2, 0.8], v ~ U[−1, 1], per-key log-decay g ~ `regime`
 // (0 strong: logsigmoid(randn); 1 long memory: U[−1e-3, 0]).
 struct Inputs {
     std::vector<bf16> w, u, kg;
