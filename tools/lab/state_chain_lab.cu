@@ -169,8 +169,9 @@ __global__ void __launch_bounds__(128) chain_wg1(ChainArgs a) {
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
-        __syncthreads();
+        // each thread's copies made visible to the async proxy (wgmma), then everyone's
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
         // Dᵀ starts as Uᵀ: row = state column r0 (+ 8), column = token 8j + cq (+ 1)
         float d[32];
         const bf16* u = a.u + tile + cb * BV;
