@@ -69,6 +69,7 @@ constexpr int BT = 64, KD = 128, VD = 128, BV = 64;
 //   h: [B·NT][H][128 dk][128 dv] bf16 (state before each chunk);  ht: [B][H][128 dk][128 dv] fp32.
 struct LabArgs {
     const bf16 *k, *v, *tbh, *tbl;
+    const bf16* kt;  // diagnostic variant only: k transposed per head, [H][128 dk][rows]
     const float* g;
     bf16 *dout, *h;  // h: nullptr when not asked
     float* ht;
@@ -134,15 +135,16 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], const unsigned (&a)[4]
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
     }
 }
-// Sᵀ(m64n128, f32) += A(regs)·B(desc), B N-major (imm-trans-b = 1).
-__device__ __forceinline__ void wgmma_n128_tb(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
+// Sᵀ(m64n128, f32) += A(regs)·B(desc); TB: B N-major (imm-trans-b = 1), else K-major.
+template <int TB>
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
         "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
         "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
         "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-        "{%64,%65,%66,%67}, %68, 1, 1, 1, 1;"
+        "{%64,%65,%66,%67}, %68, 1, 1, 1, %69;"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -151,7 +153,7 @@ __device__ __forceinline__ void wgmma_n128_tb(float (&d)[64], const unsigned (&a
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));
 }
 
 __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
@@ -209,10 +211,11 @@ __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sy
 //   factor table of stage s: e[64], f[64], lam (fp32)
 //   D staging: 2 × [64 tok][64 dv] bf16 (8 KB each); h staging (with h): 2 × [128 dk][64 dv] (16 KB each)
 //   full[s], empty[s] mbarriers
-[[maybe_unused]] constexpr unsigned STAGE_BYTES = 5 * 8192;
 [[maybe_unused]] constexpr unsigned FAC_FLOATS = 2 * BT + 4;
-template <int NST>
+// KT (diagnostic): the stage also holds kᵀ [128 dk][64 tok] (16 KB) for a K-major update operand.
+template <int NST, bool KT>
 struct Layout {
+    static constexpr unsigned STAGE_BYTES = 5 * 8192 + (KT ? 16384 : 0);
     __host__ __device__ static constexpr unsigned stage(int s) { return s * STAGE_BYTES; }
     __host__ __device__ static constexpr unsigned dstage(int b) { return NST * STAGE_BYTES + b * 8192; }
     __host__ __device__ static constexpr unsigned hstage(int b) { return NST * STAGE_BYTES + 2 * 8192 + b * 16384; }
@@ -222,13 +225,13 @@ struct Layout {
 };
 
 struct TMaps {
-    CUtensorMap k, v, tbh, tbl, d, h;
+    CUtensorMap k, v, tbh, tbl, d, h, kt;
 };
 
-template <int NST, int MINB>
+template <int NST, int MINB, bool KT>
 __global__ void __launch_bounds__(256, MINB) gdn_wg_state(const __grid_constant__ TMaps tm, const LabArgs a) {
     constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = MINB == 1 ? 232 : 216;
-    using L = Layout<NST>;
+    using L = Layout<NST, KT>;
     extern __shared__ unsigned char smem_raw[];
     const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;
     unsigned char* gbase = smem_raw + (base - smem_u32(smem_raw));
@@ -281,12 +284,13 @@ __global__ void __launch_bounds__(256, MINB) gdn_wg_state(const __grid_constant_
             const unsigned st = base + L::stage(s);
             if (nc == BT) {
                 if (lane == 0) {
-                    mbar_expect_tx(full(s), STAGE_BYTES);
+                    mbar_expect_tx(full(s), L::STAGE_BYTES);
                     tma_load_2d(st + 0 * 8192, &tm.k, hd * KD, row0, full(s));
                     tma_load_2d(st + 1 * 8192, &tm.k, hd * KD + 64, row0, full(s));
                     tma_load_2d(st + 2 * 8192, &tm.v, hd * VD + cb * BV, row0, full(s));
                     tma_load_2d(st + 3 * 8192, &tm.tbh, hd * BT, row0, full(s));
                     tma_load_2d(st + 4 * 8192, &tm.tbl, hd * BT, row0, full(s));
+                    if (KT) tma_load_2d(st + 5 * 8192, &tm.kt, row0, hd * KD, full(s));
                 }
             } else {
                 // partial last chunk: plain 16-byte loads, rows >= nc zero, into the swizzled layout
@@ -302,6 +306,14 @@ __global__ void __launch_bounds__(256, MINB) gdn_wg_state(const __grid_constant_
                         val = *reinterpret_cast<const uint4*>(src + p * 8);
                     }
                     *reinterpret_cast<uint4*>(gbase + L::stage(s) + t * 8192 + sw128(r, p)) = val;
+                }
+                if (KT) {  // kᵀ [dk][tok], tokens >= nc zero
+                    const size_t rows = (size_t)a.B * a.T;
+                    for (int i = lane; i < KD * BT; i += 32) {
+                        const int dk = i / BT, r = i % BT;
+                        const bf16 val = r < nc ? a.kt[((size_t)hd * KD + dk) * rows + row0 + r] : __float2bfloat16(0.f);
+                        *reinterpret_cast<bf16*>(gbase + L::stage(s) + 5 * 8192 + sw128(dk, r / 8) + (r % 8) * 2) = val;
+                    }
                 }
                 fence_async_smem();  // the generic-proxy writes before the consumers' wgmma reads
             }
@@ -423,7 +435,12 @@ __global__ void __launch_bounds__(256, MINB) gdn_wg_state(const __grid_constant_
         for (int i = 0; i < 64; ++i) s[i] *= lam;
         WG_FENCE();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_n128_tb(s, da[kk], mkdesc(dmn + kk * 2048 / 16));
+        for (int kk = 0; kk < 4; ++kk) {
+            if constexpr (KT)
+                wgmma_n128<0>(s, da[kk], mkdesc(dk + (5 * 8192 + kk * 32) / 16));  // kᵀ tile, K-major
+            else
+                wgmma_n128<1>(s, da[kk], mkdesc(dmn + kk * 2048 / 16));  // k tile, N-major
+        }
         WG_COMMIT();
         // beside it: v_new through the staging tile ([tok][dv], 4 stmatrix) and TMA (h too)
         const unsigned db = base + L::dstage(c & 1);
@@ -815,7 +832,7 @@ struct Dev {
 static Dev upload(const Inputs& in, bool with_h) {
     Dev g;
     const size_t rows = in.rows(), H = in.H;
-    bf16 *k, *v, *tbh, *tbl, *d, *h = nullptr;
+    bf16 *k, *v, *tbh, *tbl, *kt, *d, *h = nullptr;
     float *gg, *ht;
     g.nd = rows * H * VD;
     g.nh = with_h ? (size_t)in.B * in.NT * H * KD * VD : 0;
@@ -833,13 +850,22 @@ static Dev upload(const Inputs& in, bool with_h) {
     CK(cudaMemcpy(tbh, in.tbh.data(), in.tbh.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(tbl, in.tbl.data(), in.tbl.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(gg, in.g.data(), in.g.size() * 4, cudaMemcpyHostToDevice));
-    g.a = LabArgs{k, v, tbh, tbl, gg, d, h, ht, in.B, in.H, in.T, in.NT};
+    {
+        std::vector<bf16> t(in.k.size());  // [H][128][rows]
+        for (size_t row = 0; row < rows; ++row)
+            for (size_t hd = 0; hd < H; ++hd)
+                for (int dk = 0; dk < KD; ++dk) t[(hd * KD + dk) * rows + row] = in.k[(row * H + hd) * KD + dk];
+        CK(cudaMalloc(&kt, t.size() * 2));
+        CK(cudaMemcpy(kt, t.data(), t.size() * 2, cudaMemcpyHostToDevice));
+    }
+    g.a = LabArgs{k, v, tbh, tbl, kt, gg, d, h, ht, in.B, in.H, in.T, in.NT};
     g.tm.k = tmap_2d(k, H * KD, rows, 64);
     g.tm.v = tmap_2d(v, H * VD, rows, 64);
     g.tm.tbh = tmap_2d(tbh, H * BT, rows, 64);
     g.tm.tbl = tmap_2d(tbl, H * BT, rows, 64);
     g.tm.d = tmap_2d(d, H * VD, rows, 64);
     g.tm.h = with_h ? tmap_2d(h, VD, (size_t)in.B * in.NT * H * KD, 128) : g.tm.d;
+    g.tm.kt = tmap_2d(kt, rows, H * KD, 128);  // box: 64 tokens × 128 keys
     return g;
 }
 static void poison(Dev& g) {
@@ -848,7 +874,7 @@ static void poison(Dev& g) {
     CK(cudaMemset(g.a.ht, 0xff, g.nht * 4));
 }
 static void free_dev(Dev& g) {
-    cudaFree((void*)g.a.k); cudaFree((void*)g.a.v); cudaFree((void*)g.a.tbh); cudaFree((void*)g.a.tbl); cudaFree((void*)g.a.g);
+    cudaFree((void*)g.a.k); cudaFree((void*)g.a.v); cudaFree((void*)g.a.tbh); cudaFree((void*)g.a.tbl); cudaFree((void*)g.a.kt); cudaFree((void*)g.a.g);
     cudaFree(g.a.dout); if (g.a.h) cudaFree(g.a.h); cudaFree(g.a.ht);
 }
 
@@ -876,16 +902,16 @@ struct Kernel {
     const char* name;
     void (*launch)(const Dev&);
 };
-template <int NST, int MINB>
+template <int NST, int MINB, bool KT = false>
 static void launch_wg(const Dev& g) {
     const bool with_h = g.a.h != nullptr;
-    const int smem = (int)Layout<NST>::total(with_h);
+    const int smem = (int)Layout<NST, KT>::total(with_h);
     static int opted = 0;
     if (opted < smem) {
-        CK(cudaFuncSetAttribute(gdn_wg_state<NST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CK(cudaFuncSetAttribute(gdn_wg_state<NST, MINB, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         opted = smem;
     }
-    gdn_wg_state<NST, MINB><<<g.a.B * g.a.H * 2, 256, smem>>>(g.tm, g.a);
+    gdn_wg_state<NST, MINB, KT><<<g.a.B * g.a.H * 2, 256, smem>>>(g.tm, g.a);
 }
 constexpr int FMA_SMEM = 81920 + (2 * BT + 4) * 4;
 static void launch_fma(const Dev& g) {
@@ -902,6 +928,9 @@ static const Kernel kernels[] = {
     {"wg_st3_1cta", launch_wg<3, 1>},
     {"wg_st4_1cta", launch_wg<4, 1>},
     {"wg_st2_2cta", launch_wg<2, 2>},
+    // diagnostic: the update's B from a host-transposed kᵀ tile (K-major) instead of the k tile
+    // read N-major; if only this one passes, the N-major descriptor (LBO / SBO) is wrong
+    {"wg_st2_kT", launch_wg<2, 1, true>},
 };
 
 static int check(int B, int H, int T, int regime, double tol) {
