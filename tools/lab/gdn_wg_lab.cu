@@ -567,6 +567,16 @@ struct Inputs {
     std::vector<float> g;
     std::vector<double> beta;  // [rows][H] (host checks only: the kernel sees β through Tb)
     size_t rows() const { return (size_t)B * T; }
+    // Sizes every tensor for B × T rows and H heads (β only for the checked inputs).
+    void alloc(bool with_beta) {
+        const size_t n = rows() * H;
+        k.resize(n * KD);
+        v.resize(n * VD);
+        tbh.resize(n * BT);
+        tbl.resize(n * BT);
+        g.resize(n);
+        if (with_beta) beta.resize(n);
+    }
 };
 
 // One chunk's intra outputs for head hd, rows [row0, row0 + nc) (kda_intra's lean store, in f64).
@@ -619,13 +629,7 @@ static void make_chunk(Inputs& in, int hd, size_t row0, int nc, int regime, std:
 
 static Inputs make_inputs(int B, int H, int T, int regime, unsigned seed) {
     Inputs in{B, H, T, (T + BT - 1) / BT, {}, {}, {}, {}, {}};
-    const size_t rows = in.rows();
-    in.k.resize(rows * H * KD);
-    in.v.resize(rows * H * VD);
-    in.tbh.resize(rows * H * BT);
-    in.tbl.resize(rows * H * BT);
-    in.g.resize(rows * H);
-    in.beta.resize(rows * H);
+    in.alloc(true);
     std::mt19937_64 rng(seed);
     for (int n = 0; n < B; ++n)
         for (int hd = 0; hd < H; ++hd)
@@ -638,12 +642,8 @@ static Inputs make_timing_inputs(int B, int H, int T) {
     const int pool = 32;
     Inputs p = make_inputs(1, 1, pool * BT, 0, 99);
     Inputs in{B, H, T, T / BT, {}, {}, {}, {}, {}};
+    in.alloc(false);
     const size_t rows = in.rows();
-    in.k.resize(rows * H * KD);
-    in.v.resize(rows * H * VD);
-    in.tbh.resize(rows * H * BT);
-    in.tbl.resize(rows * H * BT);
-    in.g.resize(rows * H);
     for (size_t row = 0; row < rows; ++row)
         for (int hd = 0; hd < H; ++hd) {
             const size_t src = ((row / BT + hd * 7) % pool) * BT + row % BT, dst = row * H + hd;

@@ -1205,10 +1205,7 @@ impl<'g> CpFwdPlan<'g> {
     /// forward's intra stage runs on it ([`DeltaFwdPlan::intra_pipe`]); `None` for a rank
     /// without pieces, a GDN plan, or a call the kernel does not take.
     pub fn local_intra_pipes(&self) -> Vec<Option<usize>> {
-        self.ranks
-            .iter()
-            .map(|r| r.local.as_ref().and_then(|(plan, _)| plan.intra_pipe()))
-            .collect()
+        self.per_local_plan(DeltaFwdPlan::intra_pipe)
     }
 
     /// Per local rank: the grid of `kda_intra_pipe` when its local forward's exact fallback (the
@@ -1217,13 +1214,14 @@ impl<'g> CpFwdPlan<'g> {
     /// no split), a GDN plan, or a call the kernel does not take. Whether the twin ran is
     /// [`LocalChoice::exact_fallback`].
     pub fn local_fallback_intra_pipes(&self) -> Vec<Option<usize>> {
+        self.per_local_plan(DeltaFwdPlan::fallback_intra_pipe)
+    }
+
+    /// `f` of each local rank's forward plan; `None` for a rank without pieces.
+    fn per_local_plan(&self, f: impl Fn(&DeltaFwdPlan) -> Option<usize>) -> Vec<Option<usize>> {
         self.ranks
             .iter()
-            .map(|r| {
-                r.local
-                    .as_ref()
-                    .and_then(|(plan, _)| plan.fallback_intra_pipe())
-            })
+            .map(|r| r.local.as_ref().and_then(|(plan, _)| f(plan)))
             .collect()
     }
 
