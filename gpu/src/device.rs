@@ -224,10 +224,19 @@ impl Gpu {
             .map_err(GpuError::driver("stream synchronisation"))
     }
 
-    /// NVRTC options: the device's own architecture, the toolkit include dir when present.
-    fn compile_options(&self) -> Vec<String> {
+    /// NVRTC options of `module`: the device's own architecture (`Module::target`), the toolkit
+    /// include dir when present.
+    fn compile_options(&self, module: Module) -> GpuResult<Vec<String>> {
+        let Some(target) = module.target(self.arch) else {
+            return Err(GpuError::Unavailable(format!(
+                "module `{}` has no build for compute capability {}.{}",
+                module.name(),
+                self.arch.0,
+                self.arch.1
+            )));
+        };
         let mut opts = vec![
-            format!("--gpu-architecture=compute_{}{}", self.arch.0, self.arch.1),
+            format!("--gpu-architecture={target}"),
             "--std=c++17".to_string(),
         ];
         if let Some(inc) = cuda_include_dir() {
@@ -243,7 +252,7 @@ impl Gpu {
             opts.push(format!("-DDECODE_RING_ROWS={r}"));
         }
         opts.extend(knobs::nvrtc_opts());
-        opts
+        Ok(opts)
     }
 
     /// Compiles (once per process and option set: GPUs of one architecture share the PTX) and
@@ -253,7 +262,7 @@ impl Gpu {
         if let Some(m) = cache.get(&module) {
             return Ok(m.clone());
         }
-        let ptx = compiled(module, self.compile_options())?;
+        let ptx = compiled(module, self.compile_options(module)?)?;
         let m = self.ctx.load_module(ptx).map_err(GpuError::driver(format!(
             "loading module `{}`",
             module.name()
@@ -471,12 +480,12 @@ pub fn compile_all_ptx(arch: (i32, i32)) -> GpuResult<Vec<(Module, String)>> {
             "the NVRTC library (libnvrtc) was not found".into(),
         ));
     }
-    let options = vec![
-        format!("--gpu-architecture=compute_{}{}", arch.0, arch.1),
-        "--std=c++17".to_string(),
-    ];
     Module::ALL
         .iter()
-        .map(|&m| compile(m, &options).map(|p| (m, p.to_src())))
+        .filter_map(|&m| m.target(arch).map(|t| (m, t)))
+        .map(|(m, target)| {
+            let options = [format!("--gpu-architecture={target}"), "--std=c++17".into()];
+            compile(m, &options).map(|p| (m, p.to_src()))
+        })
         .collect()
 }

@@ -12,6 +12,7 @@ const DECODE: &str = include_str!("../kernels/decode.cuh");
 const FWD_H: &str = include_str!("../kernels/fwd_h.cuh");
 const INTRA_ARGS: &str = include_str!("../kernels/intra_args.cuh");
 const INTRA_SOLVE: &str = include_str!("../kernels/intra_solve.cuh");
+const PIECES: &str = include_str!("../kernels/pieces.cuh");
 
 /// One NVRTC module: a name (the op id) and its `.cu` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,6 +39,7 @@ pub enum Module {
     KdaIntra,
     KdaIntraPipe,
     DeltaFwd,
+    DeltaFwdWg,
 }
 
 impl Module {
@@ -65,6 +67,7 @@ impl Module {
             Module::KdaIntra => "kda_intra",
             Module::KdaIntraPipe => "kda_intra_pipe",
             Module::DeltaFwd => "delta_fwd",
+            Module::DeltaFwdWg => "delta_fwd_wg",
         }
     }
 
@@ -96,6 +99,17 @@ impl Module {
             Module::KdaIntra => include_str!("../kernels/kda_intra.cu"),
             Module::KdaIntraPipe => include_str!("../kernels/kda_intra_pipe.cu"),
             Module::DeltaFwd => include_str!("../kernels/delta_fwd.cu"),
+            Module::DeltaFwdWg => include_str!("../kernels/delta_fwd_wg.cu"),
+        }
+    }
+
+    /// The NVRTC target of this module on a device of compute capability `arch`:
+    /// `compute_90a` for the Hopper-only module (`wgmma`, TMA, `setmaxnreg`: sm_90a alone),
+    /// `compute_XY` for the others; `None` where the module has no build for `arch`.
+    pub fn target(self, arch: (i32, i32)) -> Option<String> {
+        match self {
+            Module::DeltaFwdWg => (arch == (9, 0)).then(|| "compute_90a".to_string()),
+            _ => Some(format!("compute_{}{}", arch.0, arch.1)),
         }
     }
 
@@ -119,12 +133,15 @@ impl Module {
             }
             Module::KvCacheUpdate | Module::DecodeAttention => s.push_str(DECODE),
             Module::ReadStream => {}
-            Module::KdaIntra | Module::KdaIntraPipe | Module::DeltaFwd => {
+            Module::KdaIntra | Module::KdaIntraPipe | Module::DeltaFwd | Module::DeltaFwdWg => {
                 // the gate of gate.cuh (DeltaFwd: kda_warm_bounds) and the dtype-coded loads of
-                // fwd_h.cuh; the intra kernels' shared arguments and solve
+                // fwd_h.cuh; the intra kernels' shared arguments and solve; the fused kernels'
+                // pieces
                 s.push_str(GATE);
                 s.push_str(FWD_H);
-                if self != Module::DeltaFwd {
+                if matches!(self, Module::DeltaFwd | Module::DeltaFwdWg) {
+                    s.push_str(PIECES);
+                } else {
                     s.push_str(INTRA_ARGS);
                     s.push_str(INTRA_SOLVE);
                 }
@@ -146,7 +163,7 @@ impl Module {
         s
     }
 
-    pub const ALL: [Module; 22] = [
+    pub const ALL: [Module; 23] = [
         Module::Cumsum,
         Module::ChunkLocalCumsum,
         Module::ChunkGlobalCumsum,
@@ -169,5 +186,6 @@ impl Module {
         Module::KdaIntra,
         Module::KdaIntraPipe,
         Module::DeltaFwd,
+        Module::DeltaFwdWg,
     ];
 }

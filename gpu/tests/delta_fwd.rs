@@ -401,6 +401,76 @@ fn fused_and_staged_agree(gpu: &Gpu) {
     }
 }
 
+/// GDN's lean fused path on the Hopper kernel (`delta_fwd_gdn_wg_bf16`: bf16, K = 128, chunk 64,
+/// where [`hopper_gdn`]; elsewhere the same cases check the `mma.sync` kernel): V 64, 128 and
+/// 256, GVA, varlen with empty, one-token, whole-chunk and partial-chunk sequences, two batch
+/// rows, the in-kernel L2 norm, `state_v_first`, no initial state, a scale, the gate regimes, and
+/// 8192 tokens under long memory; against the f64 reference at the op's thresholds and the staged
+/// path at 5e-3 (7.5e-3 under long memory: both lie ~3.5e-3 from the truth, `fused_and_staged_agree`).
+fn gdn_hopper_kernel(gpu: &Gpu) {
+    let mut rows: Vec<(String, Case)> = Vec::new();
+    let mut add = |name: &str, f: &dyn Fn(&mut Case)| {
+        let mut c = base(false, Dtype::BF16);
+        c.draw.k = 128;
+        c.draw.v = 128;
+        c.draw.t = 300;
+        c.path = ForwardPath::Fused;
+        f(&mut c);
+        rows.push((name.to_string(), c));
+    };
+    add("V 128", &|_| {});
+    add("V 64", &|c| c.draw.v = 64);
+    add("V 256", &|c| c.draw.v = 256);
+    add("H 1 HV 4", &|c| {
+        c.draw.h = 1;
+        c.draw.hv = 4;
+    });
+    add("varlen", &|c| {
+        c.cu = Some(vec![0, 0, 1, 65, 129, 200, 263]);
+        c.draw.t = 263;
+    });
+    add("B 2, T 77", &|c| {
+        c.draw.b = 2;
+        c.draw.t = 77;
+    });
+    add("l2norm, state_v_first", &|c| {
+        c.draw.raw_qk = true;
+        c.draw.v_first = true;
+    });
+    add("no initial state, scale 0.3", &|c| {
+        c.draw.h0 = false;
+        c.scale = Some(0.3);
+    });
+    for regime in [Regime::Trained, Regime::Long, Regime::Hard] {
+        add(&format!("{regime:?} gates"), &|c| c.draw.regime = regime);
+    }
+    add("T 8192, long memory", &|c| {
+        c.draw.t = 8192;
+        c.draw.regime = Regime::Long;
+    });
+    let total = rows.len();
+    for (i, (name, c)) in rows.into_iter().enumerate() {
+        if !table_row_runs(i, total) {
+            continue;
+        }
+        let (host, dev) = draw_case(gpu, &c, 4100 + i as u64);
+        let want = reference(&c, &host);
+        let p = plan(gpu, &c, &dev, ForwardPath::Fused);
+        let wg = p.fused_choice().is_some_and(|f| f.wg);
+        assert_eq!(wg, hopper_gdn(gpu), "{name}: the Hopper kernel where it fits");
+        let fused = run(gpu, &c, &dev, ForwardPath::Fused);
+        let staged = run(gpu, &c, &dev, ForwardPath::Staged);
+        let t = thr(c.dtype, is_long(&c));
+        let agree = if c.draw.regime == Regime::Long { 7.5e-3 } else { 5e-3 };
+        let what = format!("{name} (wg {wg})");
+        assert_close(&format!("{what}: o"), &fused.o, &want.o, t);
+        let (ff, wf, sf) = (fused.fin.unwrap(), want.fin.unwrap(), staged.fin.unwrap());
+        assert_close(&format!("{what}: final_state"), &ff, &wf, t);
+        assert_close(&format!("{what}: o, fused vs staged"), &fused.o, &staged.o, agree);
+        assert_close(&format!("{what}: final_state, fused vs staged"), &ff, &sf, agree);
+    }
+}
+
 /// Long sequences (spec "long" thresholds): 8192 and 32768 tokens, every regime that keeps the
 /// state bounded, fused bf16 and staged float32.
 fn long_sequences(gpu: &Gpu) {
@@ -922,6 +992,12 @@ fn kda_auto_split(gpu: &Gpu) {
     auto_split(gpu, true);
 }
 
+/// Whether this device runs GDN's lean fused path (bf16, K = 128, V a multiple of 64, chunk 64) on
+/// the Hopper kernel `delta_fwd_gdn_wg_bf16`: an sm_90 device, unless `$ATTN_GDN_WG=0`.
+fn hopper_gdn(gpu: &Gpu) -> bool {
+    gpu.arch() == (9, 0) && std::env::var("ATTN_GDN_WG").as_deref() != Ok("0")
+}
+
 /// `ln 2^-30` (the split's truncation threshold).
 const LOG_EPS: f64 = -30.0 * std::f64::consts::LN_2;
 
@@ -995,10 +1071,15 @@ fn auto_split(gpu: &Gpu, per_key: bool) {
                 verdict.is_some(),
                 "{what}: a verdict iff the split is wider"
             );
-            // GDN's 8192 tokens split at a wider block; KDA's may not (other tiles): then no
-            // verdict. Where there is one: long memory leaves every chain to the serial kernel
-            // (and strong decay, for GDN, none)
-            if li == 0 && (wide || !per_key) {
+            // GDN on an H100 runs the Hopper kernel (one tile shape: never wider)
+            let hopper = split.fused_choice().unwrap().wg;
+            if !per_key {
+                assert_eq!(hopper, hopper_gdn(gpu), "{what}: the Hopper kernel");
+            }
+            // GDN's 8192 tokens split at a wider block on the mma.sync kernel; KDA's may not
+            // (other tiles): then no verdict. Where there is one: long memory leaves every chain
+            // to the serial kernel (and strong decay, for GDN, none)
+            if li == 0 && (wide || (!per_key && !hopper)) {
                 let verdict = verdict.expect("8192 tokens split at a wider block");
                 match regime {
                     Regime::Strong if !per_key => {
@@ -1362,6 +1443,7 @@ gpu_tests!(
     kda_fwd_matches_the_reference,
     gdn_fwd_matches_the_reference,
     fused_and_staged_agree,
+    gdn_hopper_kernel,
     long_sequences,
     hundred_launches_are_bit_identical,
     kda_intra_matches_the_reference,

@@ -32,6 +32,7 @@ use super::intra::{
     acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
 };
 use super::intra_pipe;
+use super::wg::{self, GdnWgArgs};
 use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
 use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage};
 use crate::device::Gpu;
@@ -209,33 +210,33 @@ struct FusedArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for FusedArgs {}
 
-/// Mirror of `GdnFusedArgs` (delta_fwd.cu).
+/// Mirror of `GdnFusedArgs` (pieces.cuh).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct GdnFusedArgs {
-    q: u64,
-    k: u64,
-    v: u64,
-    tbh: u64,
-    tbl: u64,
-    aqk: u64,
-    g: u64,
-    h0: u64,
-    pieces: u64,
-    warm: u64,
-    gate: u64,
-    o: u64,
-    ht: u64,
-    qk_heads: i64,
-    value_heads: i64,
-    k_dim: i64,
-    v_dim: i64,
-    bt: i64,
-    h0_dtype: i64,
-    v_first: i64,
-    npieces: i64,
-    gate_mode: i64,
-    scale: f64,
+pub(super) struct GdnFusedArgs {
+    pub(super) q: u64,
+    pub(super) k: u64,
+    pub(super) v: u64,
+    pub(super) tbh: u64,
+    pub(super) tbl: u64,
+    pub(super) aqk: u64,
+    pub(super) g: u64,
+    pub(super) h0: u64,
+    pub(super) pieces: u64,
+    pub(super) warm: u64,
+    pub(super) gate: u64,
+    pub(super) o: u64,
+    pub(super) ht: u64,
+    pub(super) qk_heads: i64,
+    pub(super) value_heads: i64,
+    pub(super) k_dim: i64,
+    pub(super) v_dim: i64,
+    pub(super) bt: i64,
+    pub(super) h0_dtype: i64,
+    pub(super) v_first: i64,
+    pub(super) npieces: i64,
+    pub(super) gate_mode: i64,
+    pub(super) scale: f64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for GdnFusedArgs {}
@@ -317,6 +318,22 @@ impl PieceArgs for GdnFusedArgs {
             warm,
             gate,
             gate_mode,
+            ..self
+        }
+    }
+}
+
+impl PieceArgs for GdnWgArgs {
+    fn with_pieces(
+        self,
+        pieces: u64,
+        npieces: usize,
+        warm: u64,
+        gate: u64,
+        gate_mode: i64,
+    ) -> Self {
+        GdnWgArgs {
+            a: self.a.with_pieces(pieces, npieces, warm, gate, gate_mode),
             ..self
         }
     }
@@ -512,8 +529,12 @@ fn makespan(steps: &[usize], heads: usize, blocks: usize, resident: usize) -> us
 /// steps in 0.214 ms; S6's 2.9 / 3.4 / 4.6 µs predate the kernel's present form), 32 columns
 /// taken at the recurrence kernel's measured 1.5 (NOTES.md, session 5). The KDA kernel
 /// (`delta_fused`): about 2.6, 3.6 and 7.3 µs (S8: the serial rows at 16 and 32 columns, the
-/// split rows at 64 less their warm-up policy).
+/// split rows at 64 less their warm-up policy). The Hopper kernel (`wg`, 64 columns): about
+/// 1.1 µs (S19 lab: 0.88 µs per step for the state alone).
 fn step_cost(c: FusedChoice) -> f64 {
+    if c.wg {
+        return 0.4;
+    }
     match (c.lean, c.bv) {
         (_, 16) => 1.0,
         (true, 32) => 1.5,
@@ -558,7 +579,7 @@ pub fn split_choice(
     let ones = vec![1; seq_chunks.len()];
     let est = fused_estimate(serial, v, seq_chunks, &ones, hv, sm_count);
     let mut best = (serial, ones, est);
-    let forced = crate::knobs::fwd_bv().is_some();
+    let forced = crate::knobs::fwd_bv().is_some() || serial.wg;
     let widths = fused_widths(v)
         .into_iter()
         .filter(|&bv| !forced && bv != serial.bv);
@@ -715,12 +736,14 @@ impl Call {
 
 /// The fused kernel's tile shape: keys padded to `kp` (64, 128), `bv` state columns per block;
 /// `lean`: the GDN kernel on `q, k, v` and `Akk diag(β)` (`delta_fused_gdn`), else the kernel on
-/// the intra stage's `w, u, kg, qg` (`delta_fused`).
+/// the intra stage's `w, u, kg, qg` (`delta_fused`); `wg`: the lean path on the Hopper kernel
+/// (`delta_fwd_gdn_wg_bf16`: `kp` 128, `bv` 64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FusedChoice {
     pub kp: usize,
     pub bv: usize,
     pub lean: bool,
+    pub wg: bool,
 }
 
 impl FusedChoice {
@@ -731,8 +754,11 @@ impl FusedChoice {
     }
 
     /// Dynamic shared memory of `GdnFusedSmem<T, kp, bv>` / `FusedSmem<T, kp, bv>`
-    /// (half-precision elements).
+    /// (half-precision elements), or of the Hopper kernel.
     fn smem_bytes(self) -> usize {
+        if self.wg {
+            return wg::GDN_WG_SMEM;
+        }
         let (kpitch, vpitch, apitch) = (self.kp + 8, self.bv + 8, MAX_BT + 8);
         if self.lean {
             // k, q, v, Tb hi + lo, Aqk (two buffers each), G; S; W, D, D'
@@ -748,7 +774,8 @@ impl FusedChoice {
 /// The fused kernel's tiles for `K` keys, `V` columns, the chunks of every sequence and `HV`
 /// heads on `sm_count` multiprocessors: the width with the least estimated time
 /// `step_cost(bv) · max(chunks of the longest sequence, block-chunks / resident blocks)`
-/// (as `kernel_choice` of fwd_h). `$ATTN_FWD_BV` overrides the width (a tuning knob).
+/// (as `kernel_choice` of fwd_h). `$ATTN_FWD_BV` overrides the width (a tuning knob). `wg`: the
+/// call fits the Hopper kernel of the lean path, which then runs at its one shape.
 pub fn fused_choice(
     k: usize,
     v: usize,
@@ -756,16 +783,36 @@ pub fn fused_choice(
     hv: usize,
     sm_count: usize,
     lean: bool,
+    wg: bool,
 ) -> FusedChoice {
+    if lean && wg {
+        return FusedChoice {
+            kp: 128,
+            bv: 64,
+            lean,
+            wg,
+        };
+    }
     let kp = if k <= 64 { 64 } else { 128 };
     let allowed = fused_widths(v);
     let forced = crate::knobs::fwd_bv().filter(|bv| allowed.contains(bv));
     let bv = forced.unwrap_or_else(|| {
         cheapest_width(&allowed, seq_chunks, hv, sm_count, |bv| {
-            (FusedChoice { kp, bv, lean }.smem_bytes(), v.div_ceil(bv))
+            let c = FusedChoice {
+                kp,
+                bv,
+                lean,
+                wg: false,
+            };
+            (c.smem_bytes(), v.div_ceil(bv))
         })
     });
-    FusedChoice { kp, bv, lean }
+    FusedChoice {
+        kp,
+        bv,
+        lean,
+        wg: false,
+    }
 }
 
 /// The fused kernels' column widths for `V` columns (16 always; 32 and 64 when `V` needs more
@@ -1118,6 +1165,7 @@ impl DeltaFwdPlan {
                     geo.hv,
                     gpu.sm_count(),
                     lean,
+                    wg::fits(gpu, dtype, &geo),
                 ))
             }
         };
@@ -2082,6 +2130,24 @@ impl DeltaFwdPlan {
         tasks: usize,
         args: &A,
     ) -> GpuResult<()> {
+        if choice.wg {
+            // the Hopper kernel: the column blocks fastest in blockIdx.x
+            let blocks = self.geo.v / choice.bv;
+            let grid_x = grid_x(tasks * blocks, "v", "N * HV * V / 64 < 2^31")?;
+            let name = if self.state_only {
+                "delta_fwd_gdn_wg_state_bf16"
+            } else {
+                "delta_fwd_gdn_wg_bf16"
+            };
+            return gpu.queue_with_smem(
+                Module::DeltaFwdWg,
+                name,
+                (grid_x, 1),
+                THREADS,
+                choice.smem_bytes() as u32,
+                args,
+            );
+        }
         let grid_x = grid_x(tasks, "v", "N * HV < 2^31")?;
         let name = format!(
             "delta_fwd_{kind}_{}_k{}_v{}",
@@ -2147,6 +2213,10 @@ impl DeltaFwdPlan {
             scale: self.prep.scale,
             ..GdnFusedArgs::default()
         };
+        if pc.choice.wg {
+            let args = GdnWgArgs::new(args, g.b * g.t)?;
+            return self.launch_pieces(gpu, "gdn", pc, split, args);
+        }
         self.launch_pieces(gpu, "gdn", pc, split, args)
     }
 
@@ -2733,7 +2803,7 @@ mod tests {
     #[test]
     fn split_choice_widens_few_long_sequences() {
         let rule = SplitRule::default();
-        let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, true);
+        let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, true, false);
         let c4 = [2048];
         let s4 = serial(&c4, 4);
         assert_eq!(s4.bv, 16);
@@ -2757,7 +2827,7 @@ mod tests {
         for _ in 0..500 {
             let chunks: Vec<usize> = (0..1 + next(6)).map(|_| next(3000)).collect();
             let (hv, v) = (1 + next(64), [32, 64, 100, 128][next(4)]);
-            let s = fused_choice(128, v, &chunks, hv, 132, true);
+            let s = fused_choice(128, v, &chunks, hv, 132, true, false);
             let (c, per) = split_choice(v, &chunks, hv, 132, s, &rule);
             assert!(
                 c == s || per.iter().any(|&m| m > 1),
@@ -2804,7 +2874,7 @@ mod tests {
     fn split_choice_splits_kda_too() {
         // the KDA kernel's tiles (`lean: false`) and step costs
         let rule = SplitRule::default();
-        let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, false);
+        let serial = |chunks: &[usize], hv| fused_choice(128, 128, chunks, hv, 132, false, false);
         let c4 = [2048];
         let s4 = serial(&c4, 4);
         assert!(!s4.lean);

@@ -23,6 +23,7 @@ pub mod policy;
 pub mod prescan;
 pub mod split;
 pub mod truncation;
+mod wg;
 
 pub use forward::{
     fused_choice, gdn_fwd, kda_fwd, piece_rows, split_pieces, DeltaFwdDeviceOutputs, DeltaFwdPlan,

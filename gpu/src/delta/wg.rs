@@ -1,0 +1,113 @@
+//! The Hopper kernel of the lean fused GDN path (`delta_fwd_gdn_wg_bf16`, `delta_fwd_wg.cu`):
+//! which calls it takes, its shared memory, and its parameter (TMA tensor maps of the tiles it
+//! loads and stores, encoded on the host, then the lean kernel's arguments).
+
+use super::forward::GdnFusedArgs;
+use crate::device::Gpu;
+use crate::error::{GpuError, GpuResult};
+use attn_reference::delta::Geometry;
+use attn_reference::Dtype;
+use cudarc::driver::{sys, DeviceRepr};
+
+/// Dynamic shared memory of `delta_fwd_gdn_wg_bf16` (`WgLayout`: two stages of eight 8 KiB tiles,
+/// two o staging tiles, the gate factors, the mbarriers and 1 KiB of alignment slack).
+pub(crate) const GDN_WG_SMEM: usize = 2 * 8 * 8192 + 2 * 8192 + 2 * (2 * 64 + 4) * 4 + 4 * 8 + 1024;
+
+/// `$ATTN_GDN_WG=0`: the lean fused GDN path on the `mma.sync` kernel even where the Hopper
+/// kernel fits (plans made while it is set); for comparisons.
+fn enabled() -> bool {
+    std::env::var("ATTN_GDN_WG").as_deref() != Ok("0")
+}
+
+/// Whether a GDN call of `rows` packed tokens runs the Hopper kernel: an sm_90 device, bf16,
+/// `K = 128`, `V` a multiple of 64, chunks of 64, at least one token (a tensor map has no empty
+/// dimension).
+pub(crate) fn fits(gpu: &Gpu, dtype: Dtype, geo: &Geometry) -> bool {
+    enabled()
+        && gpu.arch() == (9, 0)
+        && dtype == Dtype::BF16
+        && geo.k == 128
+        && geo.v > 0
+        && geo.v % 64 == 0
+        && geo.bt == 64
+        && geo.b * geo.t > 0
+}
+
+/// A `CUtensorMap` (128 opaque bytes, 64-byte aligned) as the kernel's `TMap`.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TensorMap([u64; 16]);
+
+impl Default for TensorMap {
+    fn default() -> Self {
+        TensorMap([0; 16])
+    }
+}
+
+/// The bf16 tensor at `ptr` of `rows` rows of `cols` elements as 64 × 64 boxes with the 128-byte
+/// swizzle (`name` for the error).
+pub(crate) fn tile_map(ptr: u64, rows: usize, cols: usize, name: &str) -> GpuResult<TensorMap> {
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims = [cols as u64, rows as u64];
+    let strides = [(cols * 2) as u64];
+    let boxes = [64u32, 64];
+    let elem = [1u32, 1];
+    // SAFETY: every pointer refers to a live local array of the rank the call states (2).
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result()
+        .map_err(GpuError::driver(format!("the tensor map of `{name}`")))?;
+    Ok(TensorMap(map.opaque))
+}
+
+/// Mirror of `GdnWgArgs` (delta_fwd_wg.cu).
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct GdnWgArgs {
+    pub q: TensorMap,
+    pub k: TensorMap,
+    pub v: TensorMap,
+    pub tbh: TensorMap,
+    pub tbl: TensorMap,
+    pub aqk: TensorMap,
+    pub o: TensorMap,
+    pub a: GdnFusedArgs,
+}
+// SAFETY: plain `#[repr(C)]` data matching the kernel's struct (the maps 128 bytes, 64-aligned).
+unsafe impl DeviceRepr for GdnWgArgs {}
+
+impl GdnWgArgs {
+    /// The maps of `a`'s tensors: `rows` packed tokens, `qk_heads` key heads and `HV` value heads
+    /// of `K = 128`, `V` columns and chunks of 64 (`o` only when the kernel writes it).
+    pub(crate) fn new(a: GdnFusedArgs, rows: usize) -> GpuResult<GdnWgArgs> {
+        let (qk, hv, v) = (a.qk_heads as usize * 128, a.value_heads as usize, a.v_dim as usize);
+        Ok(GdnWgArgs {
+            q: tile_map(a.q, rows, qk, "q")?,
+            k: tile_map(a.k, rows, qk, "k")?,
+            v: tile_map(a.v, rows, hv * v, "v")?,
+            tbh: tile_map(a.tbh, rows, hv * 64, "Tb (hi)")?,
+            tbl: tile_map(a.tbl, rows, hv * 64, "Tb (lo)")?,
+            aqk: tile_map(a.aqk, rows, hv * 64, "Aqk")?,
+            o: if a.o != 0 {
+                tile_map(a.o, rows, hv * v, "o")?
+            } else {
+                TensorMap::default()
+            },
+            a,
+        })
+    }
+}
