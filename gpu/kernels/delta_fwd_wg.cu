@@ -143,10 +143,9 @@ struct WgLayout {
 };
 enum { T_K0, T_K1, T_Q0, T_Q1, T_V, T_TBH, T_TBL, T_AQK };
 
-// OUT: o is computed in every chunk (warm-up chunks too, unstored: no branch around the wgmma
-// pipeline) and stored from the piece's first chunk; else the final state alone (a.o == 0).
-template <bool OUT>
-__device__ __forceinline__ void delta_fwd_gdn_wg(const GdnWgArgs& p) {
+// o is computed in every chunk (warm-up chunks too, unstored: no branch around the wgmma
+// pipeline) and stored from the piece's first chunk.
+extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const __grid_constant__ GdnWgArgs p) {
     const GdnFusedArgs& a = p.a;
     using L = WgLayout;
     extern __shared__ unsigned char smem_raw[];
@@ -203,17 +202,15 @@ __device__ __forceinline__ void delta_fwd_gdn_wg(const GdnWgArgs& p) {
             const unsigned st = base + L::stage(s);
             if (nc == WG_BT) {
                 if (lane == 0) {
-                    mbar_expect_tx(full(s), (OUT ? 8 : 5) * L::TILE);
+                    mbar_expect_tx(full(s), 8 * L::TILE);
                     tma_load(st + T_K0 * L::TILE, &p.k, qh * (int)a.K, r0, full(s));
                     tma_load(st + T_K1 * L::TILE, &p.k, qh * (int)a.K + 64, r0, full(s));
                     tma_load(st + T_V * L::TILE, &p.v, hv * (int)a.V + c0, r0, full(s));
                     tma_load(st + T_TBH * L::TILE, &p.tbh, hv * WG_BT, r0, full(s));
                     tma_load(st + T_TBL * L::TILE, &p.tbl, hv * WG_BT, r0, full(s));
-                    if (OUT) {
-                        tma_load(st + T_Q0 * L::TILE, &p.q, qh * (int)a.K, r0, full(s));
-                        tma_load(st + T_Q1 * L::TILE, &p.q, qh * (int)a.K + 64, r0, full(s));
-                        tma_load(st + T_AQK * L::TILE, &p.aqk, hv * WG_BT, r0, full(s));
-                    }
+                    tma_load(st + T_Q0 * L::TILE, &p.q, qh * (int)a.K, r0, full(s));
+                    tma_load(st + T_Q1 * L::TILE, &p.q, qh * (int)a.K + 64, r0, full(s));
+                    tma_load(st + T_AQK * L::TILE, &p.aqk, hv * WG_BT, r0, full(s));
                 }
             } else {
                 // the sequence's partial last chunk: 16-byte loads, rows >= nc zero, swizzled
@@ -223,8 +220,7 @@ __device__ __forceinline__ void delta_fwd_gdn_wg(const GdnWgArgs& p) {
                 const bf16* hb = reinterpret_cast<const bf16*>(a.tbh);
                 const bf16* lb = reinterpret_cast<const bf16*>(a.tbl);
                 const bf16* ab = reinterpret_cast<const bf16*>(a.aqk);
-                const int ntiles = OUT ? 8 : 5;
-                for (int i = lane; i < ntiles * WG_BT * 8; i += 32) {
+                for (int i = lane; i < 8 * WG_BT * 8; i += 32) {
                     const int t = i / (WG_BT * 8), r = (i / 8) % WG_BT, pc = i % 8;
                     const int tile = (0x73265410 >> (4 * t)) & 15;  // k0 k1 v tbh tbl, then q0 q1 aqk
                     uint4 val = make_uint4(0, 0, 0, 0);
@@ -302,11 +298,9 @@ __device__ __forceinline__ void delta_fwd_gdn_wg(const GdnWgArgs& p) {
         wgmma_n64<true>(x, sa[0], mkdesc(dk));
 #pragma unroll
         for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(x, sa[kk], mkdesc(dk + ((kk / 4) * L::TILE + (kk % 4) * 32) / 16));
-        if constexpr (OUT) {
-            wgmma_n64<true>(o, sa[0], mkdesc(dk + T_Q0 * L::TILE / 16));
+        wgmma_n64<true>(o, sa[0], mkdesc(dk + T_Q0 * L::TILE / 16));
 #pragma unroll
-            for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(o, sa[kk], mkdesc(dk + ((T_Q0 + kk / 4) * L::TILE + (kk % 4) * 32) / 16));
-        }
+        for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(o, sa[kk], mkdesc(dk + ((T_Q0 + kk / 4) * L::TILE + (kk % 4) * 32) / 16));
         WG_COMMIT();
         // beside them: Vᵀ fragments (vr[j][half] = V[8j + cq .. + 1][dv0 + 8 half]) and e
         unsigned vr[8][2];
@@ -359,29 +353,27 @@ __device__ __forceinline__ void delta_fwd_gdn_wg(const GdnWgArgs& p) {
                 dh[j / 2][(j % 2) * 2 + h2] = wg_pack(d0, d1);
                 da[j / 2][(j % 2) * 2 + h2] = wg_pack(d0 * f[j].x, d1 * f[j].y);
             }
-        if constexpr (OUT) {
-            // Oᵀ = Oᵀ diag(scale e) + D̂ᵀ Aqkᵀ: output tokens 16 J.. take key steps kk <= J (Aqk is
-            // not written above its diagonal 16 x 16 blocks; zero above the diagonal inside them)
+        // Oᵀ = Oᵀ diag(scale e) + D̂ᵀ Aqkᵀ: output tokens 16 J.. take key steps kk <= J (Aqk is
+        // not written above its diagonal 16 x 16 blocks; zero above the diagonal inside them)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float2 ej = *reinterpret_cast<const float2*>(fac + 8 * j + cq);
+        for (int j = 0; j < 8; ++j) {
+            const float2 ej = *reinterpret_cast<const float2*>(fac + 8 * j + cq);
 #pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                    o[4 * j + 2 * h2] *= scale * ej.x;
-                    o[4 * j + 2 * h2 + 1] *= scale * ej.y;
-                }
+            for (int h2 = 0; h2 < 2; ++h2) {
+                o[4 * j + 2 * h2] *= scale * ej.x;
+                o[4 * j + 2 * h2 + 1] *= scale * ej.y;
             }
-            const unsigned aq = dk + T_AQK * L::TILE / 16;
-            WG_FENCE();
-            wgmma_n16<0>(o, dh[0], mkdesc(aq));
-            wgmma_n16<1>(o, dh[0], mkdesc(aq + 2048 / 16));
-            wgmma_n16<1>(o, dh[1], mkdesc(aq + (2048 + 32) / 16));
-#pragma unroll
-            for (int kk = 0; kk < 3; ++kk) wgmma_n16<2>(o, dh[kk], mkdesc(aq + (4096 + kk * 32) / 16));
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) wgmma_n16<3>(o, dh[kk], mkdesc(aq + (6144 + kk * 32) / 16));
-            WG_COMMIT();
         }
+        const unsigned aq = dk + T_AQK * L::TILE / 16;
+        WG_FENCE();
+        wgmma_n16<0>(o, dh[0], mkdesc(aq));
+        wgmma_n16<1>(o, dh[0], mkdesc(aq + 2048 / 16));
+        wgmma_n16<1>(o, dh[1], mkdesc(aq + (2048 + 32) / 16));
+#pragma unroll
+        for (int kk = 0; kk < 3; ++kk) wgmma_n16<2>(o, dh[kk], mkdesc(aq + (4096 + kk * 32) / 16));
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wgmma_n16<3>(o, dh[kk], mkdesc(aq + (6144 + kk * 32) / 16));
+        WG_COMMIT();
         // Sᵀ = λ Sᵀ + D̂′ᵀ K (k step kk: tokens 16 kk.., +2048 bytes)
 #pragma unroll
         for (int i = 0; i < 64; ++i) s[i] *= lam;
@@ -389,8 +381,8 @@ __device__ __forceinline__ void delta_fwd_gdn_wg(const GdnWgArgs& p) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wgmma_n128_t(s, da[kk], mkdesc(dmn + kk * 2048 / 16));
         WG_COMMIT();
-        if constexpr (OUT) WG_WAIT(1);  // Oᵀ is done; the update runs on
-        if (OUT && c >= warm) {
+        WG_WAIT(1);  // Oᵀ is done; the update runs on
+        if (c >= warm) {
             // o through the staging tile ([token][dv], stmatrix.trans) and a TMA store
             const unsigned ob = base + L::ostage(c & 1);
 #pragma unroll
@@ -429,7 +421,3 @@ __device__ __forceinline__ void delta_fwd_gdn_wg(const GdnWgArgs& p) {
     }
     if (t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
-
-// Entries: with o (a.o != 0), and the final state alone (the context-parallel summaries).
-extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const __grid_constant__ GdnWgArgs p) { delta_fwd_gdn_wg<true>(p); }
-extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_state_bf16(const __grid_constant__ GdnWgArgs p) { delta_fwd_gdn_wg<false>(p); }

@@ -457,17 +457,35 @@ fn gdn_hopper_kernel(gpu: &Gpu) {
         let want = reference(&c, &host);
         let p = plan(gpu, &c, &dev, ForwardPath::Fused);
         let wg = p.fused_choice().is_some_and(|f| f.wg);
-        assert_eq!(wg, hopper_gdn(gpu), "{name}: the Hopper kernel where it fits");
+        assert_eq!(
+            wg,
+            hopper_gdn(gpu),
+            "{name}: the Hopper kernel where it fits"
+        );
         let fused = run(gpu, &c, &dev, ForwardPath::Fused);
         let staged = run(gpu, &c, &dev, ForwardPath::Staged);
         let t = thr(c.dtype, is_long(&c));
-        let agree = if c.draw.regime == Regime::Long { 7.5e-3 } else { 5e-3 };
+        let agree = if c.draw.regime == Regime::Long {
+            7.5e-3
+        } else {
+            5e-3
+        };
         let what = format!("{name} (wg {wg})");
         assert_close(&format!("{what}: o"), &fused.o, &want.o, t);
         let (ff, wf, sf) = (fused.fin.unwrap(), want.fin.unwrap(), staged.fin.unwrap());
         assert_close(&format!("{what}: final_state"), &ff, &wf, t);
-        assert_close(&format!("{what}: o, fused vs staged"), &fused.o, &staged.o, agree);
-        assert_close(&format!("{what}: final_state, fused vs staged"), &ff, &sf, agree);
+        assert_close(
+            &format!("{what}: o, fused vs staged"),
+            &fused.o,
+            &staged.o,
+            agree,
+        );
+        assert_close(
+            &format!("{what}: final_state, fused vs staged"),
+            &ff,
+            &sf,
+            agree,
+        );
     }
 }
 

@@ -689,7 +689,7 @@ impl SummaryRun {
         let plan = (spec.op.summary())
             .plan(gpu, &Self::inputs(&rows, &v, h0, t)?, cu, spec.path)?
             .without_exact_fallback()
-            .final_state_only();
+            .final_state_only(gpu)?;
         let ws = plan.alloc_workspace(gpu)?;
         let out = plan.alloc_outputs(gpu)?;
         Ok(SummaryRun {

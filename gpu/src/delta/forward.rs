@@ -32,9 +32,10 @@ use super::intra::{
     acc_dtype, chunk_table, launch_gdn_intra, launch_intra, tag, IntraArgs, KT, MAX_BT, THREADS,
 };
 use super::intra_pipe;
-use super::wg::{self, GdnWgArgs};
 use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
+use super::lean::GdnFusedArgs;
 use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage};
+use super::wg::{self, GdnWgArgs};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -209,37 +210,6 @@ struct FusedArgs {
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for FusedArgs {}
-
-/// Mirror of `GdnFusedArgs` (pieces.cuh).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct GdnFusedArgs {
-    pub(super) q: u64,
-    pub(super) k: u64,
-    pub(super) v: u64,
-    pub(super) tbh: u64,
-    pub(super) tbl: u64,
-    pub(super) aqk: u64,
-    pub(super) g: u64,
-    pub(super) h0: u64,
-    pub(super) pieces: u64,
-    pub(super) warm: u64,
-    pub(super) gate: u64,
-    pub(super) o: u64,
-    pub(super) ht: u64,
-    pub(super) qk_heads: i64,
-    pub(super) value_heads: i64,
-    pub(super) k_dim: i64,
-    pub(super) v_dim: i64,
-    pub(super) bt: i64,
-    pub(super) h0_dtype: i64,
-    pub(super) v_first: i64,
-    pub(super) npieces: i64,
-    pub(super) gate_mode: i64,
-    pub(super) scale: f64,
-}
-// SAFETY: as above.
-unsafe impl DeviceRepr for GdnFusedArgs {}
 
 /// Mirror of `WarmArgs` (delta_fwd.cu).
 #[repr(C)]
@@ -887,20 +857,27 @@ pub const EXACT_FALLBACK_CHUNKS: usize = 256;
 /// ~0.36 µs (GDN) and ~0.42 µs (KDA) per pair, the fused chain ~2.7 and ~2.9 µs a step.
 pub const FALLBACK_COST_RATIO: usize = 7;
 
+/// [`FALLBACK_COST_RATIO`] where the fused chain runs on the Hopper kernel (`FusedChoice::wg`):
+/// S19 (H100, H4 × 131072, bf16, K = V = 128) ~1.14 µs a step against the staged path's ~0.36 µs
+/// per pair (its fallback rows 2.8 ms against the serial chain's 2.66 ms under FALLBACK_COST_RATIO).
+pub const WG_FALLBACK_COST_RATIO: usize = 3;
+
 /// The exact fallback's rule ([`DeltaFwdPlan::needs_exact_fallback`]) on host copies: sequences
 /// of `seq_chunks` chunks, `hv` value heads, pieces of `piece_chunks` chunks (the pieces table's
 /// order), the policy's `warm` (`[P · HV]`: a warm-up in chunks, `-1` for a piece run through by
 /// the one before) and `verdict` (`[N · HV]`, `0`: the serial launch). A chain counts when it
-/// reaches max([`EXACT_FALLBACK_CHUNKS`], chunk-heads / [`FALLBACK_COST_RATIO`] + 1) chunks.
+/// reaches max([`EXACT_FALLBACK_CHUNKS`], chunk-heads / `ratio` + 1) chunks (`ratio`:
+/// [`FALLBACK_COST_RATIO`] or [`WG_FALLBACK_COST_RATIO`] by the fused kernel).
 fn exact_fallback_due(
     seq_chunks: &[usize],
     hv: usize,
     piece_chunks: &[usize],
     warm: &[i64],
     verdict: Option<&[i64]>,
+    ratio: usize,
 ) -> bool {
     let chunk_heads = seq_chunks.iter().sum::<usize>() * hv;
-    let long = EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1);
+    let long = EXACT_FALLBACK_CHUNKS.max(chunk_heads / ratio + 1);
     let serial_long = verdict.is_some_and(|v| {
         (v.iter().enumerate())
             .any(|(i, &x)| x == 0 && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= long)
@@ -2134,14 +2111,9 @@ impl DeltaFwdPlan {
             // the Hopper kernel: the column blocks fastest in blockIdx.x
             let blocks = self.geo.v / choice.bv;
             let grid_x = grid_x(tasks * blocks, "v", "N * HV * V / 64 < 2^31")?;
-            let name = if self.state_only {
-                "delta_fwd_gdn_wg_state_bf16"
-            } else {
-                "delta_fwd_gdn_wg_bf16"
-            };
             return gpu.queue_with_smem(
                 Module::DeltaFwdWg,
-                name,
+                "delta_fwd_gdn_wg_bf16",
                 (grid_x, 1),
                 THREADS,
                 choice.smem_bytes() as u32,
@@ -2292,6 +2264,11 @@ impl DeltaFwdPlan {
             &piece_chunks,
             &warm,
             verdict.as_deref(),
+            if pc.choice.wg {
+                WG_FALLBACK_COST_RATIO
+            } else {
+                FALLBACK_COST_RATIO
+            },
         ))
     }
 
@@ -2308,9 +2285,18 @@ impl DeltaFwdPlan {
     /// and its rounding unchanged): the context-parallel summaries, which read only the final
     /// state. Crate-internal, so that no caller gets an `o` that looks written. A staged plan
     /// (or its exact fallback) still writes `o`.
-    pub(crate) fn final_state_only(mut self) -> DeltaFwdPlan {
+    pub(crate) fn final_state_only(mut self, gpu: &Gpu) -> GpuResult<DeltaFwdPlan> {
         self.state_only = self.fused.is_some();
-        self
+        if let Some(f) = self.fused.filter(|f| f.wg) {
+            // the summaries keep the mma.sync kernel (the Hopper kernel's state-only form is not
+            // built yet): its tiles, and the pieces chosen for them
+            let g = &self.geo;
+            let chunks: Vec<usize> = g.seqs.iter().map(|s| s.num_chunks(g.bt)).collect();
+            let sm = gpu.sm_count();
+            self.fused = Some(fused_choice(g.k, g.v, &chunks, g.hv, sm, f.lean, false));
+            self.pieces = Self::pieces(gpu, &self.geo, self.fused, self.split_rule)?;
+        }
+        Ok(self)
     }
 
     /// Queues the warm-up policy of the next [`Self::run`] of `t` with `ws` now, where the plan
@@ -2575,13 +2561,21 @@ mod tests {
     fn short_warm_ups_keep_the_fused_split() {
         let (seq, pc, mut warm) = even(16, 128, 4, 2);
         (0..4).for_each(|h| warm[h] = 0); // the first piece starts at the sequence start
-        assert!(!exact_fallback_due(&seq, 4, &pc, &warm, None));
         assert!(!exact_fallback_due(
             &seq,
             4,
             &pc,
             &warm,
-            Some(&[1, 1, 1, 1])
+            None,
+            FALLBACK_COST_RATIO
+        ));
+        assert!(!exact_fallback_due(
+            &seq,
+            4,
+            &pc,
+            &warm,
+            Some(&[1, 1, 1, 1]),
+            FALLBACK_COST_RATIO
         ));
     }
 
@@ -2596,9 +2590,23 @@ mod tests {
             warm[p * hv + 1] = -1;
         }
         warm[1] = 0;
-        assert!(!exact_fallback_due(&seq, hv, &pc, &warm, None));
+        assert!(!exact_fallback_due(
+            &seq,
+            hv,
+            &pc,
+            &warm,
+            None,
+            FALLBACK_COST_RATIO
+        ));
         warm[(need - 1) * hv + 1] = -1;
-        assert!(exact_fallback_due(&seq, hv, &pc, &warm, None));
+        assert!(exact_fallback_due(
+            &seq,
+            hv,
+            &pc,
+            &warm,
+            None,
+            FALLBACK_COST_RATIO
+        ));
     }
 
     #[test]
@@ -2611,7 +2619,9 @@ mod tests {
         pc.push(40);
         assert!(seq[0] >= long((seq[0] + seq[1]) * hv) && 64 < long((seq[0] + seq[1]) * hv));
         let warm = vec![0; pc.len() * hv];
-        let due = |verdict: [i64; 4]| exact_fallback_due(&seq, hv, &pc, &warm, Some(&verdict));
+        let due = |verdict: [i64; 4]| {
+            exact_fallback_due(&seq, hv, &pc, &warm, Some(&verdict), FALLBACK_COST_RATIO)
+        };
         assert!(due([1, 0, 1, 1]), "the long sequence's head 1 serial");
         assert!(!due([1, 1, 0, 0]), "the short sequence serial");
         assert!(!due([1, 1, 1, 1]), "everything split");
@@ -2627,7 +2637,7 @@ mod tests {
                 warm[p * hv] = if p == 0 { 0 } else { -1 };
             }
             assert_eq!(
-                exact_fallback_due(&seq, hv, &pc, &warm, None),
+                exact_fallback_due(&seq, hv, &pc, &warm, None, FALLBACK_COST_RATIO),
                 due,
                 "hv {hv}"
             );
@@ -2648,12 +2658,12 @@ mod tests {
             let seq = vec![lens.iter().sum::<usize>()];
             let mut warm: Vec<i64> = warm_seed[..pc.len() * hv].to_vec();
             (0..hv).for_each(|h| warm[h] = warm[h].max(0));
-            let before = exact_fallback_due(&seq, hv, &pc, &warm, None);
+            let before = exact_fallback_due(&seq, hv, &pc, &warm, None, FALLBACK_COST_RATIO);
             let i = flip % warm.len();
             if i >= hv {
                 warm[i] = -1;
             }
-            let after = exact_fallback_due(&seq, hv, &pc, &warm, None);
+            let after = exact_fallback_due(&seq, hv, &pc, &warm, None, FALLBACK_COST_RATIO);
             prop_assert!(!before || after);
         }
     }

@@ -17,6 +17,7 @@ pub mod fwd_h;
 pub mod intra;
 mod intra_pipe;
 mod launch;
+mod lean;
 pub mod merge;
 mod pieces;
 pub mod policy;

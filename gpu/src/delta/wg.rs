@@ -2,7 +2,7 @@
 //! which calls it takes, its shared memory, and its parameter (TMA tensor maps of the tiles it
 //! loads and stores, encoded on the host, then the lean kernel's arguments).
 
-use super::forward::GdnFusedArgs;
+use super::lean::GdnFusedArgs;
 use crate::device::Gpu;
 use crate::error::{GpuError, GpuResult};
 use attn_reference::delta::Geometry;
@@ -38,12 +38,6 @@ pub(crate) fn fits(gpu: &Gpu, dtype: Dtype, geo: &Geometry) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TensorMap([u64; 16]);
 
-impl Default for TensorMap {
-    fn default() -> Self {
-        TensorMap([0; 16])
-    }
-}
-
 /// The bf16 tensor at `ptr` of `rows` rows of `cols` elements as 64 × 64 boxes with the 128-byte
 /// swizzle (`name` for the error).
 pub(crate) fn tile_map(ptr: u64, rows: usize, cols: usize, name: &str) -> GpuResult<TensorMap> {
@@ -76,7 +70,7 @@ pub(crate) fn tile_map(ptr: u64, rows: usize, cols: usize, name: &str) -> GpuRes
 
 /// Mirror of `GdnWgArgs` (delta_fwd_wg.cu).
 #[repr(C, align(64))]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct GdnWgArgs {
     pub q: TensorMap,
     pub k: TensorMap,
@@ -92,9 +86,13 @@ unsafe impl DeviceRepr for GdnWgArgs {}
 
 impl GdnWgArgs {
     /// The maps of `a`'s tensors: `rows` packed tokens, `qk_heads` key heads and `HV` value heads
-    /// of `K = 128`, `V` columns and chunks of 64 (`o` only when the kernel writes it).
+    /// of `K = 128`, `V` columns and chunks of 64.
     pub(crate) fn new(a: GdnFusedArgs, rows: usize) -> GpuResult<GdnWgArgs> {
-        let (qk, hv, v) = (a.qk_heads as usize * 128, a.value_heads as usize, a.v_dim as usize);
+        let (qk, hv, v) = (
+            a.qk_heads as usize * 128,
+            a.value_heads as usize,
+            a.v_dim as usize,
+        );
         Ok(GdnWgArgs {
             q: tile_map(a.q, rows, qk, "q")?,
             k: tile_map(a.k, rows, qk, "k")?,
@@ -102,11 +100,7 @@ impl GdnWgArgs {
             tbh: tile_map(a.tbh, rows, hv * 64, "Tb (hi)")?,
             tbl: tile_map(a.tbl, rows, hv * 64, "Tb (lo)")?,
             aqk: tile_map(a.aqk, rows, hv * 64, "Aqk")?,
-            o: if a.o != 0 {
-                tile_map(a.o, rows, hv * v, "o")?
-            } else {
-                TensorMap::default()
-            },
+            o: tile_map(a.o, rows, hv * v, "o")?,
             a,
         })
     }
