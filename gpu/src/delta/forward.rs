@@ -499,8 +499,8 @@ fn makespan(steps: &[usize], heads: usize, blocks: usize, resident: usize) -> us
 /// steps in 0.214 ms; S6's 2.9 / 3.4 / 4.6 µs predate the kernel's present form), 32 columns
 /// taken at the recurrence kernel's measured 1.5 (NOTES.md, session 5). The KDA kernel
 /// (`delta_fused`): about 2.6, 3.6 and 7.3 µs (S8: the serial rows at 16 and 32 columns, the
-/// split rows at 64 less their warm-up policy). The Hopper kernel (`wg`, 64 columns): about
-/// 1.1 µs (S19 lab: 0.88 µs per step for the state alone).
+/// split rows at 64 less their warm-up policy). The Hopper kernel (`wg`, 64 columns): 1.13 µs
+/// (S19-W4: the serial H 4 × 131072 row less its intra stage, over 2048 steps).
 fn step_cost(c: FusedChoice) -> f64 {
     if c.wg {
         return 0.4;
