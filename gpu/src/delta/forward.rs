@@ -253,61 +253,27 @@ trait PieceArgs: DeviceRepr + Copy {
         -> Self;
 }
 
-impl PieceArgs for FusedArgs {
-    fn with_pieces(
-        self,
-        pieces: u64,
-        npieces: usize,
-        warm: u64,
-        gate: u64,
-        gate_mode: i64,
-    ) -> Self {
-        FusedArgs {
-            pieces,
-            npieces: npieces as i64,
-            warm,
-            gate,
-            gate_mode,
-            ..self
+/// `PieceArgs` for the `mma.sync` kernels' argument structs (the piece fields in place) and for
+/// the Hopper kernel's (the same fields in its `a`).
+macro_rules! piece_args {
+    ($($t:ty),*) => {$(
+        impl PieceArgs for $t {
+            fn with_pieces(self, pieces: u64, npieces: usize, warm: u64, gate: u64, gate_mode: i64) -> Self {
+                let npieces = npieces as i64;
+                Self { pieces, npieces, warm, gate, gate_mode, ..self }
+            }
         }
-    }
-}
-
-impl PieceArgs for GdnFusedArgs {
-    fn with_pieces(
-        self,
-        pieces: u64,
-        npieces: usize,
-        warm: u64,
-        gate: u64,
-        gate_mode: i64,
-    ) -> Self {
-        GdnFusedArgs {
-            pieces,
-            npieces: npieces as i64,
-            warm,
-            gate,
-            gate_mode,
-            ..self
+    )*};
+    (wrapped $($t:ty),*) => {$(
+        impl PieceArgs for $t {
+            fn with_pieces(self, pieces: u64, npieces: usize, warm: u64, gate: u64, gate_mode: i64) -> Self {
+                Self { a: self.a.with_pieces(pieces, npieces, warm, gate, gate_mode), ..self }
+            }
         }
-    }
+    )*};
 }
-
-impl PieceArgs for GdnWgArgs {
-    fn with_pieces(
-        self,
-        pieces: u64,
-        npieces: usize,
-        warm: u64,
-        gate: u64,
-        gate_mode: i64,
-    ) -> Self {
-        GdnWgArgs {
-            a: self.a.with_pieces(pieces, npieces, warm, gate, gate_mode),
-            ..self
-        }
-    }
-}
+piece_args!(FusedArgs, GdnFusedArgs);
+piece_args!(wrapped GdnWgArgs);
 
 /// Mirror of `WalkArgs` (delta_fwd.cu).
 #[repr(C)]
@@ -2547,6 +2513,11 @@ mod tests {
     use attn_reference::varlen::Seq;
     use proptest::prelude::*;
 
+    /// [`exact_fallback_due`] under the `mma.sync` kernels' [`FALLBACK_COST_RATIO`].
+    fn due(seq: &[usize], hv: usize, pc: &[usize], warm: &[i64], verdict: Option<&[i64]>) -> bool {
+        exact_fallback_due(seq, hv, pc, warm, verdict, FALLBACK_COST_RATIO)
+    }
+
     /// The chain length from which [`exact_fallback_due`] falls back, for `chunk_heads`.
     fn long(chunk_heads: usize) -> usize {
         EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1)
@@ -2561,22 +2532,8 @@ mod tests {
     fn short_warm_ups_keep_the_fused_split() {
         let (seq, pc, mut warm) = even(16, 128, 4, 2);
         (0..4).for_each(|h| warm[h] = 0); // the first piece starts at the sequence start
-        assert!(!exact_fallback_due(
-            &seq,
-            4,
-            &pc,
-            &warm,
-            None,
-            FALLBACK_COST_RATIO
-        ));
-        assert!(!exact_fallback_due(
-            &seq,
-            4,
-            &pc,
-            &warm,
-            Some(&[1, 1, 1, 1]),
-            FALLBACK_COST_RATIO
-        ));
+        assert!(!due(&seq, 4, &pc, &warm, None));
+        assert!(!due(&seq, 4, &pc, &warm, Some(&[1, 1, 1, 1])));
     }
 
     #[test]
@@ -2590,23 +2547,9 @@ mod tests {
             warm[p * hv + 1] = -1;
         }
         warm[1] = 0;
-        assert!(!exact_fallback_due(
-            &seq,
-            hv,
-            &pc,
-            &warm,
-            None,
-            FALLBACK_COST_RATIO
-        ));
+        assert!(!due(&seq, hv, &pc, &warm, None));
         warm[(need - 1) * hv + 1] = -1;
-        assert!(exact_fallback_due(
-            &seq,
-            hv,
-            &pc,
-            &warm,
-            None,
-            FALLBACK_COST_RATIO
-        ));
+        assert!(due(&seq, hv, &pc, &warm, None));
     }
 
     #[test]
@@ -2619,28 +2562,22 @@ mod tests {
         pc.push(40);
         assert!(seq[0] >= long((seq[0] + seq[1]) * hv) && 64 < long((seq[0] + seq[1]) * hv));
         let warm = vec![0; pc.len() * hv];
-        let due = |verdict: [i64; 4]| {
-            exact_fallback_due(&seq, hv, &pc, &warm, Some(&verdict), FALLBACK_COST_RATIO)
-        };
-        assert!(due([1, 0, 1, 1]), "the long sequence's head 1 serial");
-        assert!(!due([1, 1, 0, 0]), "the short sequence serial");
-        assert!(!due([1, 1, 1, 1]), "everything split");
+        let with = |verdict: [i64; 4]| due(&seq, hv, &pc, &warm, Some(&verdict));
+        assert!(with([1, 0, 1, 1]), "the long sequence's head 1 serial");
+        assert!(!with([1, 1, 0, 0]), "the short sequence serial");
+        assert!(!with([1, 1, 1, 1]), "everything split");
     }
 
     #[test]
     fn many_heads_raise_the_bar() {
         // one head run through its whole 512-chunk sequence: a fallback at 2 heads, not at 64
         // (the staged path's cost grows with the heads, the chain does not)
-        for (hv, due) in [(2, true), (64, false)] {
+        for (hv, expected) in [(2, true), (64, false)] {
             let (seq, pc, mut warm) = even(8, 64, hv, 1);
             for p in 0..8 {
                 warm[p * hv] = if p == 0 { 0 } else { -1 };
             }
-            assert_eq!(
-                exact_fallback_due(&seq, hv, &pc, &warm, None, FALLBACK_COST_RATIO),
-                due,
-                "hv {hv}"
-            );
+            assert_eq!(due(&seq, hv, &pc, &warm, None), expected, "hv {hv}");
         }
     }
 
@@ -2658,12 +2595,12 @@ mod tests {
             let seq = vec![lens.iter().sum::<usize>()];
             let mut warm: Vec<i64> = warm_seed[..pc.len() * hv].to_vec();
             (0..hv).for_each(|h| warm[h] = warm[h].max(0));
-            let before = exact_fallback_due(&seq, hv, &pc, &warm, None, FALLBACK_COST_RATIO);
+            let before = due(&seq, hv, &pc, &warm, None);
             let i = flip % warm.len();
             if i >= hv {
                 warm[i] = -1;
             }
-            let after = exact_fallback_due(&seq, hv, &pc, &warm, None, FALLBACK_COST_RATIO);
+            let after = due(&seq, hv, &pc, &warm, None);
             prop_assert!(!before || after);
         }
     }
