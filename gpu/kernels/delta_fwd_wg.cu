@@ -133,7 +133,7 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 // Shared memory from a 1024-byte aligned base: NST stages of eight 8 KB tiles (k0, k1 = keys
 // 0-63 and 64-127; q0, q1; v; Tb hi; Tb lo; Aqk: [64 tokens][64] bf16, swizzled), two o staging
 // tiles (8 KB), the stages' gate factors (e[64], f[64], λ), the full / empty mbarriers: with the
-// alignment slack, 149552 bytes (GDN_WG_SMEM in gpu/src/delta/wg.rs).
+// alignment slack, 149568 bytes (GDN_WG_SMEM in gpu/src/delta/wg.rs).
 struct WgLayout {
     static constexpr unsigned TILE = 8192, STAGE = 8 * TILE, FAC = (2 * WG_BT + 4) * 4;
     __device__ static constexpr unsigned stage(int s) { return s * STAGE; }

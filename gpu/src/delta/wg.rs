@@ -19,12 +19,17 @@ fn enabled() -> bool {
     std::env::var("ATTN_GDN_WG").as_deref() != Ok("0")
 }
 
-/// Whether a GDN call of `rows` packed tokens runs the Hopper kernel: an sm_90 device, bf16,
-/// `K = 128`, `V` a multiple of 64, chunks of 64, at least one token (a tensor map has no empty
-/// dimension).
+/// Whether a GDN call runs the Hopper kernel on this device ([`fits_on`] its compute capability),
+/// unless `$ATTN_GDN_WG=0`.
 pub(crate) fn fits(gpu: &Gpu, dtype: Dtype, geo: &Geometry) -> bool {
-    enabled()
-        && gpu.arch() == (9, 0)
+    enabled() && fits_on(gpu.arch(), dtype, geo)
+}
+
+/// Whether a GDN call fits the Hopper kernel on a device of compute capability `arch`: sm_90
+/// (wgmma, TMA, setmaxnreg: sm_90a alone), bf16, `K = 128`, `V` a multiple of 64, chunks of 64,
+/// at least one packed token (a tensor map has no empty dimension).
+fn fits_on(arch: (i32, i32), dtype: Dtype, geo: &Geometry) -> bool {
+    arch == (9, 0)
         && dtype == Dtype::BF16
         && geo.k == 128
         && geo.v > 0
@@ -103,5 +108,45 @@ impl GdnWgArgs {
             o: tile_map(a.o, rows, hv * v, "o")?,
             a,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo(t: usize, k: usize, v: usize, bt: usize) -> Geometry {
+        Geometry {
+            b: 1,
+            t,
+            h: 2,
+            hv: 4,
+            k,
+            v,
+            bt,
+            seqs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_hopper_kernel_takes_its_one_shape_on_sm90_only() {
+        let bf = Dtype::BF16;
+        assert!(fits_on((9, 0), bf, &geo(300, 128, 128, 64)));
+        assert!(fits_on((9, 0), bf, &geo(1, 128, 64, 64)));
+        assert!(fits_on((9, 0), bf, &geo(300, 128, 256, 64)));
+        for (arch, dtype, g) in [
+            ((8, 0), bf, geo(300, 128, 128, 64)),
+            ((10, 0), bf, geo(300, 128, 128, 64)),
+            ((9, 0), Dtype::F16, geo(300, 128, 128, 64)),
+            ((9, 0), Dtype::F32, geo(300, 128, 128, 64)),
+            ((9, 0), bf, geo(300, 64, 128, 64)),
+            ((9, 0), bf, geo(300, 256, 128, 64)),
+            ((9, 0), bf, geo(300, 128, 200, 64)),
+            ((9, 0), bf, geo(300, 128, 60, 64)),
+            ((9, 0), bf, geo(300, 128, 128, 32)),
+            ((9, 0), bf, geo(0, 128, 128, 64)),
+        ] {
+            assert!(!fits_on(arch, dtype, &g), "{arch:?} {dtype} {g:?}");
+        }
     }
 }
