@@ -5,6 +5,7 @@
 use super::lean::GdnFusedArgs;
 use crate::device::Gpu;
 use crate::error::{GpuError, GpuResult};
+use crate::kernels::Module;
 use attn_reference::delta::Geometry;
 use attn_reference::Dtype;
 use cudarc::driver::{sys, DeviceRepr};
@@ -25,11 +26,11 @@ pub(crate) fn fits(gpu: &Gpu, dtype: Dtype, geo: &Geometry) -> bool {
     enabled() && fits_on(gpu.arch(), dtype, geo)
 }
 
-/// Whether a GDN call fits the Hopper kernel on a device of compute capability `arch`: sm_90
-/// (wgmma, TMA, setmaxnreg: sm_90a alone), bf16, `K = 128`, `V` a multiple of 64, chunks of 64,
-/// at least one packed token (a tensor map has no empty dimension).
+/// Whether a GDN call fits the Hopper kernel on a device of compute capability `arch`: its module
+/// builds there (`Module::target`: sm_90a alone), bf16, `K = 128`, `V` a multiple of 64, chunks
+/// of 64, at least one packed token (a tensor map has no empty dimension).
 fn fits_on(arch: (i32, i32), dtype: Dtype, geo: &Geometry) -> bool {
-    arch == (9, 0)
+    Module::DeltaFwdWg.target(arch).is_some()
         && dtype == Dtype::BF16
         && geo.k == 128
         && geo.v > 0
