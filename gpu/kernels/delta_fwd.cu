@@ -19,16 +19,6 @@
 // that reaches the sequence's end writes the final state. One piece per sequence and no warm
 // table: the serial run.
 
-struct FusedArgs {
-    u64 kg, w, qg, qf, u, aqk, lam, h0;  // inputs (h0: 0 when absent)
-    u64 pieces;                      // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
-    u64 warm;                        // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
-    u64 gate;                        // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
-    u64 seqs;                        // i64 [N][3] (seq_table): first packed row, length, lam row of the first chunk
-    u64 o, ht;                       // outputs (o: 0 for the final state alone; ht: 0 when absent)
-    i64 HV, K, V, bt;
-    i64 h0_dtype, v_first, npieces, gate_mode;
-};
 
 // Rows [0, nc) of a chunk tile into shared memory by cp.async, 16 bytes a copy: SEG segments of
 // 8 elements a row (columns c8 < ncols read, the rest and rows nc..rows-1 zero-filled), global

@@ -1,25 +1,31 @@
-// The lean fused GDN forward on Hopper (sm_90a; conformance/spec/ops-delta-rule.md 8.5): the same
-// recurrence, rounding points and pieces as delta_fused_gdn (delta_fwd.cu), as a warp-specialised
-// kernel (design and lab: tools/bench-results/s15_7_study_gdn_fused.md, tools/lab/gdn_wg_lab.cu).
-// Chunk size 64, K = 128, bf16, 64 state columns a CTA. With e_r = exp2(G_r), f_r = exp2(G_l - G_r)
-// (0 beyond n_c), λ = exp2(G_l), l = n_c - 1, for every chunk:
+// The fused delta-rule forwards on Hopper (sm_90a; conformance/spec/ops-delta-rule.md 6.5, 8.5):
+// the recurrences, rounding points and pieces of delta_fused / delta_fused_gdn (delta_fwd.cu), as
+// warp-specialised kernels (design and lab: tools/bench-results/s15_7_study_gdn_fused.md,
+// tools/lab/gdn_wg_lab.cu). Chunk size 64, K = 128, bf16, 64 state columns a CTA; Ŝᵀ = bf16(Sᵀ).
 //
-//   Ŝᵀ = bf16(Sᵀ)
+// GDN (delta_fwd_gdn_wg_bf16, the lean inputs q, k, v, Tb hi + lo, Aqk, G): with e_r = exp2(G_r),
+// f_r = exp2(G_l - G_r) (0 beyond n_c), λ = exp2(G_l), l = n_c - 1, for every chunk:
 //   Xᵀ = Ŝᵀ Kᵀ,  Oᵀ = Ŝᵀ Qᵀ                      wgmma m64n64k16, A from registers (RS)
 //   Wᵀ = bf16(Vᵀ - Xᵀ diag(e))                   (FLA's u - w S before its Akk product)
 //   Dᵀ = Wᵀ Tb_hiᵀ + Wᵀ Tb_loᵀ,  D̂ = bf16(D)     (FLA's v_new)
 //   Oᵀ = Oᵀ diag(scale e) + D̂ᵀ Aqkᵀ             (block lower triangle of Aqk only: m64n16k16)
 //   Sᵀ = λ Sᵀ + bf16(Dᵀ diag(f)) K               wgmma m64n128k16, B = the k tile read N-major
+// KDA (delta_fwd_kda_wg_bf16, the intra stage's w, u, kg, qg, qf, Aqk and lam = exp2(G_l) per
+// chunk and key):
+//   Xᵀ = Ŝᵀ Wᵀ,  Oᵀ = Ŝᵀ Qgᵀ
+//   D̂ᵀ = bf16(Uᵀ - Xᵀ)                           (v_new)
+//   Oᵀ = Oᵀ diag(qf) + D̂ᵀ Aqkᵀ
+//   Sᵀ = Sᵀ diag(lam) + D̂ᵀ Kg                    (B = the kg tile read N-major)
 //
 // One CTA of 256 threads per (piece, value head, 64 state columns), the column block fastest in
-// blockIdx.x so that a head's column blocks run together and share k, q, Tb, Aqk through L2.
+// blockIdx.x so that a head's column blocks run together and share their tiles through L2.
 // Warpgroup 0: warp 0 is the producer (TMA 2-D boxes of 64 x 64 bf16 with the 128-byte swizzle
-// into an NST-stage ring guarded by full / empty mbarriers, and the per-token gate factors; a
-// sequence's partial last chunk by plain zero-filled loads, since TMA would read the next
+// into an NST-stage ring guarded by full / empty mbarriers, and the per-token and per-key factors;
+// a sequence's partial last chunk by plain zero-filled loads, since TMA would read the next
 // sequence's rows); its other warps leave. Warpgroup 1 holds Sᵀ (64 dv x 128 dk, fp32) as its
 // m64n128 accumulator through the piece and writes o through stmatrix and TMA stores.
 // `setmaxnreg` moves registers from warpgroup 0 to warpgroup 1. Pieces, warm-ups (state only),
-// initial_state and the final state as delta_fused_gdn (pieces.cuh).
+// initial_state and the final state as in delta_fwd.cu (pieces.cuh).
 
 #define WG_BT 64
 #define WG_NST 2
@@ -28,11 +34,16 @@
 struct __align__(64) TMap {
     u64 opaque[16];
 };
-// The kernel's parameter: the tensor maps of q, k ([rows][QH K]), v, o ([rows][HV V]), Tb hi,
-// Tb lo and Aqk ([rows][HV 64]), boxes of 64 x 64, then the lean kernel's arguments.
+// The kernels' parameters: the tensor maps of the tiles (boxes of 64 x 64), then the arguments of
+// delta_fwd.cu's kernel of the same kind. GDN: q, k ([rows][QH K]), v, o ([rows][HV V]), Tb hi,
+// Tb lo, Aqk ([rows][HV 64]). KDA: w, qg, kg ([rows][HV K]), u, o ([rows][HV V]), Aqk.
 struct GdnWgArgs {
     TMap q, k, v, tbh, tbl, aqk, o;
     GdnFusedArgs a;
+};
+struct KdaWgArgs {
+    TMap w, qg, kg, u, aqk, o;
+    FusedArgs a;
 };
 
 __device__ __forceinline__ unsigned wg_pack(float lo, float hi) {
@@ -130,23 +141,173 @@ __device__ __forceinline__ void tma_store(const TMap* map, int x, int y, unsigne
 }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// Shared memory from a 1024-byte aligned base: NST stages of eight 8 KB tiles (k0, k1 = keys
-// 0-63 and 64-127; q0, q1; v; Tb hi; Tb lo; Aqk: [64 tokens][64] bf16, swizzled), two o staging
-// tiles (8 KB), the stages' gate factors (e[64], f[64], λ), the full / empty mbarriers: with the
-// alignment slack, 149568 bytes (GDN_WG_SMEM in gpu/src/delta/wg.rs).
+// Shared memory from a 1024-byte aligned base: NST stages of eight 8 KB tiles ([64 tokens][64]
+// bf16, swizzled: the X operand's two key boxes, the O operand's two, v / u, two more (GDN: Tb hi,
+// Tb lo; KDA: kg's two key boxes), Aqk), two o staging tiles (8 KB), the stages' factors, the full /
+// empty mbarriers: with the alignment slack, 151104 bytes (WG_SMEM in gpu/src/delta/wg.rs).
+// Factors of a stage (fp32): GDN e[64], f[64], λ, 3 pad, then both kinds the O row factor [64]
+// (GDN scale·e, KDA qf) and KDA lam[128].
 struct WgLayout {
-    static constexpr unsigned TILE = 8192, STAGE = 8 * TILE, FAC = (2 * WG_BT + 4) * 4;
+    static constexpr unsigned TILE = 8192, STAGE = 8 * TILE;
+    static constexpr int F_E = 0, F_F = WG_BT, F_LAM1 = 2 * WG_BT, F_O = 2 * WG_BT + 4, F_LAM = 3 * WG_BT + 4;
+    static constexpr unsigned FAC = (F_LAM + 128) * 4;
     __device__ static constexpr unsigned stage(int s) { return s * STAGE; }
     __device__ static constexpr unsigned ostage(int b) { return WG_NST * STAGE + b * TILE; }
     __device__ static constexpr unsigned fac(int s) { return WG_NST * STAGE + 2 * TILE + s * FAC; }
     __device__ static constexpr unsigned bars() { return fac(WG_NST); }
 };
-enum { T_K0, T_K1, T_Q0, T_Q1, T_V, T_TBH, T_TBL, T_AQK };
+enum { T_X0, T_X1, T_O0, T_O1, T_V, T_5, T_6, T_AQK };
 
-// o is computed in every chunk (warm-up chunks too, unstored: no branch around the wgmma
-// pipeline) and stored from the piece's first chunk.
-extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const __grid_constant__ GdnWgArgs p) {
-    const GdnFusedArgs& a = p.a;
+// The run of a CTA: its column block, piece rows and chunks (32-bit rows: TMA coordinates are 32-bit).
+struct WgRun {
+    int c0, hv, row0, len, warm, nchunks;
+    bool from_start, to_end;
+    i64 n, seq0;
+    i64 sbase;  // the state of (sequence, value head)
+    __device__ int rows_of(int c) const { return min(WG_BT, len - c * WG_BT); }
+};
+template <typename A>
+__device__ __forceinline__ bool wg_run(const A& a, WgRun& r) {
+    const int ncb = (int)(a.V / 64);
+    r.c0 = (int)(blockIdx.x % ncb) * 64;
+    PieceRun pr;
+    if (!piece_run_at(a, blockIdx.x / ncb, pr)) return false;
+    r.hv = (int)pr.hv;
+    r.row0 = (int)pr.row0;
+    r.len = (int)(pr.end - pr.row0);
+    r.warm = (int)pr.w;
+    r.nchunks = (r.len + WG_BT - 1) / WG_BT;
+    r.from_start = pr.row0 == pr.seq0;
+    r.to_end = pr.end == pr.seqend;
+    r.n = pr.n;
+    r.seq0 = pr.seq0;
+    r.sbase = (pr.n * a.HV + r.hv) * a.K * a.V;
+    return true;
+}
+
+// The partial last chunk of a sequence into stage st: 16-byte loads, rows >= nc zero, swizzled;
+// src(t, row) is tile t's row `row` (32 lanes of the producer warp).
+template <typename F>
+__device__ __forceinline__ void wg_load_partial(unsigned char* st, int nc, int lane, F src) {
+    for (int i = lane; i < 8 * WG_BT * 8; i += 32) {
+        const int t = i / (WG_BT * 8), r = (i / 8) % WG_BT, pc = i % 8;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r < nc) val = *reinterpret_cast<const uint4*>(src(t, r) + pc * 8);
+        *reinterpret_cast<uint4*>(st + t * WgLayout::TILE + sw128(r, pc)) = val;
+    }
+    fence_async_smem();  // the generic-proxy writes before the consumers' wgmma reads
+}
+
+// Accumulator fragments (warp w, lane l of the consumer warpgroup): rows 16w + l/4 (+8) (state
+// columns dv), columns 8j + cq (+1), cq = 2 (l % 4) (dk for Sᵀ, tokens for Xᵀ, Oᵀ, Dᵀ):
+// d[4j + 0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1).
+
+// Sᵀ from initial_state (any dtype; element (dk, dv) at dk rs + dv cs) or zero.
+template <typename A>
+__device__ __forceinline__ void wg_init_state(float (&s)[64], const A& a, const WgRun& r, bool h0, int soff, int rs, int cs) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            s[4 * j + e] = h0 ? load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, r.sbase + soff + (8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs) : 0.f;
+}
+
+// Xᵀ = Ŝᵀ (tiles x0, x1)ᵀ and Oᵀ = Ŝᵀ (tiles o0, o1)ᵀ (k step kk: keys 16 kk.., tile kk / 4,
+// +32 bytes a step in it), one commit group.
+__device__ __forceinline__ void wg_x_o(float (&x)[32], float (&o)[32], const unsigned (&sa)[8][4], unsigned dk) {
+    WG_FENCE();
+    wgmma_n64<true>(x, sa[0], mkdesc(dk));
+#pragma unroll
+    for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(x, sa[kk], mkdesc(dk + ((kk / 4) * WgLayout::TILE + (kk % 4) * 32) / 16));
+    wgmma_n64<true>(o, sa[0], mkdesc(dk + T_O0 * WgLayout::TILE / 16));
+#pragma unroll
+    for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(o, sa[kk], mkdesc(dk + ((T_O0 + kk / 4) * WgLayout::TILE + (kk % 4) * 32) / 16));
+    WG_COMMIT();
+}
+
+// Vᵀ (or Uᵀ) fragments of the tile at `tile`: vr[j][half] = V[8j + cq .. + 1][dv0 + 8 half].
+__device__ __forceinline__ void wg_v_frags(unsigned (&vr)[8][2], unsigned tile, int w, int mi, int mr) {
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        unsigned r[4];
+        ldsm_x4_t(r, tile + sw128(8 * (j + (mi >> 1)) + mr, 2 * w + (mi & 1)));
+        vr[j][0] = r[0];
+        vr[j][1] = r[1];
+        vr[j + 1][0] = r[2];
+        vr[j + 1][1] = r[3];
+    }
+}
+
+// Oᵀ = Oᵀ diag(fo) + D̂ᵀ Aqkᵀ: output tokens 16 J.. take key steps kk <= J (Aqk need not be
+// written above its diagonal 16 x 16 blocks; zero above the diagonal inside them). One commit group.
+__device__ __forceinline__ void wg_o_aqk(float (&o)[32], const unsigned (&dh)[4][4], const float* fo, int cq, unsigned aq) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float2 f = *reinterpret_cast<const float2*>(fo + 8 * j + cq);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            o[4 * j + 2 * h2] *= f.x;
+            o[4 * j + 2 * h2 + 1] *= f.y;
+        }
+    }
+    WG_FENCE();
+    wgmma_n16<0>(o, dh[0], mkdesc(aq));
+    wgmma_n16<1>(o, dh[0], mkdesc(aq + 2048 / 16));
+    wgmma_n16<1>(o, dh[1], mkdesc(aq + (2048 + 32) / 16));
+#pragma unroll
+    for (int kk = 0; kk < 3; ++kk) wgmma_n16<2>(o, dh[kk], mkdesc(aq + (4096 + kk * 32) / 16));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_n16<3>(o, dh[kk], mkdesc(aq + (6144 + kk * 32) / 16));
+    WG_COMMIT();
+}
+
+// Sᵀ += D′ᵀ B with B the key tiles at kt read N-major (k step kk: tokens 16 kk.., +2048 bytes).
+__device__ __forceinline__ void wg_update(float (&s)[64], const unsigned (&da)[4][4], unsigned kt) {
+    const unsigned dmn = desc_mn(kt);
+    WG_FENCE();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_n128_t(s, da[kk], mkdesc(dmn + kk * 2048 / 16));
+    WG_COMMIT();
+}
+
+// o of chunk c (rows r0.., nc valid; after Oᵀ's group, the update still running) through staging
+// tile c % 2 ([token][dv], stmatrix.trans) and a TMA store of the map at (x, r0), or plain
+// 16-byte stores into op (row stride `ostride` elements) for a partial chunk.
+__device__ __forceinline__ void wg_store_o(const float (&o)[32], unsigned char* gbase, unsigned base, int c, int t, int w, int mi, int mr,
+                                           const TMap* map, int x, int r0, int nc, bf16* op, i64 ostride) {
+    const unsigned ob = base + WgLayout::ostage(c & 1);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        const int tok = 8 * (j + (mi >> 1)) + mr;
+        stsm_x4_t(ob + sw128(tok, 2 * w + (mi & 1)), wg_pack(o[4 * j], o[4 * j + 1]), wg_pack(o[4 * j + 2], o[4 * j + 3]),
+                  wg_pack(o[4 * j + 4], o[4 * j + 5]), wg_pack(o[4 * j + 6], o[4 * j + 7]));
+    }
+    fence_async_smem();
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the previous store has read its tile
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+    if (nc == WG_BT) {
+        if (t == 0) {
+            tma_store(map, x, r0, ob);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+    } else {
+        for (int i = t; i < nc * 8; i += 128) {
+            const int r = i / 8, pc = i % 8;
+            *reinterpret_cast<uint4*>(op + (i64)(r0 + r) * ostride + pc * 8) =
+                *reinterpret_cast<const uint4*>(gbase + WgLayout::ostage(c & 1) + sw128(r, pc));
+        }
+    }
+}
+
+// The kernel skeleton (barriers, roles, the chunk loop, initial and final state) around a kind K:
+//   K::Producer(p, r, lane): prefetch(c) loads chunk c's per-token inputs into registers a chunk
+//     ahead; produce(c, stage address, stage bytes, factors, full barrier) issues the chunk's
+//     tiles and writes its factors
+//   K::chunk(...): the consumer's products of one chunk from Ŝᵀ to O (unscaled), D̂ and D′;
+//   K::decay(s, factors, cq): Sᵀ's decay before the update; K::UPDATE_TILE: the update's B
+template <typename K, typename P>
+__device__ __forceinline__ void wg_forward(const P& p) {
+    const auto& a = p.a;
     using L = WgLayout;
     extern __shared__ unsigned char smem_raw[];
     const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;
@@ -154,18 +315,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const
     const unsigned bars = base + L::bars();
     auto full = [&](int s) { return bars + s * 8; };
     auto empty = [&](int s) { return bars + WG_NST * 8 + s * 8; };
-
-    // 32-bit indices from here (rows < 2^31: TMA coordinates are 32-bit too)
-    const int ncb = (int)(a.V / 64);
-    const int cb = (int)(blockIdx.x % ncb), c0 = cb * 64;
-    PieceRun pr;
-    if (!piece_run_at(a, blockIdx.x / ncb, pr)) return;
-    const int hv = (int)pr.hv, row0 = (int)pr.row0, len = (int)(pr.end - pr.row0), warm = (int)pr.w;
-    const bool from_start = pr.row0 == pr.seq0, to_end = pr.end == pr.seqend;
-    const int nchunks = (len + WG_BT - 1) / WG_BT;
-    const int qh = hv / (int)(a.HV / a.QH);
-    const i64 sbase = (pr.n * a.HV + hv) * a.K * a.V;  // the state of (sequence, value head)
-    auto rows_of = [&](int c) { return min(WG_BT, len - c * WG_BT); };
+    WgRun r;
+    if (!wg_run(a, r)) return;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_NST; ++s) {
@@ -180,78 +331,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const
         // ---------------------------------- producer ----------------------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x >= 32) return;
-        const int lane = threadIdx.x;
-        const float* gp = reinterpret_cast<const float*>(a.g);
-        float gr[2], gl = 0.f;
-        auto load_g = [&](int c) {
-            const i64 r0 = row0 + c * WG_BT;
-            const int nc = rows_of(c);
-            gl = gp[(r0 + nc - 1) * a.HV + hv];
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int r = lane + 32 * h2;
-                gr[h2] = r < nc ? gp[(r0 + r) * a.HV + hv] : 0.f;
-            }
-        };
-        if (nchunks > 0) load_g(0);
-        for (int c = 0; c < nchunks; ++c) {
+        typename K::Producer pd(p, r, threadIdx.x);
+        if (r.nchunks > 0) pd.prefetch(0);
+        for (int c = 0; c < r.nchunks; ++c) {
             const int s = c % WG_NST;
             mbar_wait(empty(s), ((c / WG_NST) & 1) ^ 1);
-            const int r0 = row0 + c * WG_BT;
-            const int nc = rows_of(c);
-            const unsigned st = base + L::stage(s);
-            if (nc == WG_BT) {
-                if (lane == 0) {
-                    mbar_expect_tx(full(s), 8 * L::TILE);
-                    tma_load(st + T_K0 * L::TILE, &p.k, qh * (int)a.K, r0, full(s));
-                    tma_load(st + T_K1 * L::TILE, &p.k, qh * (int)a.K + 64, r0, full(s));
-                    tma_load(st + T_V * L::TILE, &p.v, hv * (int)a.V + c0, r0, full(s));
-                    tma_load(st + T_TBH * L::TILE, &p.tbh, hv * WG_BT, r0, full(s));
-                    tma_load(st + T_TBL * L::TILE, &p.tbl, hv * WG_BT, r0, full(s));
-                    tma_load(st + T_Q0 * L::TILE, &p.q, qh * (int)a.K, r0, full(s));
-                    tma_load(st + T_Q1 * L::TILE, &p.q, qh * (int)a.K + 64, r0, full(s));
-                    tma_load(st + T_AQK * L::TILE, &p.aqk, hv * WG_BT, r0, full(s));
-                }
-            } else {
-                // the sequence's partial last chunk: 16-byte loads, rows >= nc zero, swizzled
-                const bf16* kb = reinterpret_cast<const bf16*>(a.k);
-                const bf16* qb = reinterpret_cast<const bf16*>(a.q);
-                const bf16* vb = reinterpret_cast<const bf16*>(a.v);
-                const bf16* hb = reinterpret_cast<const bf16*>(a.tbh);
-                const bf16* lb = reinterpret_cast<const bf16*>(a.tbl);
-                const bf16* ab = reinterpret_cast<const bf16*>(a.aqk);
-                for (int i = lane; i < 8 * WG_BT * 8; i += 32) {
-                    const int t = i / (WG_BT * 8), r = (i / 8) % WG_BT, pc = i % 8;
-                    const int tile = (0x73265410 >> (4 * t)) & 15;  // k0 k1 v tbh tbl, then q0 q1 aqk
-                    uint4 val = make_uint4(0, 0, 0, 0);
-                    if (r < nc) {
-                        const i64 row = (i64)r0 + r;
-                        const i64 kq = (row * a.QH + qh) * a.K, tb = (row * a.HV + hv) * WG_BT;
-                        const bf16* src = tile == T_K0    ? kb + kq
-                                          : tile == T_K1  ? kb + kq + 64
-                                          : tile == T_Q0  ? qb + kq
-                                          : tile == T_Q1  ? qb + kq + 64
-                                          : tile == T_V   ? vb + (row * a.HV + hv) * a.V + c0
-                                          : tile == T_TBH ? hb + tb
-                                          : tile == T_TBL ? lb + tb
-                                                          : ab + tb;
-                        val = *reinterpret_cast<const uint4*>(src + pc * 8);
-                    }
-                    *reinterpret_cast<uint4*>(gbase + L::stage(s) + tile * L::TILE + sw128(r, pc)) = val;
-                }
-                fence_async_smem();  // the generic-proxy writes before the consumers' wgmma reads
-            }
-            float* fac = reinterpret_cast<float*>(gbase + L::fac(s));
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int r = lane + 32 * h2;
-                const bool ok = r < nc;
-                fac[r] = ok ? ex2_ftz(gr[h2]) : 0.f;
-                fac[WG_BT + r] = ok ? ex2_ftz(gl - gr[h2]) : 0.f;
-            }
-            if (lane == 0) fac[2 * WG_BT] = ex2_ftz(gl);
+            pd.produce(c, base + L::stage(s), gbase + L::stage(s), reinterpret_cast<float*>(gbase + L::fac(s)), full(s));
             mbar_arrive(full(s));
-            if (c + 1 < nchunks) load_g(c + 1);
+            if (c + 1 < r.nchunks) pd.prefetch(c + 1);
         }
         return;
     }
@@ -259,66 +346,128 @@ extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const
     // ---------------------------------- consumer ----------------------------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int t = threadIdx.x - 128, w = t >> 5, l = t & 31;
-    const int cq = 2 * (l & 3);
-    const float scale = (float)a.scale;
-    // Fragment of an m64nN f32 accumulator (warp w, lane l): rows 16w + l/4 (+8) (state columns
-    // dv), columns 8j + cq (+1) (dk for Sᵀ, tokens for Xᵀ, Oᵀ, Dᵀ): d[4j + 0..3] = (r, c),
-    // (r, c+1), (r+8, c), (r+8, c+1).
-    const int dv0 = 16 * w + (l >> 2);
-    float s[64];
-    const bool h0 = a.h0 != 0 && from_start;
+    const int cq = 2 * (l & 3), dv0 = 16 * w + (l >> 2);
+    const int mi = l >> 3, mr = l & 7;  // ldmatrix / stmatrix: lane l serves row l % 8 of matrix l / 8
     // element (dk, dv) of a state in memory: dk rs + dv cs (state_v_first: Sᵀ)
     const int rs = a.v_first ? 1 : (int)a.V, cs = a.v_first ? (int)a.K : 1;
-    const int soff = (cq * rs) + (c0 + dv0) * cs;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            s[4 * j + e] = h0 ? load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, sbase + soff + (8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs) : 0.f;
-    // ldmatrix / stmatrix addressing: lane l serves row l % 8 of 8x8 matrix l / 8
-    const int mi = l >> 3, mr = l & 7;
+    const int soff = (cq * rs) + (r.c0 + dv0) * cs;
+    float s[64];
+    wg_init_state(s, a, r, a.h0 != 0 && r.from_start, soff, rs, cs);
 
-    for (int c = 0; c < nchunks; ++c) {
+    for (int c = 0; c < r.nchunks; ++c) {
         const int stg = c % WG_NST;
         const unsigned st = base + L::stage(stg);
-        const int nc = rows_of(c);
+        const int nc = r.rows_of(c);
         const float* fac = reinterpret_cast<const float*>(gbase + L::fac(stg));
-        const unsigned dk = desc_k(st), dmn = desc_mn(st);
         mbar_wait(full(stg), (c / WG_NST) & 1);
-
         // Ŝᵀ as the A fragments of 8 k16 slices (dk)
         unsigned sa[8][4];
 #pragma unroll
         for (int k = 0; k < 8; ++k)
 #pragma unroll
             for (int m = 0; m < 4; ++m) sa[k][m] = wg_pack(s[8 * k + 2 * m], s[8 * k + 2 * m + 1]);
-        // Xᵀ = Ŝᵀ Kᵀ, then Oᵀ = Ŝᵀ Qᵀ (k step kk: keys 16 kk.., tile kk / 4, +32 bytes a step in it)
-        float x[32], o[32];
-        WG_FENCE();
-        wgmma_n64<true>(x, sa[0], mkdesc(dk));
-#pragma unroll
-        for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(x, sa[kk], mkdesc(dk + ((kk / 4) * L::TILE + (kk % 4) * 32) / 16));
-        wgmma_n64<true>(o, sa[0], mkdesc(dk + T_Q0 * L::TILE / 16));
-#pragma unroll
-        for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(o, sa[kk], mkdesc(dk + ((T_Q0 + kk / 4) * L::TILE + (kk % 4) * 32) / 16));
-        WG_COMMIT();
-        // beside them: Vᵀ fragments (vr[j][half] = V[8j + cq .. + 1][dv0 + 8 half]) and e
-        unsigned vr[8][2];
-#pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-            unsigned r[4];
-            ldsm_x4_t(r, st + T_V * L::TILE + sw128(8 * (j + (mi >> 1)) + mr, 2 * w + (mi & 1)));
-            vr[j][0] = r[0];
-            vr[j][1] = r[1];
-            vr[j + 1][0] = r[2];
-            vr[j + 1][1] = r[3];
+        float o[32];
+        unsigned dh[4][4], da[4][4];
+        K::chunk(sa, o, dh, da, st, fac, w, cq, mi, mr);
+        wg_o_aqk(o, dh, fac + L::F_O, cq, desc_k(st) + T_AQK * L::TILE / 16);
+        K::decay(s, fac, cq);
+        wg_update(s, da, st + K::UPDATE_TILE * L::TILE);
+        WG_WAIT(1);  // Oᵀ is done; the update runs on
+        if (c >= r.warm) {
+            const int r0 = r.row0 + c * WG_BT;
+            wg_store_o(o, gbase, base, c, t, w, mi, mr, &p.o, r.hv * (int)a.V + r.c0, r0, nc,
+                       reinterpret_cast<bf16*>(a.o) + (i64)r.hv * a.V + r.c0, a.HV * a.V);
         }
+        WG_WAIT(0);
+        if (l == 0) mbar_arrive(empty(stg));  // the stage's tiles are no longer read
+    }
+    if (a.ht != 0 && r.to_end) {
+        float* ht = reinterpret_cast<float*>(a.ht) + r.sbase + soff;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ht[(8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs] = s[4 * j + e];
+    }
+    if (t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// GDN: tiles k0 k1 q0 q1 v Tb_hi Tb_lo Aqk; factors e, f, λ, scale·e.
+struct WgGdn {
+    static constexpr int UPDATE_TILE = T_X0;  // the k tile, N-major
+    struct Producer {
+        const GdnWgArgs& p;
+        const WgRun& r;
+        const int lane, qh;
+        float gr[2], gl;
+        __device__ Producer(const GdnWgArgs& p_, const WgRun& r_, int lane_)
+            : p(p_), r(r_), lane(lane_), qh(r_.hv / (int)(p_.a.HV / p_.a.QH)) {}
+        // the gates of chunk c (tokens lane, lane + 32, and the last)
+        __device__ void prefetch(int c) {
+            const float* gp = reinterpret_cast<const float*>(p.a.g);
+            const i64 r0 = r.row0 + c * WG_BT, hv = r.hv, HV = p.a.HV;
+            const int nc = r.rows_of(c);
+            gl = gp[(r0 + nc - 1) * HV + hv];
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) gr[h2] = lane + 32 * h2 < nc ? gp[(r0 + lane + 32 * h2) * HV + hv] : 0.f;
+        }
+        __device__ void produce(int c, unsigned st, unsigned char* gst, float* fac, unsigned bar) {
+            const GdnFusedArgs& a = p.a;
+            const int r0 = r.row0 + c * WG_BT, nc = r.rows_of(c), K = (int)a.K;
+            if (nc == WG_BT) {
+                if (lane == 0) {
+                    mbar_expect_tx(bar, 8 * WgLayout::TILE);
+                    tma_load(st + T_X0 * WgLayout::TILE, &p.k, qh * K, r0, bar);
+                    tma_load(st + T_X1 * WgLayout::TILE, &p.k, qh * K + 64, r0, bar);
+                    tma_load(st + T_O0 * WgLayout::TILE, &p.q, qh * K, r0, bar);
+                    tma_load(st + T_O1 * WgLayout::TILE, &p.q, qh * K + 64, r0, bar);
+                    tma_load(st + T_V * WgLayout::TILE, &p.v, r.hv * (int)a.V + r.c0, r0, bar);
+                    tma_load(st + T_5 * WgLayout::TILE, &p.tbh, r.hv * WG_BT, r0, bar);
+                    tma_load(st + T_6 * WgLayout::TILE, &p.tbl, r.hv * WG_BT, r0, bar);
+                    tma_load(st + T_AQK * WgLayout::TILE, &p.aqk, r.hv * WG_BT, r0, bar);
+                }
+            } else {
+                wg_load_partial(gst, nc, lane, [&](int t, int rr) {
+                    const i64 row = (i64)r0 + rr;
+                    const i64 kq = (row * a.QH + qh) * a.K, tb = (row * a.HV + r.hv) * WG_BT;
+                    const bf16* k = reinterpret_cast<const bf16*>(a.k);
+                    const bf16* q = reinterpret_cast<const bf16*>(a.q);
+                    switch (t) {
+                        case T_X0: return k + kq;
+                        case T_X1: return k + kq + 64;
+                        case T_O0: return q + kq;
+                        case T_O1: return q + kq + 64;
+                        case T_V: return reinterpret_cast<const bf16*>(a.v) + (row * a.HV + r.hv) * a.V + r.c0;
+                        case T_5: return reinterpret_cast<const bf16*>(a.tbh) + tb;
+                        case T_6: return reinterpret_cast<const bf16*>(a.tbl) + tb;
+                        default: return reinterpret_cast<const bf16*>(a.aqk) + tb;
+                    }
+                });
+            }
+            const float scale = (float)a.scale;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int t = lane + 32 * h2;
+                const bool ok = t < nc;
+                const float e = ex2_ftz(gr[h2]);
+                fac[WgLayout::F_E + t] = ok ? e : 0.f;
+                fac[WgLayout::F_F + t] = ok ? ex2_ftz(gl - gr[h2]) : 0.f;
+                fac[WgLayout::F_O + t] = ok ? scale * e : 0.f;
+            }
+            if (lane == 0) fac[WgLayout::F_LAM1] = ex2_ftz(gl);
+        }
+    };
+    // Xᵀ, Oᵀ; Wᵀ = bf16(Vᵀ - Xᵀ diag(e)); Dᵀ = Wᵀ (Tb_hi + Tb_lo)ᵀ; D̂, D′ = bf16(D diag(f))
+    __device__ static void chunk(const unsigned (&sa)[8][4], float (&o)[32], unsigned (&dh)[4][4], unsigned (&da)[4][4], unsigned st,
+                                 const float* fac, int w, int cq, int mi, int mr) {
+        const unsigned dk = desc_k(st);
+        float x[32];
+        wg_x_o(x, o, sa, dk);
+        unsigned vr[8][2];
+        wg_v_frags(vr, st + T_V * WgLayout::TILE, w, mi, mr);
         WG_WAIT(0);  // Xᵀ and Oᵀ (Ŝᵀ's registers free again)
         float2 e[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) e[j] = *reinterpret_cast<const float2*>(fac + 8 * j + cq);
-
-        // Wᵀ = bf16(Vᵀ - Xᵀ diag(e)) as the A fragments of 4 k16 slices (tokens)
+        for (int j = 0; j < 8; ++j) e[j] = *reinterpret_cast<const float2*>(fac + WgLayout::F_E + 8 * j + cq);
         unsigned wa[4][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -328,23 +477,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const
                 const float w1 = fmaf(-e[j].y, x[4 * j + 2 * h2 + 1], wg_hi(vr[j][h2]));
                 wa[j / 2][(j % 2) * 2 + h2] = wg_pack(w0, w1);
             }
-        // Dᵀ = Wᵀ Tb_hiᵀ + Wᵀ Tb_loᵀ
         float d[32];
         WG_FENCE();
-        wgmma_n64<true>(d, wa[0], mkdesc(dk + T_TBH * L::TILE / 16));
+        wgmma_n64<true>(d, wa[0], mkdesc(dk + T_5 * WgLayout::TILE / 16));
 #pragma unroll
-        for (int kk = 1; kk < 4; ++kk) wgmma_n64<false>(d, wa[kk], mkdesc(dk + (T_TBH * L::TILE + kk * 32) / 16));
+        for (int kk = 1; kk < 4; ++kk) wgmma_n64<false>(d, wa[kk], mkdesc(dk + (T_5 * WgLayout::TILE + kk * 32) / 16));
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_n64<false>(d, wa[kk], mkdesc(dk + (T_TBL * L::TILE + kk * 32) / 16));
+        for (int kk = 0; kk < 4; ++kk) wgmma_n64<false>(d, wa[kk], mkdesc(dk + (T_6 * WgLayout::TILE + kk * 32) / 16));
         WG_COMMIT();
         float2 f[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = *reinterpret_cast<const float2*>(fac + WG_BT + 8 * j + cq);
-        const float lam = fac[2 * WG_BT];
+        for (int j = 0; j < 8; ++j) f[j] = *reinterpret_cast<const float2*>(fac + WgLayout::F_F + 8 * j + cq);
         WG_WAIT(0);
-
-        // D̂ᵀ and D̂′ᵀ = bf16(Dᵀ diag(f)) as A fragments
-        unsigned dh[4][4], da[4][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -353,71 +497,103 @@ extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const
                 dh[j / 2][(j % 2) * 2 + h2] = wg_pack(d0, d1);
                 da[j / 2][(j % 2) * 2 + h2] = wg_pack(d0 * f[j].x, d1 * f[j].y);
             }
-        // Oᵀ = Oᵀ diag(scale e) + D̂ᵀ Aqkᵀ: output tokens 16 J.. take key steps kk <= J (Aqk is
-        // not written above its diagonal 16 x 16 blocks; zero above the diagonal inside them)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float2 ej = *reinterpret_cast<const float2*>(fac + 8 * j + cq);
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                o[4 * j + 2 * h2] *= scale * ej.x;
-                o[4 * j + 2 * h2 + 1] *= scale * ej.y;
-            }
-        }
-        const unsigned aq = dk + T_AQK * L::TILE / 16;
-        WG_FENCE();
-        wgmma_n16<0>(o, dh[0], mkdesc(aq));
-        wgmma_n16<1>(o, dh[0], mkdesc(aq + 2048 / 16));
-        wgmma_n16<1>(o, dh[1], mkdesc(aq + (2048 + 32) / 16));
-#pragma unroll
-        for (int kk = 0; kk < 3; ++kk) wgmma_n16<2>(o, dh[kk], mkdesc(aq + (4096 + kk * 32) / 16));
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_n16<3>(o, dh[kk], mkdesc(aq + (6144 + kk * 32) / 16));
-        WG_COMMIT();
-        // Sᵀ = λ Sᵀ + D̂′ᵀ K (k step kk: tokens 16 kk.., +2048 bytes)
+    }
+    __device__ static void decay(float (&s)[64], const float* fac, int) {
+        const float lam = fac[WgLayout::F_LAM1];
 #pragma unroll
         for (int i = 0; i < 64; ++i) s[i] *= lam;
-        WG_FENCE();
+    }
+};
+
+// KDA: tiles w0 w1 qg0 qg1 u kg0 kg1 Aqk; factors qf, lam (per key).
+struct WgKda {
+    static constexpr int UPDATE_TILE = T_5;  // the kg tile, N-major
+    struct Producer {
+        const KdaWgArgs& p;
+        const WgRun& r;
+        const int lane;
+        const i64 lam0;  // lam row of the CTA's first chunk
+        float qf[2];
+        float4 lam;
+        __device__ Producer(const KdaWgArgs& p_, const WgRun& r_, int lane_)
+            : p(p_), r(r_), lane(lane_), lam0(reinterpret_cast<const i64*>(p_.a.seqs)[r_.n * 3 + 2] + (r_.row0 - r_.seq0) / WG_BT) {}
+        // qf of chunk c's tokens lane, lane + 32 and lam of keys 4 lane ..
+        __device__ void prefetch(int c) {
+            const FusedArgs& a = p.a;
+            const i64 r0 = r.row0 + c * WG_BT;
+            const int nc = r.rows_of(c);
+            const float* fp = reinterpret_cast<const float*>(a.qf);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_n128_t(s, da[kk], mkdesc(dmn + kk * 2048 / 16));
-        WG_COMMIT();
-        WG_WAIT(1);  // Oᵀ is done; the update runs on
-        if (c >= warm) {
-            // o through the staging tile ([token][dv], stmatrix.trans) and a TMA store
-            const unsigned ob = base + L::ostage(c & 1);
-#pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                const int tok = 8 * (j + (mi >> 1)) + mr;
-                stsm_x4_t(ob + sw128(tok, 2 * w + (mi & 1)), wg_pack(o[4 * j], o[4 * j + 1]), wg_pack(o[4 * j + 2], o[4 * j + 3]),
-                          wg_pack(o[4 * j + 4], o[4 * j + 5]), wg_pack(o[4 * j + 6], o[4 * j + 7]));
-            }
-            fence_async_smem();
-            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the previous store has read its tile
-            asm volatile("bar.sync 1, 128;" ::: "memory");
-            const int r0 = row0 + c * WG_BT;
+            for (int h2 = 0; h2 < 2; ++h2) qf[h2] = lane + 32 * h2 < nc ? fp[(r0 + lane + 32 * h2) * a.HV + r.hv] : 0.f;
+            lam = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(a.lam) + ((lam0 + c) * a.HV + r.hv) * a.K)[lane];
+        }
+        __device__ void produce(int c, unsigned st, unsigned char* gst, float* fac, unsigned bar) {
+            const FusedArgs& a = p.a;
+            const int r0 = r.row0 + c * WG_BT, nc = r.rows_of(c), hk = r.hv * (int)a.K;
             if (nc == WG_BT) {
-                if (t == 0) {
-                    tma_store(&p.o, hv * (int)a.V + c0, r0, ob);
-                    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+                if (lane == 0) {
+                    mbar_expect_tx(bar, 8 * WgLayout::TILE);
+                    tma_load(st + T_X0 * WgLayout::TILE, &p.w, hk, r0, bar);
+                    tma_load(st + T_X1 * WgLayout::TILE, &p.w, hk + 64, r0, bar);
+                    tma_load(st + T_O0 * WgLayout::TILE, &p.qg, hk, r0, bar);
+                    tma_load(st + T_O1 * WgLayout::TILE, &p.qg, hk + 64, r0, bar);
+                    tma_load(st + T_V * WgLayout::TILE, &p.u, r.hv * (int)a.V + r.c0, r0, bar);
+                    tma_load(st + T_5 * WgLayout::TILE, &p.kg, hk, r0, bar);
+                    tma_load(st + T_6 * WgLayout::TILE, &p.kg, hk + 64, r0, bar);
+                    tma_load(st + T_AQK * WgLayout::TILE, &p.aqk, r.hv * WG_BT, r0, bar);
                 }
             } else {
-                bf16* op = reinterpret_cast<bf16*>(a.o);
-                for (int i = t; i < nc * 8; i += 128) {
-                    const int r = i / 8, pc = i % 8;
-                    *reinterpret_cast<uint4*>(op + ((i64)(r0 + r) * a.HV + hv) * a.V + c0 + pc * 8) =
-                        *reinterpret_cast<const uint4*>(gbase + L::ostage(c & 1) + sw128(r, pc));
-                }
+                wg_load_partial(gst, nc, lane, [&](int t, int rr) {
+                    const i64 row = (i64)r0 + rr;
+                    const i64 kr = (row * a.HV + r.hv) * a.K;
+                    switch (t) {
+                        case T_X0: return reinterpret_cast<const bf16*>(a.w) + kr;
+                        case T_X1: return reinterpret_cast<const bf16*>(a.w) + kr + 64;
+                        case T_O0: return reinterpret_cast<const bf16*>(a.qg) + kr;
+                        case T_O1: return reinterpret_cast<const bf16*>(a.qg) + kr + 64;
+                        case T_V: return reinterpret_cast<const bf16*>(a.u) + (row * a.HV + r.hv) * a.V + r.c0;
+                        case T_5: return reinterpret_cast<const bf16*>(a.kg) + kr;
+                        case T_6: return reinterpret_cast<const bf16*>(a.kg) + kr + 64;
+                        default: return reinterpret_cast<const bf16*>(a.aqk) + (row * a.HV + r.hv) * WG_BT;
+                    }
+                });
             }
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) fac[WgLayout::F_O + lane + 32 * h2] = qf[h2];
+            *reinterpret_cast<float4*>(fac + WgLayout::F_LAM + 4 * lane) = lam;
         }
+    };
+    // Xᵀ = Ŝᵀ Wᵀ, Oᵀ = Ŝᵀ Qgᵀ; D̂ᵀ = bf16(Uᵀ - Xᵀ) (= D′)
+    __device__ static void chunk(const unsigned (&sa)[8][4], float (&o)[32], unsigned (&dh)[4][4], unsigned (&da)[4][4], unsigned st,
+                                 const float*, int w, int, int mi, int mr) {
+        float x[32];
+        wg_x_o(x, o, sa, desc_k(st));
+        unsigned ur[8][2];
+        wg_v_frags(ur, st + T_V * WgLayout::TILE, w, mi, mr);
         WG_WAIT(0);
-        if (l == 0) mbar_arrive(empty(stg));  // the stage's tiles are no longer read
-    }
-    if (a.ht != 0 && to_end) {
-        float* ht = reinterpret_cast<float*>(a.ht) + sbase + soff;
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) ht[(8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs] = s[4 * j + e];
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const unsigned d = wg_pack(wg_lo(ur[j][h2]) - x[4 * j + 2 * h2], wg_hi(ur[j][h2]) - x[4 * j + 2 * h2 + 1]);
+                dh[j / 2][(j % 2) * 2 + h2] = d;
+                da[j / 2][(j % 2) * 2 + h2] = d;
+            }
     }
-    if (t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
+    // Sᵀ diag(lam): column dk of the accumulator by lam[dk]
+    __device__ static void decay(float (&s)[64], const float* fac, int cq) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const float2 f = *reinterpret_cast<const float2*>(fac + WgLayout::F_LAM + 8 * j + cq);
+            s[4 * j] *= f.x;
+            s[4 * j + 1] *= f.y;
+            s[4 * j + 2] *= f.x;
+            s[4 * j + 3] *= f.y;
+        }
+    }
+};
+
+// o is computed in every chunk (warm-up chunks too, unstored: no branch around the wgmma
+// pipeline) and stored from the piece's first chunk.
+extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const __grid_constant__ GdnWgArgs p) { wg_forward<WgGdn>(p); }
+extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_kda_wg_bf16(const __grid_constant__ KdaWgArgs p) { wg_forward<WgKda>(p); }

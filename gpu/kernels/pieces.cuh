@@ -1,6 +1,18 @@
 // The pieces of the fused delta-rule forwards (conformance/spec/ops-delta-rule.md 5.9-5.10),
-// shared by delta_fwd.cu and delta_fwd_wg.cu: the lean GDN kernels' arguments and the run of a
-// CTA over the pieces table.
+// shared by delta_fwd.cu and delta_fwd_wg.cu: the fused kernels' arguments (FusedArgs: KDA on the
+// intra stage's w, u, kg, qg; GdnFusedArgs: the lean GDN kernels) and the run of a CTA over the
+// pieces table.
+
+struct FusedArgs {
+    u64 kg, w, qg, qf, u, aqk, lam, h0;  // inputs (h0: 0 when absent)
+    u64 pieces;                      // i64 [P][5]: first row, length, the sequence's first and end rows, sequence
+    u64 warm;                        // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
+    u64 gate;                        // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
+    u64 seqs;                        // i64 [N][3] (seq_table): first packed row, length, lam row of the first chunk
+    u64 o, ht;                       // outputs (o: 0 for the final state alone; ht: 0 when absent)
+    i64 HV, K, V, bt;
+    i64 h0_dtype, v_first, npieces, gate_mode;
+};
 
 struct GdnFusedArgs {
     u64 q, k, v, tbh, tbl, aqk, g, h0;  // q, k [rows][QH][K]; v [rows][HV][V]; tb*, aqk [rows][HV][bt]; g = G [rows][HV] f32

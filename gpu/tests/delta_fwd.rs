@@ -401,22 +401,26 @@ fn fused_and_staged_agree(gpu: &Gpu) {
     }
 }
 
-/// GDN's lean fused path on the Hopper kernel (`delta_fwd_gdn_wg_bf16`: bf16, K = 128, chunk 64,
-/// where [`hopper_gdn`]; elsewhere the same cases check the `mma.sync` kernel): V 64, 128 and
-/// 256, GVA, varlen with empty, one-token, whole-chunk and partial-chunk sequences, two batch
-/// rows, the in-kernel L2 norm, `state_v_first`, no initial state, a scale, the gate regimes, and
-/// 8192 tokens under long memory; against the f64 reference at the op's thresholds and the staged
-/// path at 5e-3 (7.5e-3 under long memory: both lie ~3.5e-3 from the truth, `fused_and_staged_agree`).
-fn gdn_hopper_kernel(gpu: &Gpu) {
+/// The fused paths on the Hopper kernels (`delta_fwd_gdn_wg_bf16`, `delta_fwd_kda_wg_bf16`:
+/// bf16, K = 128, chunk 64, where [`hopper`]; elsewhere the same cases check the `mma.sync`
+/// kernels), GDN and KDA: V 64, 128 and 256, GVA, varlen with empty, one-token, whole-chunk and
+/// partial-chunk sequences, two batch rows, the in-kernel L2 norm, `state_v_first`, no initial
+/// state, a scale, the gate regimes, and 8192 tokens under long memory; against the f64 reference
+/// at the op's thresholds and the staged path at 5e-3 (GDN 7.5e-3 under long memory: both lie
+/// ~3.5e-3 from the truth, `fused_and_staged_agree`).
+fn hopper_kernels(gpu: &Gpu) {
     let mut rows: Vec<(String, Case)> = Vec::new();
     let mut add = |name: &str, f: &dyn Fn(&mut Case)| {
-        let mut c = base(false, Dtype::BF16);
-        c.draw.k = 128;
-        c.draw.v = 128;
-        c.draw.t = 300;
-        c.path = ForwardPath::Fused;
-        f(&mut c);
-        rows.push((name.to_string(), c));
+        for per_key in [false, true] {
+            let mut c = base(per_key, Dtype::BF16);
+            c.draw.k = 128;
+            c.draw.v = 128;
+            c.draw.t = 300;
+            c.path = ForwardPath::Fused;
+            f(&mut c);
+            let op = if per_key { "kda" } else { "gdn" };
+            rows.push((format!("{op} {name}"), c));
+        }
     };
     add("V 128", &|_| {});
     add("V 64", &|c| c.draw.v = 64);
@@ -457,15 +461,11 @@ fn gdn_hopper_kernel(gpu: &Gpu) {
         let want = reference(&c, &host);
         let p = plan(gpu, &c, &dev, ForwardPath::Fused);
         let wg = p.fused_choice().is_some_and(|f| f.wg);
-        assert_eq!(
-            wg,
-            hopper_gdn(gpu),
-            "{name}: the Hopper kernel where it fits"
-        );
+        assert_eq!(wg, hopper(gpu), "{name}: the Hopper kernel where it fits");
         let fused = run(gpu, &c, &dev, ForwardPath::Fused);
         let staged = run(gpu, &c, &dev, ForwardPath::Staged);
         let t = thr(c.dtype, is_long(&c));
-        let agree = if c.draw.regime == Regime::Long {
+        let agree = if !c.draw.per_key && c.draw.regime == Regime::Long {
             7.5e-3
         } else {
             5e-3
@@ -1010,9 +1010,9 @@ fn kda_auto_split(gpu: &Gpu) {
     auto_split(gpu, true);
 }
 
-/// Whether this device runs GDN's lean fused path (bf16, K = 128, V a multiple of 64, chunk 64) on
-/// the Hopper kernel `delta_fwd_gdn_wg_bf16`: an sm_90 device, unless `$ATTN_GDN_WG=0`.
-fn hopper_gdn(gpu: &Gpu) -> bool {
+/// Whether this device runs the fused paths (bf16, K = 128, V a multiple of 64, chunk 64) on the
+/// Hopper kernels `delta_fwd_{gdn,kda}_wg_bf16`: an sm_90 device, unless `$ATTN_GDN_WG=0`.
+fn hopper(gpu: &Gpu) -> bool {
     gpu.arch() == (9, 0) && std::env::var("ATTN_GDN_WG").as_deref() != Ok("0")
 }
 
@@ -1089,15 +1089,13 @@ fn auto_split(gpu: &Gpu, per_key: bool) {
                 verdict.is_some(),
                 "{what}: a verdict iff the split is wider"
             );
-            // GDN on an H100 runs the Hopper kernel (one tile shape: never wider)
-            let hopper = split.fused_choice().unwrap().wg;
-            if !per_key {
-                assert_eq!(hopper, hopper_gdn(gpu), "{what}: the Hopper kernel");
-            }
+            // on an H100 the Hopper kernels run (one tile shape: never wider)
+            let wg = split.fused_choice().unwrap().wg;
+            assert_eq!(wg, hopper(gpu), "{what}: the Hopper kernel");
             // GDN's 8192 tokens split at a wider block on the mma.sync kernel; KDA's may not
             // (other tiles): then no verdict. Where there is one: long memory leaves every chain
             // to the serial kernel (and strong decay, for GDN, none)
-            if li == 0 && (wide || (!per_key && !hopper)) {
+            if li == 0 && (wide || (!per_key && !wg)) {
                 let verdict = verdict.expect("8192 tokens split at a wider block");
                 match regime {
                     Regime::Strong if !per_key => {
@@ -1461,7 +1459,7 @@ gpu_tests!(
     kda_fwd_matches_the_reference,
     gdn_fwd_matches_the_reference,
     fused_and_staged_agree,
-    gdn_hopper_kernel,
+    hopper_kernels,
     long_sequences,
     hundred_launches_are_bit_identical,
     kda_intra_matches_the_reference,

@@ -33,9 +33,9 @@ use super::intra::{
 };
 use super::intra_pipe;
 use super::launch::{cheapest_width, grid_x, seq_table, SMEM_PER_SM};
-use super::lean::GdnFusedArgs;
+use super::lean::{FusedArgs, GdnFusedArgs};
 use super::split::{FwdHSplitPlan, FwdHSplitWorkspace, SplitMode, SplitStage};
-use super::wg::{self, GdnWgArgs};
+use super::wg::{self, GdnWgArgs, KdaWgArgs};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -181,36 +181,6 @@ struct ExpandArgs {
 // SAFETY: as above.
 unsafe impl DeviceRepr for ExpandArgs {}
 
-/// Mirror of `FusedArgs` (delta_fwd.cu).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct FusedArgs {
-    kg: u64,
-    w: u64,
-    qg: u64,
-    qf: u64,
-    u: u64,
-    aqk: u64,
-    lam: u64,
-    h0: u64,
-    pieces: u64,
-    warm: u64,
-    gate: u64,
-    seqs: u64,
-    o: u64,
-    ht: u64,
-    value_heads: i64,
-    k_dim: i64,
-    v_dim: i64,
-    bt: i64,
-    h0_dtype: i64,
-    v_first: i64,
-    npieces: i64,
-    gate_mode: i64,
-}
-// SAFETY: as above.
-unsafe impl DeviceRepr for FusedArgs {}
-
 /// Mirror of `WarmArgs` (delta_fwd.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -254,7 +224,7 @@ trait PieceArgs: DeviceRepr + Copy {
 }
 
 /// `PieceArgs` for the `mma.sync` kernels' argument structs (the piece fields in place) and for
-/// the Hopper kernel's (the same fields in its `a`).
+/// the Hopper kernels' (the same fields in their `a`).
 macro_rules! piece_args {
     ($($t:ty),*) => {$(
         impl PieceArgs for $t {
@@ -273,7 +243,7 @@ macro_rules! piece_args {
     )*};
 }
 piece_args!(FusedArgs, GdnFusedArgs);
-piece_args!(wrapped GdnWgArgs);
+piece_args!(wrapped KdaWgArgs, GdnWgArgs);
 
 /// Mirror of `WalkArgs` (delta_fwd.cu).
 #[repr(C)]
@@ -672,8 +642,8 @@ impl Call {
 
 /// The fused kernel's tile shape: keys padded to `kp` (64, 128), `bv` state columns per block;
 /// `lean`: the GDN kernel on `q, k, v` and `Akk diag(β)` (`delta_fused_gdn`), else the kernel on
-/// the intra stage's `w, u, kg, qg` (`delta_fused`); `wg`: the lean path on the Hopper kernel
-/// (`delta_fwd_gdn_wg_bf16`: `kp` 128, `bv` 64).
+/// the intra stage's `w, u, kg, qg` (`delta_fused`); `wg`: either on its Hopper kernel
+/// (`delta_fwd_gdn_wg_bf16`, `delta_fwd_kda_wg_bf16`: `kp` 128, `bv` 64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FusedChoice {
     pub kp: usize,
@@ -693,7 +663,7 @@ impl FusedChoice {
     /// (half-precision elements), or of the Hopper kernel.
     fn smem_bytes(self) -> usize {
         if self.wg {
-            return wg::GDN_WG_SMEM;
+            return wg::WG_SMEM;
         }
         let (kpitch, vpitch, apitch) = (self.kp + 8, self.bv + 8, MAX_BT + 8);
         if self.lean {
@@ -711,7 +681,7 @@ impl FusedChoice {
 /// heads on `sm_count` multiprocessors: the width with the least estimated time
 /// `step_cost(bv) · max(chunks of the longest sequence, block-chunks / resident blocks)`
 /// (as `kernel_choice` of fwd_h). `$ATTN_FWD_BV` overrides the width (a tuning knob). `wg`: the
-/// call fits the Hopper kernel of the lean path, which then runs at its one shape.
+/// call fits the Hopper kernels, which then run at their one shape.
 pub fn fused_choice(
     k: usize,
     v: usize,
@@ -721,7 +691,7 @@ pub fn fused_choice(
     lean: bool,
     wg: bool,
 ) -> FusedChoice {
-    if lean && wg {
+    if wg {
         return FusedChoice {
             kp: 128,
             bv: 64,
@@ -2059,6 +2029,10 @@ impl DeltaFwdPlan {
             v_first: self.state_v_first as i64,
             ..FusedArgs::default()
         };
+        if pc.choice.wg {
+            let args = KdaWgArgs::new(args, g.b * g.t)?;
+            return self.launch_pieces(gpu, "mma", pc, split, args);
+        }
         self.launch_pieces(gpu, "mma", pc, split, args)
     }
 
@@ -2077,9 +2051,14 @@ impl DeltaFwdPlan {
             // the Hopper kernel: the column blocks fastest in blockIdx.x
             let blocks = self.geo.v / choice.bv;
             let grid_x = grid_x(tasks * blocks, "v", "N * HV * V / 64 < 2^31")?;
+            let name = if choice.lean {
+                "delta_fwd_gdn_wg_bf16"
+            } else {
+                "delta_fwd_kda_wg_bf16"
+            };
             return gpu.queue_with_smem(
                 Module::DeltaFwdWg,
-                "delta_fwd_gdn_wg_bf16",
+                name,
                 (grid_x, 1),
                 THREADS,
                 choice.smem_bytes() as u32,

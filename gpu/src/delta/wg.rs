@@ -1,8 +1,9 @@
-//! The Hopper kernel of the lean fused GDN path (`delta_fwd_gdn_wg_bf16`, `delta_fwd_wg.cu`):
-//! which calls it takes, its shared memory, and its parameter (TMA tensor maps of the tiles it
-//! loads and stores, encoded on the host, then the lean kernel's arguments).
+//! The Hopper kernels of the fused paths (`delta_fwd_gdn_wg_bf16`, `delta_fwd_kda_wg_bf16`,
+//! `delta_fwd_wg.cu`): which calls they take, their shared memory, and their parameters (TMA
+//! tensor maps of the tiles they load and store, encoded on the host, then the arguments of the
+//! `mma.sync` kernel of the same kind).
 
-use super::lean::GdnFusedArgs;
+use super::lean::{FusedArgs, GdnFusedArgs};
 use crate::device::Gpu;
 use crate::error::{GpuError, GpuResult};
 use crate::kernels::Module;
@@ -10,25 +11,27 @@ use attn_reference::delta::Geometry;
 use attn_reference::Dtype;
 use cudarc::driver::{sys, DeviceRepr};
 
-/// Dynamic shared memory of `delta_fwd_gdn_wg_bf16` (`WgLayout`: two stages of eight 8 KiB tiles,
-/// two o staging tiles, the gate factors, the mbarriers and 1 KiB of alignment slack).
-pub(crate) const GDN_WG_SMEM: usize = 2 * 8 * 8192 + 2 * 8192 + 2 * (2 * 64 + 4) * 4 + 4 * 8 + 1024;
+/// Dynamic shared memory of the Hopper kernels (`WgLayout`: two stages of eight 8 KiB tiles, two
+/// o staging tiles, two stages' factors (3 · 64 + 4 + 128 floats), the mbarriers and 1 KiB of
+/// alignment slack).
+pub(crate) const WG_SMEM: usize =
+    2 * 8 * 8192 + 2 * 8192 + 2 * (3 * 64 + 4 + 128) * 4 + 4 * 8 + 1024;
 
-/// `$ATTN_GDN_WG=0`: the lean fused GDN path on the `mma.sync` kernel even where the Hopper
-/// kernel fits (plans made while it is set); for comparisons.
+/// `$ATTN_GDN_WG=0`: the fused paths (GDN and KDA) on the `mma.sync` kernels even where the
+/// Hopper kernels fit (plans made while it is set); for comparisons.
 fn enabled() -> bool {
     std::env::var("ATTN_GDN_WG").as_deref() != Ok("0")
 }
 
-/// Whether a GDN call runs the Hopper kernel on this device ([`fits_on`] its compute capability),
-/// unless `$ATTN_GDN_WG=0`.
+/// Whether a fused call (GDN or KDA) runs the Hopper kernels on this device ([`fits_on`] its
+/// compute capability), unless `$ATTN_GDN_WG=0`.
 pub(crate) fn fits(gpu: &Gpu, dtype: Dtype, geo: &Geometry) -> bool {
     enabled() && fits_on(gpu.arch(), dtype, geo)
 }
 
-/// Whether a GDN call fits the Hopper kernel on a device of compute capability `arch`: its module
-/// builds there (`Module::target`: sm_90a alone), bf16, `K = 128`, `V` a multiple of 64, chunks
-/// of 64, at least one packed token (a tensor map has no empty dimension).
+/// Whether a fused call fits the Hopper kernels on a device of compute capability `arch`: their
+/// module builds there (`Module::target`: sm_90a alone), bf16, `K = 128`, `V` a multiple of 64,
+/// chunks of 64, at least one packed token (a tensor map has no empty dimension).
 fn fits_on(arch: (i32, i32), dtype: Dtype, geo: &Geometry) -> bool {
     Module::DeltaFwdWg.target(arch).is_some()
         && dtype == Dtype::BF16
@@ -112,6 +115,38 @@ impl GdnWgArgs {
     }
 }
 
+/// Mirror of `KdaWgArgs` (delta_fwd_wg.cu).
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KdaWgArgs {
+    pub w: TensorMap,
+    pub qg: TensorMap,
+    pub kg: TensorMap,
+    pub u: TensorMap,
+    pub aqk: TensorMap,
+    pub o: TensorMap,
+    pub a: FusedArgs,
+}
+// SAFETY: plain `#[repr(C)]` data matching the kernel's struct (the maps 128 bytes, 64-aligned).
+unsafe impl DeviceRepr for KdaWgArgs {}
+
+impl KdaWgArgs {
+    /// The maps of `a`'s tensors (the intra stage's `w, qg, kg` `[rows][HV][128]`, `u`, `o`
+    /// `[rows][HV][V]`, Aqk `[rows][HV][64]`): `rows` packed tokens.
+    pub(crate) fn new(a: FusedArgs, rows: usize) -> GpuResult<KdaWgArgs> {
+        let (hv, v) = (a.value_heads as usize, a.v_dim as usize);
+        Ok(KdaWgArgs {
+            w: tile_map(a.w, rows, hv * 128, "w")?,
+            qg: tile_map(a.qg, rows, hv * 128, "qg")?,
+            kg: tile_map(a.kg, rows, hv * 128, "kg")?,
+            u: tile_map(a.u, rows, hv * v, "u")?,
+            aqk: tile_map(a.aqk, rows, hv * 64, "Aqk")?,
+            o: tile_map(a.o, rows, hv * v, "o")?,
+            a,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,7 +165,7 @@ mod tests {
     }
 
     #[test]
-    fn the_hopper_kernel_takes_its_one_shape_on_sm90_only() {
+    fn the_hopper_kernels_take_their_one_shape_on_sm90_only() {
         let bf = Dtype::BF16;
         assert!(fits_on((9, 0), bf, &geo(300, 128, 128, 64)));
         assert!(fits_on((9, 0), bf, &geo(1, 128, 64, 64)));
