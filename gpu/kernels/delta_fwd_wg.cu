@@ -10,6 +10,10 @@
 //   Dᵀ = Wᵀ Tb_hiᵀ + Wᵀ Tb_loᵀ,  D̂ = bf16(D)     (FLA's v_new)
 //   Oᵀ = Oᵀ diag(scale e) + D̂ᵀ Aqkᵀ             (block lower triangle of Aqk only: m64n16k16)
 //   Sᵀ = λ Sᵀ + bf16(Dᵀ diag(f)) K               wgmma m64n128k16, B = the k tile read N-major
+// With use_qk_l2norm_in_kernel, q and k are the raw inputs and rq, rk the reciprocals of their
+// norms (the intra stage's `rqk`), folded into the per-token factors (e·rk for W, f·rk for D′,
+// scale·e·rq for O), so the normalised q, k never go to HBM (their fp32 factors round less than
+// FLA's bf16 q̂, k̂); else rq = rk = 1.
 // KDA (delta_fwd_kda_wg_bf16, the intra stage's w, u, kg, qg, qf, Aqk and lam = exp2(G_l) per
 // chunk and key):
 //   Xᵀ = Ŝᵀ Wᵀ,  Oᵀ = Ŝᵀ Qgᵀ
@@ -391,7 +395,7 @@ __device__ __forceinline__ void wg_forward(const P& p) {
     if (t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// GDN: tiles k0 k1 q0 q1 v Tb_hi Tb_lo Aqk; factors e, f, λ, scale·e.
+// GDN: tiles k0 k1 q0 q1 v Tb_hi Tb_lo Aqk; factors e·rk, f·rk, λ, scale·e·rq.
 struct WgGdn {
     static constexpr int UPDATE_TILE = T_X0;  // the k tile, N-major
     struct Producer {
@@ -399,16 +403,22 @@ struct WgGdn {
         const WgRun& r;
         const int lane, qh;
         float gr[2], gl;
+        float2 nr[2];  // (1 / ‖q‖, 1 / ‖k‖) of the token, (1, 1) without rqk
         __device__ Producer(const GdnWgArgs& p_, const WgRun& r_, int lane_)
             : p(p_), r(r_), lane(lane_), qh(r_.hv / (int)(p_.a.HV / p_.a.QH)) {}
-        // the gates of chunk c (tokens lane, lane + 32, and the last)
+        // the gates (tokens lane, lane + 32, and the last) and norms of chunk c
         __device__ void prefetch(int c) {
             const float* gp = reinterpret_cast<const float*>(p.a.g);
+            const float2* rqk = reinterpret_cast<const float2*>(p.a.rqk);
             const i64 r0 = r.row0 + c * WG_BT, hv = r.hv, HV = p.a.HV;
             const int nc = r.rows_of(c);
             gl = gp[(r0 + nc - 1) * HV + hv];
 #pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) gr[h2] = lane + 32 * h2 < nc ? gp[(r0 + lane + 32 * h2) * HV + hv] : 0.f;
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int t = lane + 32 * h2;
+                gr[h2] = t < nc ? gp[(r0 + t) * HV + hv] : 0.f;
+                nr[h2] = rqk != nullptr && t < nc ? rqk[(r0 + t) * p.a.QH + qh] : make_float2(1.f, 1.f);
+            }
         }
         __device__ void produce(int c, unsigned st, unsigned char* gst, float* fac, unsigned bar) {
             const GdnFusedArgs& a = p.a;
@@ -449,9 +459,9 @@ struct WgGdn {
                 const int t = lane + 32 * h2;
                 const bool ok = t < nc;
                 const float e = ex2_ftz(gr[h2]);
-                fac[WgLayout::F_E + t] = ok ? e : 0.f;
-                fac[WgLayout::F_F + t] = ok ? ex2_ftz(gl - gr[h2]) : 0.f;
-                fac[WgLayout::F_O + t] = ok ? scale * e : 0.f;
+                fac[WgLayout::F_E + t] = ok ? e * nr[h2].y : 0.f;
+                fac[WgLayout::F_F + t] = ok ? ex2_ftz(gl - gr[h2]) * nr[h2].y : 0.f;
+                fac[WgLayout::F_O + t] = ok ? scale * e * nr[h2].x : 0.f;
             }
             if (lane == 0) fac[WgLayout::F_LAM1] = ex2_ftz(gl);
         }

@@ -7,6 +7,7 @@ struct IntraArgs {
     u64 chunks;            // i64 [NC][3]: first packed token row, rows n_c, global chunk index
     u64 w, u, kg, qg, qf, aqk, akk, lam, gout;  // outputs (0: not written)
     u64 tbh, tbl;  // the lean outputs of a scalar gate (fused GDN): Akk diag(β) as hi + lo
+    u64 rqk;       // with l2norm, for the Hopper kernel: f32 [rows][H][2] (1 / ‖q‖, 1 / ‖k‖), or 0
     i64 H, HV, K, V, bt;
     i64 g_dtype, beta_dtype;
     i64 gate_mode;    // 0: g is G; 1: g is the per-step natural-log gate; 2: g is the KDA gate input

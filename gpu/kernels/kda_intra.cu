@@ -1135,6 +1135,10 @@ __device__ void gdn_intra(const IntraArgs& a) {
                 }
             }
         }
+        // the norms' reciprocals for the Hopper kernel ([rows][H][2]: 1 / ‖q‖, 1 / ‖k‖), which
+        // reads the raw q, k
+        if (a.rqk != 0 && part == 0 && r < nc && (GROUPED || c.hv % (a.HV / a.H) == 0))
+            *reinterpret_cast<float2*>(reinterpret_cast<float*>(a.rqk) + ((c.row0 + r) * a.H + c.kh) * 2) = make_float2(iq, ik);
         __syncthreads();
     }
 

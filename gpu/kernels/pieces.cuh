@@ -20,6 +20,7 @@ struct GdnFusedArgs {
     u64 warm;                           // i64 [P][HV] warm-up chunks (warm_walk), or 0: none
     u64 gate;                           // i64 [N][HV] 1: split, 0: serial (warm_walk), or 0: none
     u64 o, ht;                          // outputs (o: 0 for the final state alone; ht: 0 when absent)
+    u64 rqk;                            // Hopper kernel: f32 [rows][QH][2] (1 / ‖q‖, 1 / ‖k‖) of raw q, k, or 0
     i64 QH, HV, K, V, bt;
     i64 h0_dtype, v_first, npieces, gate_mode;
     double scale;

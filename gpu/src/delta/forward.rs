@@ -987,8 +987,12 @@ struct LeanTiles {
     tbl: DeviceTensor,
     g: DeviceTensor,
     /// With l2norm: `q, k` normalised by the intra stage, `[B, T, H, K]` (per key head: the
-    /// fused kernel maps value heads onto them as onto the raw ones).
+    /// fused kernel maps value heads onto them as onto the raw ones), for `delta_fused_gdn` and
+    /// the exact fallback's `gdn_expand`.
     qk: Option<(DeviceTensor, DeviceTensor)>,
+    /// With l2norm on the Hopper kernel: `[B, T, H, 2]` f32, `1 / ‖q‖, 1 / ‖k‖` per token and
+    /// key head (the kernel reads the raw `q, k`).
+    rqk: Option<DeviceTensor>,
 }
 
 #[derive(Debug)]
@@ -1303,6 +1307,8 @@ impl DeltaFwdPlan {
             _ => None,
         };
         if self.fused.is_some_and(|f| f.lean) {
+            let wg = self.fused.is_some_and(|f| f.wg);
+            let l2 = self.prep.l2norm;
             return Ok(DeltaFwdWorkspace {
                 fallback: None,
                 fell_back: false,
@@ -1313,13 +1319,14 @@ impl DeltaFwdPlan {
                     tbh: tok(g.bt)?,
                     tbl: tok(g.bt)?,
                     g: DeviceTensor::alloc(gpu, &[g.b, g.t, g.hv], Dtype::F32)?,
-                    qk: self
-                        .prep
-                        .l2norm
+                    qk: (l2 && (!wg || self.fallback.is_some()))
                         .then(|| {
                             let qk = || DeviceTensor::alloc(gpu, &[g.b, g.t, g.h, g.k], d);
                             Ok::<_, crate::error::GpuError>((qk()?, qk()?))
                         })
+                        .transpose()?,
+                    rqk: (l2 && wg)
+                        .then(|| DeviceTensor::alloc(gpu, &[g.b, g.t, g.h, 2], Dtype::F32))
                         .transpose()?,
                 })),
                 policy,
@@ -1496,6 +1503,9 @@ impl DeltaFwdPlan {
                 if let Some((qn, kn)) = l.qk.as_mut() {
                     args.qg = qn.ptr_mut(gpu);
                     args.kg = kn.ptr_mut(gpu);
+                }
+                if let Some(r) = l.rqk.as_mut() {
+                    args.rqk = r.ptr_mut(gpu);
                 }
                 let g = &self.geo;
                 return launch_gdn_intra(gpu, self.dtype, self.nchunks, g.hv, g.k, &args);
@@ -2101,9 +2111,10 @@ impl DeltaFwdPlan {
         if pc.n == 0 || g.hv == 0 || g.v == 0 {
             return Ok(());
         }
-        let (q, k, qk_heads) = match &l.qk {
-            Some((qn, kn)) => (qn.ptr(gpu), kn.ptr(gpu), g.h),
-            None => (t.q.ptr(gpu), t.k.ptr(gpu), g.h),
+        // the Hopper kernel reads the raw q, k (with l2norm, and the norms' reciprocals)
+        let (q, k) = match &l.qk {
+            Some((qn, kn)) if !pc.choice.wg => (qn.ptr(gpu), kn.ptr(gpu)),
+            _ => (t.q.ptr(gpu), t.k.ptr(gpu)),
         };
         let args = GdnFusedArgs {
             q,
@@ -2120,7 +2131,8 @@ impl DeltaFwdPlan {
                 out.o.ptr_mut(gpu)
             },
             ht: out.final_state.as_mut().map_or(0, |x| x.ptr_mut(gpu)),
-            qk_heads: qk_heads as i64,
+            rqk: l.rqk.as_ref().map_or(0, |r| r.ptr(gpu)),
+            qk_heads: g.h as i64,
             value_heads: g.hv as i64,
             k_dim: g.k as i64,
             v_dim: g.v as i64,

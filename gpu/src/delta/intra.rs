@@ -72,6 +72,7 @@ pub(crate) struct IntraArgs {
     pub(crate) gout: u64,
     pub(crate) tbh: u64,
     pub(crate) tbl: u64,
+    pub(crate) rqk: u64,
     pub(crate) heads: i64,
     pub(crate) value_heads: i64,
     pub(crate) k_dim: i64,

@@ -50,6 +50,7 @@ pub(crate) struct GdnFusedArgs {
     pub(crate) gate: u64,
     pub(crate) o: u64,
     pub(crate) ht: u64,
+    pub(crate) rqk: u64,
     pub(crate) qk_heads: i64,
     pub(crate) value_heads: i64,
     pub(crate) k_dim: i64,
