@@ -21,8 +21,9 @@
 //! long sequences into pieces with exact warm-ups when the GPU would otherwise idle
 //! ([`SplitRule`], §5.9–5.10). Where the gates do not let the pieces warm up (long memory,
 //! slow heads) and the chain left serial would cost more than the staged path
-//! ([`FALLBACK_COST_RATIO`]), a splitting plan over sequences of [`EXACT_FALLBACK_CHUNKS`]
-//! chunks or more runs the staged path instead, whose `fwd_h` split is exact without warm-ups:
+//! ([`FALLBACK_COST_RATIO`]), a splitting plan over a sequence long enough for that
+//! ([`EXACT_FALLBACK_CHUNKS`] chunks or more, and the call's chunk-heads over the ratio) runs the
+//! staged path instead, whose `fwd_h` split is exact without warm-ups:
 //! the choice is the warm-up policy's, read on the host once per run
 //! ([`DeltaFwdPlan::ran_exact_fallback`]).
 //! Float32 runs IEEE fp32 FMAs throughout, float64 fp64.
@@ -763,7 +764,8 @@ pub struct DeltaFwdPlan {
     /// The exact fallback: the same call on the staged path, whose `fwd_h` splits with exact
     /// summaries ([`Staged`]); run instead of the fused split when the warm-up policy leaves a
     /// long chain serial ([`Self::needs_exact_fallback`]). Made where the fused path splits a
-    /// sequence of at least [`EXACT_FALLBACK_CHUNKS`] chunks.
+    /// sequence long enough for that ([`exact_fallback_possible`]: at least
+    /// [`EXACT_FALLBACK_CHUNKS`] chunks and the call's chunk-heads over the cost ratio).
     fallback: Option<Box<DeltaFwdPlan>>,
     /// The fused kernels run without `o` (its pointer 0): the final state alone
     /// ([`DeltaFwdPlan::final_state_only`]).
@@ -798,6 +800,31 @@ pub const FALLBACK_COST_RATIO: usize = 7;
 /// per pair (its fallback rows 2.8 ms against the serial chain's 2.66 ms under FALLBACK_COST_RATIO).
 pub const WG_FALLBACK_COST_RATIO: usize = 3;
 
+/// The chain of chunks from which [`exact_fallback_due`] falls back: max([`EXACT_FALLBACK_CHUNKS`],
+/// chunk-heads / `ratio` + 1) over sequences of `seq_chunks` chunks and `hv` value heads.
+fn fallback_chain(seq_chunks: &[usize], hv: usize, ratio: usize) -> usize {
+    let chunk_heads = seq_chunks.iter().sum::<usize>() * hv;
+    EXACT_FALLBACK_CHUNKS.max(chunk_heads / ratio.max(1) + 1)
+}
+
+/// Whether [`exact_fallback_due`] can hold for some warm-ups at all: a CTA's chain (its warm-up,
+/// its piece and the pieces it runs through) never leaves its sequence, so only a sequence of
+/// at least [`fallback_chain`] chunks can make one long. Where none is, a plan holds no
+/// fallback, and its warm-up policy runs beside the intra stage with no host read.
+fn exact_fallback_possible(seq_chunks: &[usize], hv: usize, ratio: usize) -> bool {
+    let long = fallback_chain(seq_chunks, hv, ratio);
+    seq_chunks.iter().any(|&c| c >= long)
+}
+
+/// [`FALLBACK_COST_RATIO`] or, on the Hopper kernel, [`WG_FALLBACK_COST_RATIO`].
+fn fallback_ratio(choice: FusedChoice) -> usize {
+    if choice.wg {
+        WG_FALLBACK_COST_RATIO
+    } else {
+        FALLBACK_COST_RATIO
+    }
+}
+
 /// The exact fallback's rule ([`DeltaFwdPlan::needs_exact_fallback`]) on host copies: sequences
 /// of `seq_chunks` chunks, `hv` value heads, pieces of `piece_chunks` chunks (the pieces table's
 /// order), the policy's `warm` (`[P · HV]`: a warm-up in chunks, `-1` for a piece run through by
@@ -812,8 +839,7 @@ fn exact_fallback_due(
     verdict: Option<&[i64]>,
     ratio: usize,
 ) -> bool {
-    let chunk_heads = seq_chunks.iter().sum::<usize>() * hv;
-    let long = EXACT_FALLBACK_CHUNKS.max(chunk_heads / ratio + 1);
+    let long = fallback_chain(seq_chunks, hv, ratio);
     let serial_long = verdict.is_some_and(|v| {
         (v.iter().enumerate())
             .any(|(i, &x)| x == 0 && seq_chunks.get(i / hv.max(1)).copied().unwrap_or(0) >= long)
@@ -1095,11 +1121,20 @@ impl DeltaFwdPlan {
         let (output_final_state, state_v_first) = call.state_flags();
         let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
-        let longest = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).max();
+        let seq_chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
         let fallback = match &pieces {
-            Some(p) if p.split && longest >= Some(EXACT_FALLBACK_CHUNKS) => Some(Box::new(
-                Self::new(gpu, t, cu_seqlens, call, ForwardPath::Staged)?,
-            )),
+            Some(p)
+                if p.split
+                    && exact_fallback_possible(&seq_chunks, geo.hv, fallback_ratio(p.choice)) =>
+            {
+                Some(Box::new(Self::new(
+                    gpu,
+                    t,
+                    cu_seqlens,
+                    call,
+                    ForwardPath::Staged,
+                )?))
+            }
             _ => None,
         };
         Ok(DeltaFwdPlan {
@@ -1229,7 +1264,12 @@ impl DeltaFwdPlan {
         if self.fused.is_some() {
             self.split_rule = rule;
             self.pieces = Self::pieces(gpu, &self.geo, self.fused, rule)?;
-            if !self.splits() {
+            let g = &self.geo;
+            let chunks: Vec<usize> = g.seqs.iter().map(|s| s.num_chunks(g.bt)).collect();
+            let possible = self.pieces.as_ref().is_some_and(|p| {
+                p.split && exact_fallback_possible(&chunks, g.hv, fallback_ratio(p.choice))
+            });
+            if !possible {
                 self.fallback = None;
             }
         }
@@ -2221,11 +2261,7 @@ impl DeltaFwdPlan {
             &piece_chunks,
             &warm,
             verdict.as_deref(),
-            if pc.choice.wg {
-                WG_FALLBACK_COST_RATIO
-            } else {
-                FALLBACK_COST_RATIO
-            },
+            fallback_ratio(pc.choice),
         ))
     }
 
@@ -2511,7 +2547,7 @@ mod tests {
 
     /// The chain length from which [`exact_fallback_due`] falls back, for `chunk_heads`.
     fn long(chunk_heads: usize) -> usize {
-        EXACT_FALLBACK_CHUNKS.max(chunk_heads / FALLBACK_COST_RATIO + 1)
+        fallback_chain(&[chunk_heads], 1, FALLBACK_COST_RATIO)
     }
 
     /// One sequence of `pieces` equal pieces of `len` chunks over `hv` heads, every warm-up `w`.
@@ -2572,7 +2608,55 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_hopper_rows_never_hold_a_fallback() {
+        // S19/S20's split rows at the Hopper kernel's ratio: no chain can reach the bar
+        // (a chain never leaves its sequence), so no host read; at one head it can
+        let wg = WG_FALLBACK_COST_RATIO;
+        for (seq, hv) in [(vec![2048], 4), (vec![1024], 8), (vec![512; 1], 32)] {
+            assert!(!exact_fallback_possible(&seq, hv, wg), "{seq:?} x {hv}");
+        }
+        assert!(exact_fallback_possible(&[2048], 1, wg));
+        assert!(exact_fallback_possible(&[2048], 4, FALLBACK_COST_RATIO));
+        assert!(!exact_fallback_possible(&[255], 1, FALLBACK_COST_RATIO));
+    }
+
     proptest! {
+        /// Where no fallback is possible, no warm-ups or verdict make one due.
+        #[test]
+        fn an_impossible_fallback_is_never_due(
+            hv in 1usize..6,
+            lens in proptest::collection::vec(1usize..400, 1..6),
+            ratio in 1usize..8,
+            warm_seed in proptest::collection::vec(-1i64..64, 64 * 5),
+            verdict_seed in proptest::collection::vec(0i64..2, 6 * 5),
+        ) {
+            prop_assume!(!exact_fallback_possible(&lens, hv, ratio));
+            // each sequence in pieces of at most 64 chunks, in order
+            let pc: Vec<usize> = lens
+                .iter()
+                .flat_map(|&c| (0..c.div_ceil(64)).map(move |j| (c - 64 * j).min(64)))
+                .collect();
+            let warm: Vec<i64> = warm_seed.iter().cycle().take(pc.len() * hv).copied().collect();
+            let verdict = &verdict_seed[..lens.len() * hv];
+            // warm-ups within the sequence: the first piece of each sequence from its start
+            let mut warm = warm;
+            let mut p = 0;
+            for &c in &lens {
+                let (mut before, n) = (0, c.div_ceil(64));
+                for j in 0..n {
+                    for h in 0..hv {
+                        let w = &mut warm[(p + j) * hv + h];
+                        *w = if j == 0 { 0 } else { (*w).min(before as i64) };
+                    }
+                    before += pc[p + j];
+                }
+                p += n;
+            }
+            prop_assert!(!exact_fallback_due(&lens, hv, &pc, &warm, Some(verdict), ratio));
+            prop_assert!(!exact_fallback_due(&lens, hv, &pc, &warm, None, ratio));
+        }
+
         /// Running one more piece through never turns a fallback into none (its chain only
         /// grows), and warm-ups are read per (piece, head).
         #[test]
