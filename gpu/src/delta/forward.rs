@@ -505,11 +505,16 @@ pub fn split_choice(
     (best.0, best.1)
 }
 
+/// The chunks of every sequence of `geo`.
+fn seq_chunks(geo: &Geometry) -> Vec<usize> {
+    geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect()
+}
+
 /// The pieces table of the fused kernels (`[P, 5]`: first row, length, the sequence's first
 /// and end rows, the sequence), `pieces[s]` even pieces of sequence `s` at chunk boundaries, in
 /// the order of [`piece_rows`].
 fn piece_table(geo: &Geometry, pieces: &[usize]) -> Vec<i64> {
-    let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
+    let chunks = seq_chunks(geo);
     let mut rows = Vec::new();
     for (i, a, e) in piece_rows(&chunks, pieces) {
         let s = &geo.seqs[i];
@@ -816,6 +821,14 @@ fn exact_fallback_possible(seq_chunks: &[usize], hv: usize, ratio: usize) -> boo
     seq_chunks.iter().any(|&c| c >= long)
 }
 
+/// Whether a plan of `geo` with the fused path's `pieces` holds the exact fallback: where they
+/// split a sequence and a fallback is possible ([`exact_fallback_possible`]).
+fn holds_fallback(geo: &Geometry, pieces: Option<&Pieces>) -> bool {
+    pieces.is_some_and(|p| {
+        p.split && exact_fallback_possible(&seq_chunks(geo), geo.hv, fallback_ratio(p.choice))
+    })
+}
+
 /// [`FALLBACK_COST_RATIO`] or, on the Hopper kernel, [`WG_FALLBACK_COST_RATIO`].
 fn fallback_ratio(choice: FusedChoice) -> usize {
     if choice.wg {
@@ -1099,7 +1112,7 @@ impl DeltaFwdPlan {
                 .into())
             }
             _ => {
-                let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
+                let chunks = seq_chunks(&geo);
                 let lean = matches!(call, Call::Gdn(_));
                 Some(fused_choice(
                     geo.k,
@@ -1121,21 +1134,15 @@ impl DeltaFwdPlan {
         let (output_final_state, state_v_first) = call.state_flags();
         let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
-        let seq_chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
-        let fallback = match &pieces {
-            Some(p)
-                if p.split
-                    && exact_fallback_possible(&seq_chunks, geo.hv, fallback_ratio(p.choice)) =>
-            {
-                Some(Box::new(Self::new(
-                    gpu,
-                    t,
-                    cu_seqlens,
-                    call,
-                    ForwardPath::Staged,
-                )?))
-            }
-            _ => None,
+        let fallback = match holds_fallback(&geo, pieces.as_ref()) {
+            true => Some(Box::new(Self::new(
+                gpu,
+                t,
+                cu_seqlens,
+                call,
+                ForwardPath::Staged,
+            )?)),
+            false => None,
         };
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
@@ -1213,7 +1220,7 @@ impl DeltaFwdPlan {
         let Some(serial) = fused else {
             return Ok(None);
         };
-        let chunks: Vec<usize> = geo.seqs.iter().map(|s| s.num_chunks(geo.bt)).collect();
+        let chunks = seq_chunks(geo);
         let table = |per_seq: &[usize]| {
             let mut rows = piece_table(geo, per_seq);
             let n = rows.len() / 5;
@@ -1264,12 +1271,7 @@ impl DeltaFwdPlan {
         if self.fused.is_some() {
             self.split_rule = rule;
             self.pieces = Self::pieces(gpu, &self.geo, self.fused, rule)?;
-            let g = &self.geo;
-            let chunks: Vec<usize> = g.seqs.iter().map(|s| s.num_chunks(g.bt)).collect();
-            let possible = self.pieces.as_ref().is_some_and(|p| {
-                p.split && exact_fallback_possible(&chunks, g.hv, fallback_ratio(p.choice))
-            });
-            if !possible {
+            if !holds_fallback(&self.geo, self.pieces.as_ref()) {
                 self.fallback = None;
             }
         }
@@ -2244,7 +2246,7 @@ impl DeltaFwdPlan {
         verdict: Option<&DeviceTensor>,
     ) -> GpuResult<bool> {
         let (hv, bt) = (self.geo.hv, self.geo.bt);
-        let seq_chunks: Vec<usize> = self.geo.seqs.iter().map(|s| s.num_chunks(bt)).collect();
+        let seq_chunks = seq_chunks(&self.geo);
         let piece_chunks: Vec<usize> = (0..pc.n)
             .map(|p| (pc.rows[p * 5 + 1] as usize).div_ceil(bt))
             .collect();
@@ -2284,7 +2286,7 @@ impl DeltaFwdPlan {
             // the summaries keep the mma.sync kernel (the Hopper kernel's state-only form is not
             // built yet): its tiles, and the pieces chosen for them
             let g = &self.geo;
-            let chunks: Vec<usize> = g.seqs.iter().map(|s| s.num_chunks(g.bt)).collect();
+            let chunks = seq_chunks(g);
             let sm = gpu.sm_count();
             self.fused = Some(fused_choice(g.k, g.v, &chunks, g.hv, sm, f.lean, false));
             self.pieces = Self::pieces(gpu, &self.geo, self.fused, self.split_rule)?;
