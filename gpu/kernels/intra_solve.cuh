@@ -7,9 +7,9 @@
 
 // X = (I + L)^-1 of the strictly lower 64 x 64 L, first half: X's off-diagonal blocks zeroed and
 // its diagonal 16 x 16 blocks by forward substitution row by row, each column in the registers
-// of one lane (warp b: block b). Ends with a barrier.
-template <typename Acc>
-__device__ void intra_solve_diag(Acc (*L)[INTRA_BT + 1], Acc (*X)[INTRA_BT + 1]) {
+// of one lane (warp b: block b). Ends with a barrier. LP: the row pitch of L and X (>= 64).
+template <typename Acc, int LP>
+__device__ void intra_solve_diag(Acc (*L)[LP], Acc (*X)[LP]) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     {
         // thread: column j = tid % 64 of rows tid / 64 + 4 u (row block u / 4)
@@ -72,15 +72,20 @@ __device__ __forceinline__ void mma3_tf32(float (&d)[4], const float (*A)[PA], i
 // T afterwards): the off-diagonal blocks of distance d = i - j by two warps each (8 columns a
 // warp): T = Σ_{m=j}^{i-1} L_im X_mj (2d steps of 8 keys), kept by the warp in tmp, then
 // X_ij = -X_ii T, all with mma3_tf32. S9 profile: the FMA solve was ~45% of gdn_intra's
-// instructions.
-__device__ void intra_solve_tc(float (*L)[INTRA_BT + 1], float (*X)[INTRA_BT + 1], float (*tmp)[17]) {
+// instructions. LP, TP: the row pitches of L and X, and of tmp (>= 16). The fragments' scalar
+// loads (A[g][t], B[t][g]: lane 4g + t) hit banks (g LP + t) and (t P + g) mod 32: LP = 65 and
+// TP = 17 give up to 4-way conflicts; LP ≡ 4 (mod 32) makes A's conflict-free and B's 2-way at
+// most, TP ≡ 24 B's from tmp conflict-free (gdn_intra: 68, 24; S20 ncu: 43% of its shared
+// wavefronts were conflicts).
+template <int LP, int TP>
+__device__ void intra_solve_tc(float (*L)[LP], float (*X)[LP], float (*tmp)[TP]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    intra_solve_diag<float>(L, X);
+    intra_solve_diag<float, LP>(L, X);
     for (int dist = 1; dist < 4; ++dist) {
         if (warp < 2 * (4 - dist)) {  // warp-uniform: every lane of a working warp runs the mma
             const int e = warp >> 1, bi = dist + e, bj = bi - dist, nc8 = 8 * (warp & 1), c0 = 16 * bj + nc8;
             float d[4] = {0.f, 0.f, 0.f, 0.f};
-            for (int k0 = 16 * bj; k0 < 16 * bi; k0 += 8) mma3_tf32<INTRA_BT + 1, INTRA_BT + 1>(d, L, 16 * bi, k0, X, k0, c0);
+            for (int k0 = 16 * bj; k0 < 16 * bi; k0 += 8) mma3_tf32<LP, LP>(d, L, 16 * bi, k0, X, k0, c0);
             tmp[16 * e + g][nc8 + 2 * t] = d[0];
             tmp[16 * e + g][nc8 + 2 * t + 1] = d[1];
             tmp[16 * e + g + 8][nc8 + 2 * t] = d[2];
@@ -88,7 +93,7 @@ __device__ void intra_solve_tc(float (*L)[INTRA_BT + 1], float (*X)[INTRA_BT + 1
             __syncwarp();  // the warp's own 16 x 8 of T, read back as B fragments
             float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int k0 = 0; k0 < 16; k0 += 8) mma3_tf32<INTRA_BT + 1, 17>(x, X, 16 * bi, 16 * bi + k0, tmp, 16 * e + k0, nc8);
+            for (int k0 = 0; k0 < 16; k0 += 8) mma3_tf32<LP, TP>(x, X, 16 * bi, 16 * bi + k0, tmp, 16 * e + k0, nc8);
             X[16 * bi + g][c0 + 2 * t] = -x[0];
             X[16 * bi + g][c0 + 2 * t + 1] = -x[1];
             X[16 * bi + g + 8][c0 + 2 * t] = -x[2];

@@ -638,16 +638,20 @@ template <typename T> struct WideExp { static constexpr bool ok = false; };
 template <> struct WideExp<bf16> { static constexpr bool ok = true; };
 
 // The lean outputs of a scalar gate: Tb = Akk diag(β) (rows < n_c, every column of the chunk
-// width: 0 above the diagonal) as hi + lo in T, in pieces of 8 columns, and G per row.
-template <typename T>
-__device__ void intra_store_lean(const IntraArgs& a, const IntraChunk& c, float (*X)[INTRA_BT + 1], const float* beta, const float* gs) {
+// width: 0 above the diagonal) as hi + lo in T, in pieces of 8 columns, and G per row; X of row
+// pitch LP (a multiple of 4: a piece's X read as two 16-byte loads).
+template <typename T, int LP>
+__device__ void intra_store_lean(const IntraArgs& a, const IntraChunk& c, float (*X)[LP], const float* beta, const float* gs) {
+    static_assert(LP % 4 == 0, "X rows in 16-byte pieces");
     const int pr = (int)a.bt / 8;
     for (int i = threadIdx.x; i < c.nc * pr; i += INTRA_THREADS) {
         const int r = i / pr, j0 = (i % pr) * 8;
         const i64 o = ((c.row0 + r) * a.HV + c.hv) * a.bt + j0;
+        const float4 x0 = *reinterpret_cast<const float4*>(&X[r][j0]), x1 = *reinterpret_cast<const float4*>(&X[r][j0 + 4]);
+        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         Vec<T, 8> hi, lo;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) split_store<T>(hi.v[e], lo.v[e], j0 + e <= r ? X[r][j0 + e] * beta[j0 + e] : 0.f);
+        for (int e = 0; e < 8; ++e) split_store<T>(hi.v[e], lo.v[e], j0 + e <= r ? x[e] * beta[j0 + e] : 0.f);
         store_pieces<T, 8>(reinterpret_cast<T*>(a.tbh) + o, hi);
         store_pieces<T, 8>(reinterpret_cast<T*>(a.tbl) + o, lo);
     }
@@ -1018,14 +1022,18 @@ __device__ void intra_mma(const IntraArgs& a) {
 // (intra_store_lean). Its footprint (37 KB, 64 registers) keeps four CTAs per SM; the GROUPED
 // instance holds the products' fragments across the heads' solves (80 registers, three CTAs).
 
+// The solve's pitches (intra_solve_tc: bank-conflict-free fragment loads; gpu/src/delta/intra.rs
+// sizes the shared memory with them).
+#define GDN_LP 68
+#define GDN_TP 24
 template <typename T, int KP> struct GdnIntraSmem {
     static constexpr int P = KP + 8;
     struct Tiles {
         T q[INTRA_BT][P], k[INTRA_BT][P];
     };
     struct Solve {
-        float L[INTRA_BT][INTRA_BT + 1], X[INTRA_BT][INTRA_BT + 1];
-        float tmp[48][17];
+        float L[INTRA_BT][GDN_LP], X[INTRA_BT][GDN_LP];
+        float tmp[48][GDN_TP];
     };
     union U {
         Tiles t;
@@ -1181,7 +1189,7 @@ __device__ void gdn_intra(const IntraArgs& a) {
             c.hv = c.kh * group + gi;
             gdn_intra_head(a, sm, c);
         }
-        for (int i = tid; i < INTRA_BT * (INTRA_BT + 1); i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
+        for (int i = tid; i < INTRA_BT * GDN_LP; i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
         __syncthreads();
         // Aqk (stored from the fragments, 0 above the diagonal) and L with the factor exp2(G_R - G_J)
 #pragma unroll

@@ -196,6 +196,11 @@ pub(crate) fn launch_intra(
     )
 }
 
+/// Row pitches of `gdn_intra`'s solve (`GDN_LP`, `GDN_TP` of kda_intra.cu: bank-conflict-free
+/// fragment loads in `intra_solve_tc`).
+const GDN_LP: usize = 68;
+const GDN_TP: usize = 24;
+
 /// One launch of the lean intra kernel of the fused GDN path (`gdn_intra`, `K ≤ 128`: keys
 /// padded to 64 or 128) over every chunk and value head, or with `HV > H` every chunk and key
 /// head (`gdn_intra_grouped`: a CTA serves the key head's `HV / H` value heads from one load and
@@ -214,9 +219,10 @@ pub(crate) fn launch_gdn_intra(
     }
     let grid_x = grid_x(chunks, "q", "fewer than 2^31 chunks")?;
     let kp = if k <= 64 { 64 } else { 128 };
-    // `GdnIntraSmem<T, kp>`: the q, k tiles under the solve's L, X, tmp; β and G
+    // `GdnIntraSmem<T, kp>`: the q, k tiles under the solve's L, X (pitch GDN_LP), tmp (pitch
+    // GDN_TP); β and G
     let tiles = 2 * MAX_BT * (kp + 8) * 2;
-    let solve = (2 * MAX_BT * (MAX_BT + 1) + 48 * 17) * 4;
+    let solve = (2 * MAX_BT * GDN_LP + 48 * GDN_TP) * 4;
     let smem = tiles.max(solve) + 2 * MAX_BT * 4;
     // more value heads than key heads: a CTA per key head serves its group
     let (name, heads) = if args.value_heads > args.heads {
