@@ -1019,7 +1019,7 @@ __device__ void intra_mma(const IntraArgs& a) {
 // the gate and β are the value head's) writes Aqk = scale (Q Kᵀ ⊙ exp2(G_r - G_j))_{j<=r} from
 // the fragments (the blocks above the diagonal blocks are not written: the fused kernel never
 // reads them), solves Akk = (I + L)^-1 and writes Tb = Akk diag(β) as hi + lo and G
-// (intra_store_lean). Its footprint (37 KB, 64 registers) keeps four CTAs per SM; the GROUPED
+// (intra_store_lean). Its footprint (39 KB, 64 registers) keeps four CTAs per SM; the GROUPED
 // instance holds the products' fragments across the heads' solves (80 registers, three CTAs).
 
 // The solve's pitches (intra_solve_tc: bank-conflict-free fragment loads; gpu/src/delta/intra.rs
