@@ -1189,8 +1189,11 @@ __device__ void gdn_intra(const IntraArgs& a) {
             c.hv = c.kh * group + gi;
             gdn_intra_head(a, sm, c);
         }
-        for (int i = tid; i < INTRA_BT * GDN_LP; i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
-        __syncthreads();
+        // at chunk 64 (all 10 block pairs) the slots below write every element of L's lower
+        // blocks, the only ones the solve reads; a shorter chunk leaves some of them: zero first
+        if (npairs < 10)
+            for (int i = tid; i < INTRA_BT * GDN_LP; i += INTRA_THREADS) (&sv.L[0][0])[i] = 0.f;
+        __syncthreads();  // L's zeros, and a later head's β and G
         // Aqk (stored from the fragments, 0 above the diagonal) and L with the factor exp2(G_R - G_J)
 #pragma unroll
         for (int slot = 0; slot < 2; ++slot) {
