@@ -18,13 +18,15 @@
 //   Akk = (I + L)^-1 (P4, intra_solve_tc: today's solve),  w = Akk xw,  u = Akk βv   (P5)
 //
 // Grid: a fixed number of CTAs (2 per multiprocessor), CTA b taking items b, b + grid, ...
-// ordered head-fastest. 256 threads, 105728 bytes of shared memory (2 CTAs per SM):
+// ordered head-fastest. 256 threads, 107264 bytes of shared memory (2 CTAs per SM):
 //   QX  16 KB  q -> q̂ -> the Aqk staging -> xw    then q of the next item
 //   KV  16 KB  k -> k̂ -> v -> βv                  then k of the next item
 //   G   33 KB  g -> G (fp32, rows padded to 528 B) then g of the next item
-//   F   18 KB  L (fp32, 64 x 65) -> X = (I + L)^-1 as hi + lo bf16 (2 x 8 KB)
-//   S   20 KB  the gate's segment totals; the products' partial sums; X (fp32) and the
-//              solve's tmp; the per-warp staging of w, u (2 KB a warp)
+//   F   18 KB  L (fp32, 64 x 68) -> X = (I + L)^-1 as hi + lo bf16 (2 x 8 KB)
+//   S   21.5 KB  the gate's segment totals; the products' partial sums; X (fp32, 64 x 68) and
+//              the solve's tmp (48 x 24); the per-warp staging of w, u (2 KB a warp)
+// The solve's pitches 68 and 24 keep intra_solve_tc's fragment loads free of bank conflicts (A)
+// or 2-way (B) (intra_solve.cuh).
 //   small      β
 // bf16 tiles are 64 rows of 256 bytes whose 16-byte chunks are XOR-swizzled by row (chunk c of
 // row r at c ^ (r & 7)) so that ldmatrix of 8 rows hits 8 distinct bank groups.
@@ -39,6 +41,8 @@
 #define PIPE_K 128
 #define PIPE_GP 132  // G row pitch in floats (528 bytes)
 #define PIPE_RCP_LN2 1.4426950408889634
+#define PIPE_LP 68  // L, X row pitch in floats
+#define PIPE_TP 24  // the solve's tmp row pitch in floats
 
 // Shared-memory map (bytes).
 #define PIPE_QX 0
@@ -46,9 +50,11 @@
 #define PIPE_G 32768
 #define PIPE_F (PIPE_G + PIPE_BT * PIPE_GP * 4)
 #define PIPE_S (PIPE_F + 18432)
-#define PIPE_SMALL (PIPE_S + 20480)
+#define PIPE_SMALL (PIPE_S + PIPE_BT * PIPE_LP * 4 + 48 * PIPE_TP * 4)
 #define PIPE_SMEM (PIPE_SMALL + PIPE_BT * 4)
-static_assert(PIPE_SMEM == 105728, "the host's SMEM (gpu/src/delta/intra_pipe.rs)");
+static_assert(PIPE_SMEM == 107264, "the host's SMEM (gpu/src/delta/intra_pipe.rs)");
+static_assert(PIPE_BT * PIPE_LP * 4 <= PIPE_S - PIPE_F, "L fits F");
+static_assert(PIPE_S % 16 == 0, "X in 16-byte pieces");
 
 // The kernel's argument: the intra call and its number of items (chunks x value heads).
 struct PipeArgs {
@@ -524,13 +530,13 @@ __device__ __forceinline__ void pipe_diag_fma(const IntraArgs& a, const PipeItem
             if (!b2)
                 sts_f(hold + ((16 * db + r) * 17 + j) * 4, R < nc && j <= r ? scale * v : 0.f);
             else
-                sts_f(L + (R * (PIPE_BT + 1) + J) * 4, R < nc && j < r ? lds_f(beta + R * 4) * v : 0.f);
+                sts_f(L + (R * PIPE_LP + J) * 4, R < nc && j < r ? lds_f(beta + R * 4) * v : 0.f);
         }
     }
 }
 
 // P3 (see above): Aqk (bf16, final) into the rows < n_c of a.aqk, L (fp32, rows < n_c, j < r;
-// the rest of the lower blocks 0) into the 64 x 65 matrix at F. Uses S for the partial sums
+// the rest of the lower blocks 0) into the 64 x 68 matrix at F. Uses S for the partial sums
 // of the upper key halves and the first 8 KB of QX (q̂ is dead) to stage Aqk. Without safe_gate
 // the diagonal blocks first (pipe_diag_fma: F and S for the steps, L's diagonal blocks in F,
 // Aqk's held in S until the staging). Ends with a barrier.
@@ -613,7 +619,7 @@ __device__ __forceinline__ void pipe_products(const IntraArgs& a, const PipeItem
                         const bool in = R < nc && J + e <= R;
                         va[e] = in ? scale * acc[b][0][n][2 * h + e] : 0.f;
                         vl[e] = in && J + e < R ? lds_f(beta + R * 4) * acc[b][1][n][2 * h + e] : 0.f;
-                        sts_f(L + (R * (PIPE_BT + 1) + J + e) * 4, vl[e]);
+                        sts_f(L + (R * PIPE_LP + J + e) * 4, vl[e]);
                     }
                     unsigned w;
                     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(va[1]), "f"(va[0]));
@@ -670,16 +676,20 @@ __device__ __forceinline__ void pipe_bv(unsigned kv, const float* beta) {
 // Aqk staging: 128-byte rows).
 __device__ __forceinline__ unsigned pipe_tile64(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
 
-// P4, after the solve (X = (I + L)^-1 = Akk, fp32 64 x 65): X as hi + lo bf16 tiles (today's
-// split: hi = bf16(x), lo = bf16(x - hi)). Thread: row tid / 4, columns 16 (tid % 4) .. + 15.
+// P4, after the solve (X = (I + L)^-1 = Akk, fp32 64 x 68): X as hi + lo bf16 tiles (today's
+// split: hi = bf16(x), lo = bf16(x - hi)). Thread: row tid / 4, columns 16 (tid % 4) .. + 15,
+// read in 16-byte pieces.
 __device__ __forceinline__ void pipe_split_x(const float* X, unsigned xh, unsigned xl) {
     const int r = threadIdx.x >> 2, c0 = 2 * (threadIdx.x & 3);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         unsigned hi[4], lo[4];
+        const float4 p0 = *reinterpret_cast<const float4*>(X + r * PIPE_LP + 8 * (c0 + h));
+        const float4 p1 = *reinterpret_cast<const float4*>(X + r * PIPE_LP + 8 * (c0 + h) + 4);
+        const float xs[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float x0 = X[r * (PIPE_BT + 1) + 8 * (c0 + h) + 2 * e], x1 = X[r * (PIPE_BT + 1) + 8 * (c0 + h) + 2 * e + 1];
+            const float x0 = xs[2 * e], x1 = xs[2 * e + 1];
             asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi[e]) : "f"(x1), "f"(x0));
             const float h0 = __uint_as_float(hi[e] << 16), h1 = __uint_as_float(hi[e] & 0xffff0000u);
             asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo[e]) : "f"(x1 - h1), "f"(x0 - h0));
@@ -755,7 +765,7 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
     const unsigned qx = sb + PIPE_QX, kv = sb + PIPE_KV, G = sb + PIPE_G;
     float* tot = reinterpret_cast<float*>(smem_raw + PIPE_S);
     float* L = reinterpret_cast<float*>(smem_raw + PIPE_F);
-    float* X = tot;                                  // P4: X (64 x 65), then tmp (48 x 17)
+    float* X = tot;                                  // P4: X (64 x 68), then tmp (48 x 24)
     const unsigned xh = sb + PIPE_F, xl = xh + 8192;  // P4, P5: X as hi + lo bf16 (L is dead)
     float* beta = reinterpret_cast<float*>(smem_raw + PIPE_SMALL);
     const int stride = gridDim.x, items = (int)pa.items;
@@ -797,8 +807,8 @@ __device__ void kda_intra_pipe(const PipeArgs& pa) {
         if (more) pipe_copy_g(a, pipe_item(a, next), G);
         cp_async_commit();
         // P4: X = (I + L)^-1 (L in F; X, tmp in S), then X as hi + lo into F
-        intra_solve_tc(reinterpret_cast<float (*)[INTRA_BT + 1]>(L), reinterpret_cast<float (*)[INTRA_BT + 1]>(X),
-                       reinterpret_cast<float (*)[17]>(X + PIPE_BT * (PIPE_BT + 1)));
+        intra_solve_tc(reinterpret_cast<float (*)[PIPE_LP]>(L), reinterpret_cast<float (*)[PIPE_LP]>(X),
+                       reinterpret_cast<float (*)[PIPE_TP]>(X + PIPE_BT * PIPE_LP));
         pipe_split_x(X, xh, xl);
         // P5: βv (v landed), then w, u
         cp_async_wait<1>();

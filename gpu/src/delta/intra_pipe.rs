@@ -29,7 +29,7 @@ use cudarc::driver::DeviceRepr;
 /// Threads per CTA (`PIPE_THREADS`).
 const THREADS: u32 = 256;
 /// Dynamic shared memory per CTA (`PIPE_SMEM`): two CTAs fit a Hopper multiprocessor.
-const SMEM: u32 = 105_728;
+const SMEM: u32 = 107_264;
 /// CTAs per multiprocessor of the default grid.
 pub(crate) const CTAS_PER_SM: usize = 2;
 
