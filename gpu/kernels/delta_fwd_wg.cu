@@ -325,7 +325,7 @@ __device__ __forceinline__ void wg_forward(const P& p) {
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_NST; ++s) {
             mbar_init(full(s), 32);  // the producer's 32 lanes (and the TMA bytes)
-            mbar_init(empty(s), 4);  // one arrival per consumer warp
+            mbar_init(empty(s), 128);  // every consumer thread
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -383,7 +383,10 @@ __device__ __forceinline__ void wg_forward(const P& p) {
                        reinterpret_cast<bf16*>(a.o) + (i64)r.hv * a.V + r.c0, a.HV * a.V);
         }
         WG_WAIT(0);
-        if (l == 0) mbar_arrive(empty(stg));  // the stage's tiles are no longer read
+        // every consumer thread arrives: an arrival releases only its own thread's reads of the
+        // stage (ldmatrix, factors), so one arrival a warp left lanes 1..31 unordered before the
+        // producer's refill (compute-sanitizer racecheck, S21)
+        mbar_arrive(empty(stg));
     }
     if (a.ht != 0 && r.to_end) {
         float* ht = reinterpret_cast<float*>(a.ht) + r.sbase + soff;
