@@ -1,7 +1,8 @@
 // The fused delta-rule forwards on Hopper (sm_90a; conformance/spec/ops-delta-rule.md 6.5, 8.5):
 // the recurrences, rounding points and pieces of delta_fused / delta_fused_gdn (delta_fwd.cu), as
-// warp-specialised kernels (design: tools/bench-results/s15_7_study_gdn_fused.md; lab: gdn_wg_lab.cu,
-// tools/lab/README.md). Chunk size 64, K = 128, bf16, 64 state columns a CTA; Ŝᵀ = bf16(Sᵀ).
+// warp-specialised kernels (design: tools/bench-results/s15_7_study_gdn_fused.md; the lab
+// gdn_wg_lab.cu, since removed: tools/lab/README.md keeps its results and git range). Chunk size
+// 64, K = 128, bf16, 64 state columns a CTA; Ŝᵀ = bf16(Sᵀ).
 //
 // GDN (delta_fwd_gdn_wg_bf16, the lean inputs q, k, v, Tb hi + lo, Aqk, G): with e_r = exp2(G_r),
 // f_r = exp2(G_l - G_r) (0 beyond n_c), λ = exp2(G_l), l = n_c - 1, for every chunk:
