@@ -6,7 +6,7 @@ tools/src/bin/bench_gpu/cp.rs): FLA 0.6.0's KCP (`fla.ops.cp.build_cp_context`, 
 same rows, over the ranks of one `torchrun`:
 
     torchrun --nproc_per_node N tools/cp_anchors.py [--ours bench_gpu.json] [--json OUT]
-        [--filter SUBSTR[,...]] [--iters 10] [--warmup 3]
+        [--filter SUBSTR[,...]] [--iters 10] [--warmup 3] [--anchors fla,qla]
 
 Rows (named as ours, `_r{N}`): bf16, K = V = 128, H = HV = 4 and 16, one sequence of 1,048,576
 tokens or 524,288 + 64 x 4096, q/k L2-normalised in the kernel, the decay g given per token
@@ -165,7 +165,12 @@ def main():
     ap.add_argument("--filter", default="", help="rows whose name contains any of these (comma-separated)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--anchors", default="fla,qla",
+                    help="which anchors to time, comma-separated: fla (KCP), qla (FlashQLA inter-card CP)")
     args = ap.parse_args()
+    chosen = set(args.anchors.split(","))
+    if not chosen <= {"fla", "qla"}:
+        ap.error(f"--anchors: unknown {sorted(chosen - {'fla', 'qla'})}")
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
@@ -185,8 +190,10 @@ def main():
         if not any(f in name for f in wanted):
             continue
         x = local_inputs(op, h, seqs, decay, rank, world)
-        fla_ms, fla_err = anchor(fla_call, op, x, group, args.iters, args.warmup)
-        qla_ms, qla_err = anchor(qla_call, op, x, group, args.iters, args.warmup)
+        fla_ms, fla_err = (anchor(fla_call, op, x, group, args.iters, args.warmup) if "fla" in chosen
+                           else (None, "not asked (--anchors)"))
+        qla_ms, qla_err = (anchor(qla_call, op, x, group, args.iters, args.warmup) if "qla" in chosen
+                           else (None, "not asked (--anchors)"))
         del x
         torch.cuda.empty_cache()
         if rank != 0:

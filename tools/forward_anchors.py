@@ -36,7 +36,7 @@ Each anchor runs in a worker process (one per environment, reused across rows) a
 and the others go on.
 
 Usage: forward_anchors.py --ours bench_gpu.json [--json OUT] [--filter SUBSTR[,...]]
-                          [--anchor-timeout S] [--warm] [--export-qla-case DIR]
+                          [--anchor-timeout S] [--warm] [--anchors A[,...]] [--export-qla-case DIR]
 
 `--warm` calls every anchor of every row once, untimed (the rows from any bench_gpu JSON with
 them, e.g. tools/bench-results/s8_run4_h100_bench_fwd_gdn.json): TileLang compiles each shape
@@ -315,13 +315,16 @@ def row_of(c):
             "regime": c.get("regime")}
 
 
-def anchors_of(row, qla):
-    """The anchors of a row: FLA (and FlashQLA serial) on issue 23's rows; FLA serial and split,
-    FlashQLA auto and serial on the regime rows."""
+ANCHORS = ("fla", "fla_split", "qla_auto", "qla")
+
+
+def anchors_of(row, qla, chosen=ANCHORS):
+    """The anchors of a row among `chosen`: FLA (and FlashQLA serial) on issue 23's rows; FLA
+    serial and split, FlashQLA auto and serial on the regime rows."""
     a = ["fla"] + (["fla_split"] if row["regime"] else [])
     if qla and not row["kda"]:
         a += (["qla_auto"] if row["regime"] else []) + ["qla"]
-    return a
+    return [x for x in a if x in chosen]
 
 
 def check(label, v, need, le=False):
@@ -373,11 +376,16 @@ def main():
                     help="call each anchor of each row once, untimed, and print how long it took: "
                          "fills the compile caches (Triton, TileLang) on a warm machine, e.g. beside "
                          "the tests, so that the timed pass after it spends its time timing")
+    ap.add_argument("--anchors", default=",".join(ANCHORS),
+                    help="the anchors to time, comma-separated (default: all of " + ", ".join(ANCHORS) + ")")
     ap.add_argument("--export-qla-case", metavar="DIR")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return serve()
+    chosen = tuple(args.anchors.split(","))
+    if not set(chosen) <= set(ANCHORS):
+        ap.error(f"--anchors: unknown {sorted(set(chosen) - set(ANCHORS))}")
     if not args.ours and not args.export_qla_case:
         ap.error("--ours or --export-qla-case is required")
     qla = have_flash_qla()
@@ -394,7 +402,7 @@ def main():
             if args.warm:
                 for c in rows:
                     row = row_of(c)
-                    for a in anchors_of(row, qla):
+                    for a in anchors_of(row, qla, chosen):
                         rep = workers[ANCHOR_ENV[a]].ask({"row": row, "anchor": a, "warm": True},
                                                          args.anchor_timeout)
                         print(f"warm {c['name']} {a}: "
@@ -413,7 +421,7 @@ def main():
             for c in rows:
                 row = row_of(c)
                 r = {"name": c["name"], "ours_ms": c["median_ms"], "ours_serial_ms": c.get("serial_ms")}
-                for a in anchors_of(row, qla):
+                for a in anchors_of(row, qla, chosen):
                     rep = workers[ANCHOR_ENV[a]].ask({"row": row, "anchor": a}, args.anchor_timeout)
                     if "ms" in rep:
                         r[a] = rep["ms"]
