@@ -2,7 +2,8 @@
 // the recurrences, rounding points and pieces of delta_fused / delta_fused_gdn (delta_fwd.cu), as
 // warp-specialised kernels (design: tools/bench-results/s15_7_study_gdn_fused.md; the lab
 // gdn_wg_lab.cu, since removed: tools/lab/README.md keeps its results and git range). Chunk size
-// 64, K = 128, bf16, 64 state columns a CTA; Ŝᵀ = bf16(Sᵀ).
+// 64, K = 128, bf16, 64 state columns a CTA; Ŝᵀ = bf16(Sᵀ). The same pieces also run
+// chunk_gated_delta_rule_fwd_h alone (chunk_gated_delta_rule_fwd_h_wg_bf16, at the end of this file).
 //
 // GDN (delta_fwd_gdn_wg_bf16, the lean inputs q, k, v, Tb hi + lo, Aqk, G): with e_r = exp2(G_r),
 // f_r = exp2(G_l - G_r) (0 beyond n_c), λ = exp2(G_l), l = n_c - 1, for every chunk:
@@ -192,10 +193,12 @@ __device__ __forceinline__ bool wg_run(const A& a, WgRun& r) {
 
 // The partial last chunk of a sequence into stage st: 16-byte loads, rows >= nc zero, swizzled;
 // src(t, row) is tile t's row `row` (32 lanes of the producer warp).
-template <typename F>
+// MASK: the tiles to load (the others are left as they are).
+template <unsigned MASK = 0xffu, typename F>
 __device__ __forceinline__ void wg_load_partial(unsigned char* st, int nc, int lane, F src) {
     for (int i = lane; i < 8 * WG_BT * 8; i += 32) {
         const int t = i / (WG_BT * 8), r = (i / 8) % WG_BT, pc = i % 8;
+        if (!((MASK >> t) & 1u)) continue;
         uint4 val = make_uint4(0, 0, 0, 0);
         if (r < nc) val = *reinterpret_cast<const uint4*>(src(t, r) + pc * 8);
         *reinterpret_cast<uint4*>(st + t * WgLayout::TILE + sw128(r, pc)) = val;
@@ -611,3 +614,241 @@ struct WgKda {
 // pipeline) and stored from the piece's first chunk.
 extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_gdn_wg_bf16(const __grid_constant__ GdnWgArgs p) { wg_forward<WgGdn>(p); }
 extern "C" __global__ void __launch_bounds__(256, 1) delta_fwd_kda_wg_bf16(const __grid_constant__ KdaWgArgs p) { wg_forward<WgKda>(p); }
+
+// ------------------------------------------------------------------------------------------------
+// chunk_gated_delta_rule_fwd_h (conformance/spec/ops-delta-rule.md 2.4, 2.5) on the same pieces
+// (chunk_gated_delta_rule_fwd_h_wg_bf16): one CTA of 256 threads per (sequence, value head, 64 state
+// columns), the column block fastest. Tiles of a stage: w's two key boxes (T_X0, T_X1), u (T_V), k's
+// two key boxes (T_5, T_6); its three spare tiles stage the chunk's outputs: h's two key halves
+// (T_O0, T_O1) and v_new (T_AQK). With a_r = exp2(G_l - G_r) (0 beyond n_c; 1 without g) and
+// λ_i = exp2(G_l) exp2(Gk_l,i), for every chunk:
+//   h[c] = Ŝ = bf16(S)                          stmatrix from Ŝᵀ's A fragments, TMA stores
+//   Xᵀ = Ŝᵀ Wᵀ                                  wgmma m64n64k16, RS
+//   Dᵀ = Uᵀ - Xᵀ (fp32);  v_new = bf16(D)
+//   Sᵀ = Sᵀ diag(λ) + bf16(Dᵀ diag(a)) K        wgmma m64n128k16, B = the k tile read N-major
+// The staging tiles of stage s are written again two chunks later, after the consumers' barrier
+// that follows the wait for every earlier store's reads (as wg_store_o); the producer never
+// writes them.
+struct FwdHWgArgs {
+    TMap w, k, u, h, vn;  // h: [B NT HV K][V] (state_v_first: [B NT HV V][K]); vn: v_new [B T][HV V]
+    FwdHArgs a;
+};
+enum { FH_H0 = T_O0, FH_H1 = T_O1, FH_VN = T_AQK };
+#define FH_TILES ((1u << T_X0) | (1u << T_X1) | (1u << T_V) | (1u << T_5) | (1u << T_6))
+
+struct FwdHWgProducer {
+    const FwdHWgArgs& p;
+    const WgRun& r;
+    const int lane, kh;
+    float gr[2], gl;  // G of tokens lane, lane + 32 and of the last row
+    float gk[4];      // Gk of keys 4 lane .. at the last row
+    __device__ FwdHWgProducer(const FwdHWgArgs& p_, const WgRun& r_, int lane_)
+        : p(p_), r(r_), lane(lane_), kh(r_.hv / (int)(p_.a.HV / p_.a.H)) {}
+    __device__ void prefetch(int c) {
+        const FwdHArgs& a = p.a;
+        const i64 r0 = r.row0 + c * WG_BT, hv = r.hv, HV = a.HV;
+        const int nc = r.rows_of(c);
+        const void* g = reinterpret_cast<const void*>(a.g);
+        gl = a.g != 0 ? load_f(g, a.g_dtype, (r0 + nc - 1) * HV + hv) : 0.f;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int t = lane + 32 * h2;
+            gr[h2] = a.g != 0 && t < nc ? load_f(g, a.g_dtype, (r0 + t) * HV + hv) : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            gk[i] = a.gk != 0 ? load_f(reinterpret_cast<const void*>(a.gk), a.gk_dtype, ((r0 + nc - 1) * HV + hv) * a.K + 4 * lane + i) : 0.f;
+    }
+    __device__ void produce(int c, unsigned st, unsigned char* gst, float* fac, unsigned bar) {
+        const FwdHArgs& a = p.a;
+        const int r0 = r.row0 + c * WG_BT, nc = r.rows_of(c), K = (int)a.K;
+        if (nc == WG_BT) {
+            if (lane == 0) {
+                mbar_expect_tx(bar, 5 * WgLayout::TILE);
+                tma_load(st + T_X0 * WgLayout::TILE, &p.w, r.hv * K, r0, bar);
+                tma_load(st + T_X1 * WgLayout::TILE, &p.w, r.hv * K + 64, r0, bar);
+                tma_load(st + T_V * WgLayout::TILE, &p.u, r.hv * (int)a.V + r.c0, r0, bar);
+                tma_load(st + T_5 * WgLayout::TILE, &p.k, kh * K, r0, bar);
+                tma_load(st + T_6 * WgLayout::TILE, &p.k, kh * K + 64, r0, bar);
+            }
+        } else {
+            wg_load_partial<FH_TILES>(gst, nc, lane, [&](int t, int rr) {
+                const i64 row = (i64)r0 + rr;
+                const i64 wr = (row * a.HV + r.hv) * a.K, kr = (row * a.H + kh) * a.K;
+                switch (t) {
+                    case T_X0: return reinterpret_cast<const bf16*>(a.w) + wr;
+                    case T_X1: return reinterpret_cast<const bf16*>(a.w) + wr + 64;
+                    case T_V: return reinterpret_cast<const bf16*>(a.u) + (row * a.HV + r.hv) * a.V + r.c0;
+                    case T_5: return reinterpret_cast<const bf16*>(a.k) + kr;
+                    default: return reinterpret_cast<const bf16*>(a.k) + kr + 64;
+                }
+            });
+        }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int t = lane + 32 * h2;
+            fac[WgLayout::F_F + t] = t < nc ? (a.g != 0 ? ex2_ftz(gl - gr[h2]) : 1.f) : 0.f;
+        }
+        const float gamma = a.g != 0 ? ex2_ftz(gl) : 1.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fac[WgLayout::F_LAM + 4 * lane + i] = a.gk != 0 ? gamma * ex2_ftz(gk[i]) : gamma;
+    }
+};
+
+// Ŝ (the A fragments sa) into the stage's two h tiles: [dk][dv] through stmatrix.trans, or
+// [dv][dk] (state_v_first) through stmatrix; k16 slice kk covers keys 16 kk.. of tile kk / 4.
+__device__ __forceinline__ void fh_stage_h(const unsigned (&sa)[8][4], unsigned st, bool v_first, int w, int mi, int mr) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const unsigned tile = st + (FH_H0 + kk / 4) * WgLayout::TILE;
+        const int j = 2 * (kk % 4);
+        const unsigned addr = v_first ? tile + sw128(16 * w + 8 * (mi & 1) + mr, j + (mi >> 1)) : tile + sw128(8 * (j + (mi >> 1)) + mr, 2 * w + (mi & 1));
+        if (v_first)
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(sa[kk][0]), "r"(sa[kk][1]), "r"(sa[kk][2]),
+                         "r"(sa[kk][3])
+                         : "memory");
+        else
+            stsm_x4_t(addr, sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3]);
+    }
+}
+
+__device__ __forceinline__ void fwd_h_wg(const FwdHWgArgs& p) {
+    const FwdHArgs& a = p.a;
+    using L = WgLayout;
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    unsigned char* gbase = smem_raw + (base - smem_u32(smem_raw));
+    const unsigned bars = base + L::bars();
+    auto full = [&](int s) { return bars + s * 8; };
+    auto empty = [&](int s) { return bars + WG_NST * 8 + s * 8; };
+    const int ncb = (int)(a.V / 64);
+    const i64 task = blockIdx.x / ncb, n = task / a.HV;
+    const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
+    WgRun r;
+    r.c0 = (int)(blockIdx.x % ncb) * 64;
+    r.hv = (int)(task % a.HV);
+    r.row0 = (int)seq[0];
+    r.len = (int)seq[1];
+    r.warm = 0;
+    r.nchunks = (r.len + WG_BT - 1) / WG_BT;
+    r.from_start = r.to_end = true;
+    r.n = n;
+    r.seq0 = seq[0];
+    r.sbase = (n * a.HV + r.hv) * a.K * a.V;
+    const i64 hc0 = seq[2];
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WG_NST; ++s) {
+            mbar_init(full(s), 32);
+            mbar_init(empty(s), 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x >= 32) return;
+        FwdHWgProducer pd(p, r, threadIdx.x);
+        if (r.nchunks > 0) pd.prefetch(0);
+        for (int c = 0; c < r.nchunks; ++c) {
+            const int s = c % WG_NST;
+            mbar_wait(empty(s), ((c / WG_NST) & 1) ^ 1);
+            pd.produce(c, base + L::stage(s), gbase + L::stage(s), reinterpret_cast<float*>(gbase + L::fac(s)), full(s));
+            mbar_arrive(full(s));
+            if (c + 1 < r.nchunks) pd.prefetch(c + 1);
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int t = threadIdx.x - 128, w = t >> 5, l = t & 31;
+    const int cq = 2 * (l & 3), dv0 = 16 * w + (l >> 2);
+    const int mi = l >> 3, mr = l & 7;
+    const bool vf = a.v_first != 0;
+    const int rs = vf ? 1 : (int)a.V, cs = vf ? (int)a.K : 1;
+    const int soff = (cq * rs) + (r.c0 + dv0) * cs;
+    float s[64];
+    wg_init_state(s, a, r, a.h0 != 0, soff, rs, cs);
+
+    for (int c = 0; c < r.nchunks; ++c) {
+        const int stg = c % WG_NST;
+        const unsigned st = base + L::stage(stg);
+        const int nc = r.rows_of(c), r0 = r.row0 + c * WG_BT;
+        const float* fac = reinterpret_cast<const float*>(gbase + L::fac(stg));
+        mbar_wait(full(stg), (c / WG_NST) & 1);
+        unsigned sa[8][4];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+#pragma unroll
+            for (int m = 0; m < 4; ++m) sa[k][m] = wg_pack(s[8 * k + 2 * m], s[8 * k + 2 * m + 1]);
+        // Xᵀ = Ŝᵀ Wᵀ (k step kk: keys 16 kk.., tile kk / 4)
+        const unsigned dk = desc_k(st);
+        float x[32];
+        WG_FENCE();
+        wgmma_n64<true>(x, sa[0], mkdesc(dk));
+#pragma unroll
+        for (int kk = 1; kk < 8; ++kk) wgmma_n64<false>(x, sa[kk], mkdesc(dk + ((kk / 4) * L::TILE + (kk % 4) * 32) / 16));
+        WG_COMMIT();
+        fh_stage_h(sa, st, vf, w, mi, mr);
+        unsigned ur[8][2];
+        wg_v_frags(ur, st + T_V * L::TILE, w, mi, mr);
+        float2 f[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = *reinterpret_cast<const float2*>(fac + L::F_F + 8 * j + cq);
+        WG_WAIT(0);
+        unsigned dh[4][4], da[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const float d0 = wg_lo(ur[j][h2]) - x[4 * j + 2 * h2], d1 = wg_hi(ur[j][h2]) - x[4 * j + 2 * h2 + 1];
+                dh[j / 2][(j % 2) * 2 + h2] = wg_pack(d0, d1);
+                da[j / 2][(j % 2) * 2 + h2] = wg_pack(d0 * f[j].x, d1 * f[j].y);
+            }
+        WgKda::decay(s, fac, cq);
+        wg_update(s, da, st + T_5 * L::TILE);
+        if (a.v_new != 0) {
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+                stsm_x4_t(st + FH_VN * L::TILE + sw128(8 * (2 * jj + (mi >> 1)) + mr, 2 * w + (mi & 1)), dh[jj][0], dh[jj][1], dh[jj][2], dh[jj][3]);
+        }
+        fence_async_smem();
+        if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // every earlier store has read its tiles
+        asm volatile("bar.sync 1, 128;" ::: "memory");
+        if (t == 0) {
+            const i64 hrow = hc0 + c;
+            if (vf) {
+                const int y = (int)((hrow * a.HV + r.hv) * a.V + r.c0);
+                tma_store(&p.h, 0, y, st + FH_H0 * L::TILE);
+                tma_store(&p.h, 64, y, st + FH_H1 * L::TILE);
+            } else {
+                const int y = (int)((hrow * a.HV + r.hv) * a.K);
+                tma_store(&p.h, r.c0, y, st + FH_H0 * L::TILE);
+                tma_store(&p.h, r.c0, y + 64, st + FH_H1 * L::TILE);
+            }
+            if (a.v_new != 0 && nc == WG_BT) tma_store(&p.vn, r.hv * (int)a.V + r.c0, r0, st + FH_VN * L::TILE);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+        if (a.v_new != 0 && nc < WG_BT) {
+            bf16* vp = reinterpret_cast<bf16*>(a.v_new) + (i64)r.hv * a.V + r.c0;
+            for (int i = t; i < nc * 8; i += 128) {
+                const int rr = i / 8, pc = i % 8;
+                *reinterpret_cast<uint4*>(vp + (i64)(r0 + rr) * (a.HV * a.V) + pc * 8) =
+                    *reinterpret_cast<const uint4*>(gbase + L::stage(stg) + FH_VN * L::TILE + sw128(rr, pc));
+            }
+        }
+        WG_WAIT(0);
+        mbar_arrive(empty(stg));
+    }
+    if (a.ht != 0) {
+        float* ht = reinterpret_cast<float*>(a.ht) + r.sbase + soff;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ht[(8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs] = s[4 * j + e];
+    }
+    if (t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) chunk_gated_delta_rule_fwd_h_wg_bf16(const __grid_constant__ FwdHWgArgs p) { fwd_h_wg(p); }

@@ -94,7 +94,11 @@ fn check(
     let want = d::chunk_gated_delta_rule_fwd_h(&up.reference(cu), &o.params).unwrap();
     let long = lay.seqs().iter().any(|(a, e)| e - a > 4096);
     let (thr, thr_final) = thresholds(o.dtype, long);
-    let tag = format!("{what} {lay:?} {o:?} {:?}", plan.choice());
+    let tag = format!(
+        "{what} {lay:?} {o:?} {:?} hopper {}",
+        plan.choice(),
+        plan.hopper()
+    );
     assert_close(&format!("h {tag}"), &got.h, &want.h.into_dyn(), thr);
     match (&got.v_new, want.v_new) {
         (Some(g), Some(w)) => assert_close(&format!("v_new {tag}"), g, &w.into_dyn(), thr),
@@ -440,7 +444,75 @@ fn float64_inputs_match_reference_to_1e_10(gpu: &Gpu) {
     }
 }
 
+/// Whether this device runs bf16 calls with `K = 128`, `V` a multiple of 64 and chunks of 64 on
+/// the Hopper kernel `chunk_gated_delta_rule_fwd_h_wg_bf16`: an sm_90 device, unless
+/// `$ATTN_GDN_WG=0` or `$ATTN_FWD_H_WG=0`.
+fn hopper(gpu: &Gpu) -> bool {
+    gpu.arch() == (9, 0)
+        && std::env::var("ATTN_GDN_WG").as_deref() != Ok("0")
+        && std::env::var("ATTN_FWD_H_WG").as_deref() != Ok("0")
+}
+
+/// The Hopper kernel's cases (bf16, `K = 128`, `V` 64 / 128 / 256, chunks of 64) over varlen
+/// layouts with empty, one-token and partial sequences, `B = 2` rows with a partial last chunk,
+/// GVA, every gate kind (per-key gates too, fp32 or bf16), no / fp32 / fp64 / bf16
+/// `initial_state` and every output option (`state_v_first` too): each call asserts that the
+/// default plan takes the Hopper kernel on an sm_90 device, then checks it against the float64
+/// reference and against the `mma.sync` kernel (`kp` 128, `bv` 64) at §2.7's thresholds.
+fn hopper_kernel_matches_reference_and_mma(gpu: &Gpu) {
+    let layouts: [(usize, usize, Option<&[i64]>); 6] = [
+        (1, 0, Some(VARLEN[4])),
+        (1, 0, Some(VARLEN[2])),
+        (2, 77, None),
+        (2, 1000, None),
+        (1, 2048, None),
+        (1, 0, Some(VARLEN[5])),
+    ];
+    let mut rng = Rng::new(0x5eed_0f4a);
+    let mma = KernelChoice::Mma { kp: 128, bv: 64 };
+    for (i, &(b, t, cu)) in layouts.iter().enumerate() {
+        for (j, v) in [64, 128, 256].into_iter().enumerate() {
+            let case = 3 * i + j;
+            let lay = layout(b, t, HEADS[case % 4], 128, v, 64, cu);
+            let inp = realistic(&mut rng, &lay, GATES[(i + 2 * j) % 4], false);
+            // final state, v_new, state_v_first and bf16 gates in turn over the 18 cases
+            let bits = ((case * 5) % 16) as u8;
+            let vf = bits & 4 != 0;
+            let state = (case % 4 != 3).then(|| random_state(&mut rng, &lay, vf));
+            let o = Opts {
+                dtype: Dtype::BF16,
+                gate_dtype: if bits & 8 != 0 {
+                    Dtype::BF16
+                } else {
+                    Dtype::F32
+                },
+                state: Some([Dtype::F32, Dtype::F64, Dtype::BF16][case % 3]),
+                params: params(64, bits),
+            };
+            let up = Uploaded::new(gpu, &inp, state.as_ref(), o.dtype, o.gate_dtype, Dtype::F32);
+            let plan = FwdHPlan::new(gpu, &up.tensors(), cu, &o.params).unwrap();
+            assert_eq!(
+                plan.hopper(),
+                hopper(gpu),
+                "the Hopper kernel: {lay:?} {o:?}"
+            );
+            let got = check(gpu, "hopper", &lay, &inp, state.as_ref(), o, None);
+            let twin = check(gpu, "mma twin", &lay, &inp, state.as_ref(), o, Some(mma));
+            let (thr, thr_final) = thresholds(Dtype::BF16, false);
+            let tag = format!("hopper vs mma {lay:?} {o:?}");
+            assert_close(&format!("h {tag}"), &got.h, &twin.h, thr);
+            if let (Some(g), Some(m)) = (&got.v_new, &twin.v_new) {
+                assert_close(&format!("v_new {tag}"), g, m, thr);
+            }
+            if let (Some(g), Some(m)) = (&got.final_state, &twin.final_state) {
+                assert_close(&format!("final_state {tag}"), g, m, thr_final);
+            }
+        }
+    }
+}
+
 gpu_tests!(
+    hopper_kernel_matches_reference_and_mma,
     realistic_inputs_match_reference,
     small_random_inputs_with_gva_and_key_gates_match_reference,
     spec_varlen_layouts_every_chunk_size_and_gate,

@@ -8,8 +8,9 @@
 //! fp64 and return a float64 `final_state`.
 
 use super::launch::{
-    code, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice, Workload,
+    code, grid_x, kernel_choice, launch, seq_table, state_dtype, FwdHArgs, KernelChoice, Workload,
 };
+use super::wg::{self, FwdHWgArgs};
 use crate::device::Gpu;
 use crate::error::GpuResult;
 use crate::kernels::Module;
@@ -138,6 +139,8 @@ pub struct FwdHPlan {
     params: FwdHParams,
     dtype: Dtype,
     choice: KernelChoice,
+    /// The Hopper kernel (`chunk_gated_delta_rule_fwd_h_wg_bf16`) in place of `choice`.
+    hopper: bool,
     seqs: DeviceTensor,
 }
 
@@ -162,19 +165,22 @@ impl FwdHPlan {
         };
         let choice = kernel_choice(&work, gpu.sm_count());
         let seqs = seq_table(gpu, &geo, varlen)?;
-        Ok(FwdHPlan {
+        let mut plan = FwdHPlan {
             geo,
             varlen,
             params: *params,
             dtype,
             choice,
+            hopper: false,
             seqs,
-        })
+        };
+        plan.hopper = wg::fwd_h_fits(gpu, dtype, &plan.geo, plan.h_rows());
+        Ok(plan)
     }
 
-    /// The plan with another tensor-core tile choice (tests cover every variant): `kp` 64,
-    /// 128 or 256 and at least `K`, `bv` 16, 32 or 64 (64 only with `kp <= 128`), half inputs
-    /// only.
+    /// The plan with another tensor-core tile choice (tests cover every variant), on the
+    /// `mma.sync` kernels even where the Hopper kernel fits: `kp` 64, 128 or 256 and at least
+    /// `K`, `bv` 16, 32 or 64 (64 only with `kp <= 128`), half inputs only.
     pub fn with_choice(mut self, choice: KernelChoice) -> attn_reference::Result<FwdHPlan> {
         let ok = match choice {
             KernelChoice::Fma => matches!(self.dtype, Dtype::F32 | Dtype::F64),
@@ -194,12 +200,19 @@ impl FwdHPlan {
             ));
         }
         self.choice = choice;
+        self.hopper = false;
         Ok(self)
     }
 
-    /// The kernel this plan launches.
+    /// The `mma.sync` / FMA kernel this plan launches where it does not run the Hopper kernel.
     pub fn choice(&self) -> KernelChoice {
         self.choice
+    }
+
+    /// Whether the plan runs the Hopper kernel (`chunk_gated_delta_rule_fwd_h_wg_bf16`: sm_90,
+    /// bf16, `K = 128`, `V` a multiple of 64, chunks of 64; not with `$ATTN_FWD_H_WG=0`).
+    pub fn hopper(&self) -> bool {
+        self.hopper
     }
 
     /// The validated geometry.
@@ -215,6 +228,12 @@ impl FwdHPlan {
         } else {
             [g.b, nt, g.hv, g.k, g.v]
         }
+    }
+
+    /// Rows of `h` seen as a matrix of its last dimension's columns.
+    fn h_rows(&self) -> usize {
+        let s = self.h_shape();
+        s[..4].iter().product()
     }
 
     /// Fresh (unwritten) outputs of the plan's shapes and dtypes.
@@ -318,6 +337,23 @@ impl FwdHPlan {
             split: 0,
             warm: 0,
         };
+        if self.hopper {
+            let blocks = g.v / 64;
+            let grid = grid_x(g.n() * g.hv * blocks, "u", "N * HV * V / 64 < 2^31")?;
+            let wargs = FwdHWgArgs::new(args, g.b * g.t, self.h_rows())?;
+            let name = "chunk_gated_delta_rule_fwd_h_wg_bf16";
+            if grid > 0 {
+                gpu.queue_with_smem(
+                    Module::DeltaFwdWg,
+                    name,
+                    (grid, 1),
+                    256,
+                    wg::WG_SMEM as u32,
+                    &wargs,
+                )?;
+            }
+            return gpu.wait_if_checked(name);
+        }
         launch(
             gpu,
             Module::ChunkGatedDeltaRuleFwdH,

@@ -1,8 +1,10 @@
 //! The Hopper kernels of the fused paths (`delta_fwd_gdn_wg_bf16`, `delta_fwd_kda_wg_bf16`,
-//! `delta_fwd_wg.cu`): which calls they take, their shared memory, and their parameters (TMA
-//! tensor maps of the tiles they load and store, encoded on the host, then the arguments of the
-//! `mma.sync` kernel of the same kind).
+//! `delta_fwd_wg.cu`) and of `chunk_gated_delta_rule_fwd_h` (`chunk_gated_delta_rule_fwd_h_wg_bf16`):
+//! which calls they take, their shared memory, and their parameters (TMA tensor maps of the tiles
+//! they load and store, encoded on the host, then the arguments of the `mma.sync` kernel of the
+//! same kind).
 
+use super::launch::FwdHArgs;
 use super::lean::{FusedArgs, GdnFusedArgs};
 use crate::device::Gpu;
 use crate::error::{GpuError, GpuResult};
@@ -145,6 +147,55 @@ impl KdaWgArgs {
             a,
         })
     }
+}
+
+/// Mirror of `FwdHWgArgs` (delta_fwd_wg.cu): `chunk_gated_delta_rule_fwd_h` on the Hopper
+/// kernel `chunk_gated_delta_rule_fwd_h_wg_bf16`.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FwdHWgArgs {
+    pub w: TensorMap,
+    pub k: TensorMap,
+    pub u: TensorMap,
+    pub h: TensorMap,
+    pub vn: TensorMap,
+    pub a: FwdHArgs,
+}
+// SAFETY: plain `#[repr(C)]` data matching the kernel's struct (the maps 128 bytes, 64-aligned).
+unsafe impl DeviceRepr for FwdHWgArgs {}
+
+impl FwdHWgArgs {
+    /// The maps of `a`'s tensors: `rows` packed tokens (`B · T`), `h_rows` state rows of `h`
+    /// (`B · NT · HV · K`, or `· V` with `state_v_first`), `K = 128`. Without `v_new` its map is
+    /// `u`'s (the kernel stores nothing through it).
+    pub(crate) fn new(a: FwdHArgs, rows: usize, h_rows: usize) -> GpuResult<FwdHWgArgs> {
+        let (h, hv, v) = (a.heads as usize, a.value_heads as usize, a.v_dim as usize);
+        let u = tile_map(a.u, rows, hv * v, "u")?;
+        let h_cols = if a.v_first != 0 { 128 } else { v };
+        Ok(FwdHWgArgs {
+            w: tile_map(a.w, rows, hv * 128, "w")?,
+            k: tile_map(a.k, rows, h * 128, "k")?,
+            u,
+            h: tile_map(a.h, h_rows, h_cols, "h")?,
+            vn: if a.v_new != 0 {
+                tile_map(a.v_new, rows, hv * v, "v_new")?
+            } else {
+                u
+            },
+            a,
+        })
+    }
+}
+
+/// Whether `chunk_gated_delta_rule_fwd_h` runs its Hopper kernel on this device: the fused
+/// paths' shape ([`fits_on`]), `h_rows` state rows within a TMA coordinate (below 2^31), and
+/// neither `$ATTN_GDN_WG=0` nor `$ATTN_FWD_H_WG=0` (for comparisons).
+pub(crate) fn fwd_h_fits(gpu: &Gpu, dtype: Dtype, geo: &Geometry, h_rows: usize) -> bool {
+    std::env::var("ATTN_FWD_H_WG").as_deref() != Ok("0")
+        && fits(gpu, dtype, geo)
+        && h_rows > 0
+        && h_rows <= i32::MAX as usize
+        && geo.b * geo.t <= i32::MAX as usize
 }
 
 #[cfg(test)]

@@ -143,7 +143,12 @@ pub fn run(
             let ms = time_ms(gpu, iters, |i| {
                 plan.run(gpu, &data[i % sets].tensors(true), &mut out)
             })?;
-            (ms, in_bytes + out_bytes + state, json!({}), plan.choice())
+            let kernel = if plan.hopper() {
+                "Hopper (wg)".to_string()
+            } else {
+                format!("{:?}", plan.choice())
+            };
+            (ms, in_bytes + out_bytes + state, json!({}), kernel)
         }
         Some(p) => {
             let step = (t / p).div_ceil(BT) * BT;
@@ -166,7 +171,7 @@ pub fn run(
                 ms,
                 in_bytes + p * h * K * (V + K) * 4,
                 json!({ "tflops": tflops }),
-                plan.choice(),
+                format!("{:?}", plan.choice()),
             )
         }
     };
@@ -174,7 +179,7 @@ pub fn run(
     let longest = case.seqs.iter().copied().max().unwrap_or(0);
     let step_us = ms * 1e3 / (longest.div_ceil(BT) as f64).max(1.0);
     println!(
-        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {:?}{}",
+        "{:<40} {:>10.4} {:>10.0} {:>8.1}% {:>8}  {}{}",
         case.name,
         ms,
         gbps,
@@ -189,7 +194,7 @@ pub fn run(
     let mut row = json!({
         "name": case.name, "shape": [1, t, h, K], "in_dtype": "bfloat16", "out_dtype": "bfloat16",
         "bytes": bytes, "median_ms": ms, "gbps": gbps, "share": gbps / ceiling, "sets": sets,
-        "kernel": format!("{choice:?}"), "longest_seq_step_us": step_us,
+        "kernel": choice, "longest_seq_step_us": step_us,
     });
     if let (Some(r), Some(e)) = (row.as_object_mut(), extra.as_object()) {
         r.extend(e.clone());
