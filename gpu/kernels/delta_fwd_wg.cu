@@ -220,6 +220,23 @@ __device__ __forceinline__ void wg_init_state(float (&s)[64], const A& a, const 
             s[4 * j + e] = h0 ? load_f(reinterpret_cast<const void*>(a.h0), a.h0_dtype, r.sbase + soff + (8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs) : 0.f;
 }
 
+// Ŝᵀ = bf16(Sᵀ) as the A fragments of its 8 k16 slices (dk).
+__device__ __forceinline__ void wg_state_frags(unsigned (&sa)[8][4], const float (&s)[64]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) sa[k][m] = wg_pack(s[8 * k + 2 * m], s[8 * k + 2 * m + 1]);
+}
+
+// Sᵀ's fragments to an fp32 state in memory (this thread's first element at ht; element (dk, dv)
+// dk rs + dv cs from it).
+__device__ __forceinline__ void wg_store_state(float* ht, const float (&s)[64], int rs, int cs) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ht[(8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs] = s[4 * j + e];
+}
+
 // Xᵀ = Ŝᵀ (tiles x0, x1)ᵀ and Oᵀ = Ŝᵀ (tiles o0, o1)ᵀ (k step kk: keys 16 kk.., tile kk / 4,
 // +32 bytes a step in it), one commit group.
 __device__ __forceinline__ void wg_x_o(float (&x)[32], float (&o)[32], const unsigned (&sa)[8][4], unsigned dk) {
@@ -307,6 +324,52 @@ __device__ __forceinline__ void wg_store_o(const float (&o)[32], unsigned char* 
     }
 }
 
+// The dynamic shared memory from its first 1024-byte boundary (the swizzled tiles' alignment):
+// its shared address in `base`, and as a pointer.
+__device__ __forceinline__ unsigned char* wg_smem(unsigned& base) {
+    extern __shared__ unsigned char smem_raw[];
+    base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    return smem_raw + (base - smem_u32(smem_raw));
+}
+
+// The ring's full / empty mbarriers of stage s (shared addresses from the layout's bars()).
+__device__ __forceinline__ unsigned wg_full(unsigned base, int s) { return base + WgLayout::bars() + s * 8; }
+__device__ __forceinline__ unsigned wg_empty(unsigned base, int s) { return base + WgLayout::bars() + (WG_NST + s) * 8; }
+
+// The roles around the ring: thread 0 sets up the mbarriers (full: the producer's 32 lanes and
+// the TMA bytes; empty: every consumer thread); warpgroup 0 gives its registers away, its warp 0
+// runs the producer Pd(p, r, lane) over the chunks (prefetch a chunk ahead, wait for the stage to
+// be empty, produce, arrive on full) and its other warps leave; warpgroup 1 takes the registers
+// and gets true (the consumer).
+template <typename Pd, typename P>
+__device__ __forceinline__ bool wg_roles(const P& p, const WgRun& r, unsigned base, unsigned char* gbase) {
+    using L = WgLayout;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WG_NST; ++s) {
+            mbar_init(wg_full(base, s), 32);
+            mbar_init(wg_empty(base, s), 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x >= 32) return false;
+        Pd pd(p, r, threadIdx.x);
+        if (r.nchunks > 0) pd.prefetch(0);
+        for (int c = 0; c < r.nchunks; ++c) {
+            const int s = c % WG_NST;
+            mbar_wait(wg_empty(base, s), ((c / WG_NST) & 1) ^ 1);
+            pd.produce(c, base + L::stage(s), gbase + L::stage(s), reinterpret_cast<float*>(gbase + L::fac(s)), wg_full(base, s));
+            mbar_arrive(wg_full(base, s));
+            if (c + 1 < r.nchunks) pd.prefetch(c + 1);
+        }
+        return false;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    return true;
+}
+
 // The kernel skeleton (barriers, roles, the chunk loop, initial and final state) around a kind K:
 //   K::Producer(p, r, lane): prefetch(c) loads chunk c's per-token inputs into registers a chunk
 //     ahead; produce(c, stage address, stage bytes, factors, full barrier) issues the chunk's
@@ -317,42 +380,14 @@ template <typename K, typename P>
 __device__ __forceinline__ void wg_forward(const P& p) {
     const auto& a = p.a;
     using L = WgLayout;
-    extern __shared__ unsigned char smem_raw[];
-    const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    unsigned char* gbase = smem_raw + (base - smem_u32(smem_raw));
-    const unsigned bars = base + L::bars();
-    auto full = [&](int s) { return bars + s * 8; };
-    auto empty = [&](int s) { return bars + WG_NST * 8 + s * 8; };
+    unsigned base;
+    unsigned char* gbase = wg_smem(base);
     WgRun r;
     if (!wg_run(a, r)) return;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < WG_NST; ++s) {
-            mbar_init(full(s), 32);  // the producer's 32 lanes (and the TMA bytes)
-            mbar_init(empty(s), 128);  // every consumer thread
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    if (threadIdx.x < 128) {
-        // ---------------------------------- producer ----------------------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x >= 32) return;
-        typename K::Producer pd(p, r, threadIdx.x);
-        if (r.nchunks > 0) pd.prefetch(0);
-        for (int c = 0; c < r.nchunks; ++c) {
-            const int s = c % WG_NST;
-            mbar_wait(empty(s), ((c / WG_NST) & 1) ^ 1);
-            pd.produce(c, base + L::stage(s), gbase + L::stage(s), reinterpret_cast<float*>(gbase + L::fac(s)), full(s));
-            mbar_arrive(full(s));
-            if (c + 1 < r.nchunks) pd.prefetch(c + 1);
-        }
-        return;
-    }
+    if (!wg_roles<typename K::Producer>(p, r, base, gbase)) return;
 
     // ---------------------------------- consumer ----------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int t = threadIdx.x - 128, w = t >> 5, l = t & 31;
     const int cq = 2 * (l & 3), dv0 = 16 * w + (l >> 2);
     const int mi = l >> 3, mr = l & 7;  // ldmatrix / stmatrix: lane l serves row l % 8 of matrix l / 8
@@ -367,13 +402,9 @@ __device__ __forceinline__ void wg_forward(const P& p) {
         const unsigned st = base + L::stage(stg);
         const int nc = r.rows_of(c);
         const float* fac = reinterpret_cast<const float*>(gbase + L::fac(stg));
-        mbar_wait(full(stg), (c / WG_NST) & 1);
-        // Ŝᵀ as the A fragments of 8 k16 slices (dk)
+        mbar_wait(wg_full(base, stg), (c / WG_NST) & 1);
         unsigned sa[8][4];
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-#pragma unroll
-            for (int m = 0; m < 4; ++m) sa[k][m] = wg_pack(s[8 * k + 2 * m], s[8 * k + 2 * m + 1]);
+        wg_state_frags(sa, s);
         float o[32];
         unsigned dh[4][4], da[4][4];
         K::chunk(sa, o, dh, da, st, fac, w, cq, mi, mr);
@@ -390,14 +421,10 @@ __device__ __forceinline__ void wg_forward(const P& p) {
         // every consumer thread arrives: an arrival releases only its own thread's reads of the
         // stage (ldmatrix, factors), so one arrival a warp left lanes 1..31 unordered before the
         // producer's refill (compute-sanitizer racecheck, S21)
-        mbar_arrive(empty(stg));
+        mbar_arrive(wg_empty(base, stg));
     }
     if (a.ht != 0 && r.to_end) {
-        float* ht = reinterpret_cast<float*>(a.ht) + r.sbase + soff;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) ht[(8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs] = s[4 * j + e];
+        wg_store_state(reinterpret_cast<float*>(a.ht) + r.sbase + soff, s, rs, cs);
     }
     if (t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
@@ -715,12 +742,8 @@ __device__ __forceinline__ void fh_stage_h(const unsigned (&sa)[8][4], unsigned 
 __device__ __forceinline__ void fwd_h_wg(const FwdHWgArgs& p) {
     const FwdHArgs& a = p.a;
     using L = WgLayout;
-    extern __shared__ unsigned char smem_raw[];
-    const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    unsigned char* gbase = smem_raw + (base - smem_u32(smem_raw));
-    const unsigned bars = base + L::bars();
-    auto full = [&](int s) { return bars + s * 8; };
-    auto empty = [&](int s) { return bars + WG_NST * 8 + s * 8; };
+    unsigned base;
+    unsigned char* gbase = wg_smem(base);
     const int ncb = (int)(a.V / 64);
     const i64 task = blockIdx.x / ncb, n = task / a.HV;
     const i64* seq = reinterpret_cast<const i64*>(a.seqs) + n * 3;
@@ -737,31 +760,8 @@ __device__ __forceinline__ void fwd_h_wg(const FwdHWgArgs& p) {
     r.sbase = (n * a.HV + r.hv) * a.K * a.V;
     const i64 hc0 = seq[2];
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < WG_NST; ++s) {
-            mbar_init(full(s), 32);
-            mbar_init(empty(s), 128);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    if (!wg_roles<FwdHWgProducer>(p, r, base, gbase)) return;
 
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x >= 32) return;
-        FwdHWgProducer pd(p, r, threadIdx.x);
-        if (r.nchunks > 0) pd.prefetch(0);
-        for (int c = 0; c < r.nchunks; ++c) {
-            const int s = c % WG_NST;
-            mbar_wait(empty(s), ((c / WG_NST) & 1) ^ 1);
-            pd.produce(c, base + L::stage(s), gbase + L::stage(s), reinterpret_cast<float*>(gbase + L::fac(s)), full(s));
-            mbar_arrive(full(s));
-            if (c + 1 < r.nchunks) pd.prefetch(c + 1);
-        }
-        return;
-    }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int t = threadIdx.x - 128, w = t >> 5, l = t & 31;
     const int cq = 2 * (l & 3), dv0 = 16 * w + (l >> 2);
     const int mi = l >> 3, mr = l & 7;
@@ -776,12 +776,9 @@ __device__ __forceinline__ void fwd_h_wg(const FwdHWgArgs& p) {
         const unsigned st = base + L::stage(stg);
         const int nc = r.rows_of(c), r0 = r.row0 + c * WG_BT;
         const float* fac = reinterpret_cast<const float*>(gbase + L::fac(stg));
-        mbar_wait(full(stg), (c / WG_NST) & 1);
+        mbar_wait(wg_full(base, stg), (c / WG_NST) & 1);
         unsigned sa[8][4];
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-#pragma unroll
-            for (int m = 0; m < 4; ++m) sa[k][m] = wg_pack(s[8 * k + 2 * m], s[8 * k + 2 * m + 1]);
+        wg_state_frags(sa, s);
         // Xᵀ = Ŝᵀ Wᵀ (k step kk: keys 16 kk.., tile kk / 4)
         const unsigned dk = desc_k(st);
         float x[32];
@@ -839,14 +836,10 @@ __device__ __forceinline__ void fwd_h_wg(const FwdHWgArgs& p) {
             }
         }
         WG_WAIT(0);
-        mbar_arrive(empty(stg));
+        mbar_arrive(wg_empty(base, stg));
     }
     if (a.ht != 0) {
-        float* ht = reinterpret_cast<float*>(a.ht) + r.sbase + soff;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) ht[(8 * j + (e & 1)) * rs + 8 * (e >> 1) * cs] = s[4 * j + e];
+        wg_store_state(reinterpret_cast<float*>(a.ht) + r.sbase + soff, s, rs, cs);
     }
     if (t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
