@@ -2346,8 +2346,9 @@ impl DeltaFwdPlan {
     /// (`npieces` rows of the `[P, 5]` table, rows of `t`) into `policy.warm` (`[P · HV]` i64),
     /// by §5.10's bound, in two launches: the bound of every chunk of every piece's window
     /// (`gdn_warm_bounds` for a scalar gate, `kda_warm_bounds` for per-key gates: one CTA per
-    /// (piece, [`warm_chunks_per_block`] window chunks, value head), into `policy.lam`), then `warm_walk` (a warp per
-    /// (sequence, value head), a lane per piece) sums each window in order up to `ln 2^-30`.
+    /// (piece, [`warm_chunks_per_block`] window chunks, value head), into `policy.lam`), then
+    /// `warm_walk` (a warp per (sequence, value head), a lane per piece) sums each window in
+    /// order up to `ln 2^-30`.
     /// With `verdict` (its tensor and the longest chain the wide split may run), the walk also
     /// writes the verdict per (sequence, value head) of a split wider than the serial run. The
     /// split's warm-ups; the context-parallel summaries use it for the tail of a shard.
@@ -2556,6 +2557,8 @@ fn run_new(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use attn_reference::varlen::Seq;
+    use proptest::prelude::*;
 
     #[test]
     fn the_bound_kernels_take_several_chunks_a_cta_only_for_scalar_terms() {
@@ -2574,8 +2577,6 @@ mod tests {
         assert_eq!(warm_chunks_per_block(false, true, 64), 4);
         assert_eq!(warm_chunks_per_block(false, true, 16), 8);
     }
-    use attn_reference::varlen::Seq;
-    use proptest::prelude::*;
 
     /// [`exact_fallback_due`] under the `mma.sync` kernels' [`FALLBACK_COST_RATIO`].
     fn due(seq: &[usize], hv: usize, pc: &[usize], warm: &[i64], verdict: Option<&[i64]>) -> bool {
