@@ -629,17 +629,14 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
 
 // The warm-up policies (conformance/spec/ops-delta-rule.md 5.10), in two launches:
 //
-// 1. {gdn,kda}_warm_bounds: one CTA of WARM_THREADS per (piece p, cpb window chunks j, value
-//    head): the bound lam[p, j, hv] of chunk c0 - 1 - j of the piece's sequence (j < min(wmax,
-//    c0); c0: the piece's first chunk in its sequence) as Σ over the chunk's tokens of a
-//    per-token term λ_t (from `term`, with its magnitude μ_t), plus margin · Σ μ_t. A token is
-//    taken by a group of WARM_THREADS / (bt cpb) consecutive threads (keys i = sub, sub + group,
-//    … of it), whose partials a fixed xor tree combines; each chunk's terms are then summed by
-//    one warp with the token at lane t (t < 32) and 32 + t (bt = 64) in a fixed xor tree, the
-//    two halves' sums added in order: deterministic, and the same bits for any cpb. cpb = 1 where
-//    a token has keys to read (KDA, raw GDN keys); GDN with keys normalised in the kernel has one
-//    scalar term a token, so a CTA takes min(WARM_THREADS / bt, WARM_CPB) chunks (S21: a CTA a
-//    chunk was 2048 CTAs of mostly idle threads beside the intra stage at h4 x 4·8192). Every CTA of every window runs at once (no early stop:
+// 1. {gdn,kda}_warm_bounds: one CTA of WARM_THREADS per (piece p, window chunk j, value head):
+//    the bound lam[p, j, hv] of chunk c0 - 1 - j of the piece's sequence (j < min(wmax, c0); c0:
+//    the piece's first chunk in its sequence) as Σ over the chunk's tokens of a per-token term
+//    λ_t (from `term`, with its magnitude μ_t), plus margin · Σ μ_t. A token is taken by a group
+//    of WARM_THREADS / bt consecutive threads (keys i = sub, sub + group, … of it), whose
+//    partials a fixed xor tree combines; the chunk's terms are then summed by warp 0 with the
+//    token at lane t (t < 32) and 32 + t (bt = 64) in a fixed xor tree per warp, the two warps'
+//    sums added in order: deterministic. Every CTA of every window runs at once (no early stop:
 //    the walk below stops for free), so the cost is one pass over the windows' inputs however
 //    few pieces there are. The chunks before c0 are whole (only a sequence's last chunk is
 //    short). CTAs with no chunk (first pieces, j beyond the window) return at once.
@@ -648,7 +645,6 @@ __device__ __forceinline__ void delta_fused_gdn(const GdnFusedArgs& a) {
 //    verdict of a split launched at a wider column block than the serial run (below).
 // A bt outside {16, 32, 64} gets -1 (not warmable) for every piece.
 #define WARM_THREADS 256
-#define WARM_CPB 8  // most window chunks a CTA of warm_bounds takes (cpb)
 
 // The bound tensor's chunks per piece: min(wmax, 64) (the host keeps wmax <= 64).
 __device__ __forceinline__ i64 warm_window(i64 wmax) { return min(wmax, (i64)64); }
@@ -663,33 +659,26 @@ __device__ __forceinline__ double group_sum(double x, int group) {
 }
 
 template <typename Term>
-__device__ void warm_bounds(const Term& term, const i64* pieces, i64 bt, i64 wmax, i64 HV, i64 cpb, double margin, double* lam) {
-    __shared__ double tv[WARM_CPB][64], tm[WARM_CPB][64];
-    const i64 win = warm_window(wmax), nb = (win + cpb - 1) / cpb;
-    const i64 p = blockIdx.x / nb, j0 = (blockIdx.x % nb) * cpb, hv = blockIdx.y;
-    if (!warm_bt_ok(bt) || cpb < 1 || cpb > WARM_CPB || cpb * bt > WARM_THREADS) return;
+__device__ void warm_bounds(const Term& term, const i64* pieces, i64 bt, i64 wmax, i64 HV, double margin, double* lam) {
+    __shared__ double tv[64], tm[64];
+    const i64 win = warm_window(wmax);
+    const i64 p = blockIdx.x / win, j = blockIdx.x % win, hv = blockIdx.y;
+    if (!warm_bt_ok(bt)) return;
     const i64* pc = pieces + p * 5;
-    const i64 seq0 = pc[2], c0 = (pc[0] - seq0) / bt, nj = min(win, c0);
-    if (j0 >= nj) return;
-    // chunk q of the CTA: threads [q bt group, (q + 1) bt group), a token per group of `group`
-    const int group = WARM_THREADS / (int)(bt * cpb), per = (int)bt * group;
-    const int q = threadIdx.x / per, tok = (threadIdx.x % per) / group, sub = threadIdx.x % group;
-    const i64 j = j0 + q;
-    // every lane of a warp takes the same branch (a warp lies in one chunk: per >= 32 or cpb = 1)
-    if (q < cpb && j < nj) {
-        double v, m;
-        term(seq0 + (c0 - 1 - j) * bt + tok, sub, group, v, m);
-        if (sub == 0) {
-            tv[q][tok] = v;
-            tm[q][tok] = m;
-        }
+    const i64 seq0 = pc[2], c0 = (pc[0] - seq0) / bt;
+    if (j >= min(win, c0)) return;
+    const int group = WARM_THREADS / (int)bt, tok = threadIdx.x / group, sub = threadIdx.x % group;
+    double v, m;
+    term(seq0 + (c0 - 1 - j) * bt + tok, sub, group, v, m);
+    if (sub == 0) {
+        tv[tok] = v;
+        tm[tok] = m;
     }
     __syncthreads();
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (w >= cpb || j0 + w >= nj) return;
-    // warp w: chunk j0 + w's terms, in the same fixed order for any cpb
-    double v0 = lane < bt ? tv[w][lane] : 0.0, m0 = lane < bt ? tm[w][lane] : 0.0;
-    double v1 = bt == 64 ? tv[w][32 + lane] : 0.0, m1 = bt == 64 ? tm[w][32 + lane] : 0.0;
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    double v0 = lane < bt ? tv[lane] : 0.0, m0 = lane < bt ? tm[lane] : 0.0;
+    double v1 = bt == 64 ? tv[32 + lane] : 0.0, m1 = bt == 64 ? tm[32 + lane] : 0.0;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         if (o < bt) {
@@ -699,7 +688,7 @@ __device__ void warm_bounds(const Term& term, const i64* pieces, i64 bt, i64 wma
             m1 += __shfl_xor_sync(0xffffffffu, m1, o);
         }
     }
-    if (lane == 0) lam[(p * win + j0 + w) * HV + hv] = bt == 64 ? (v0 + v1) + margin * (m0 + m1) : v0 + margin * m0;
+    if (lane == 0) lam[(p * win + j) * HV + hv] = bt == 64 ? (v0 + v1) + margin * (m0 + m1) : v0 + margin * m0;
 }
 
 // The warm-up of a piece at chunk c0 of its sequence from the bounds lam[j · stride] of chunks
@@ -779,7 +768,6 @@ extern "C" __global__ void __launch_bounds__(WALK_THREADS) warm_walk(const WalkA
 struct WarmArgs {
     u64 pieces, g, beta, k, lam;
     i64 H, HV, K, bt, npieces, wmax, g_dtype, beta_dtype, l2norm;
-    i64 cpb;  // window chunks a CTA (1 ..= WARM_CPB, cpb bt <= WARM_THREADS)
 };
 
 template <typename T>
@@ -808,7 +796,7 @@ template <typename T>
 __device__ void gdn_warm_bounds(const WarmArgs& a) {
     const i64 hv = blockIdx.y;
     const GdnTerm<T> term{a, hv, hv / (a.HV / a.H)};
-    warm_bounds(term, reinterpret_cast<const i64*>(a.pieces), a.bt, a.wmax, a.HV, a.cpb, 1e-9, reinterpret_cast<double*>(a.lam));
+    warm_bounds(term, reinterpret_cast<const i64*>(a.pieces), a.bt, a.wmax, a.HV, 1e-9, reinterpret_cast<double*>(a.lam));
 }
 
 // kda_fwd's fused path (per-key gates): warm_bounds with the per-token term
@@ -860,33 +848,7 @@ struct KdaTerm {
         const bool gated = a.gate_mode == 2, bias = gated && a.gate.dt_bias_dtype >= 0;
         double lo = inf, hi = -inf, n2 = 0.0;
         bool nan = false;
-        // fast path (the common case: fp32 g and dt_bias, keys normalised in the kernel, the
-        // token's keys in 16-byte pieces a thread): each thread the contiguous keys
-        // [sub K / group, (sub + 1) K / group) through float4 loads, the same fp64 sums and the
-        // same exact min / max (order-free); S21: the generic loop's per-element dtype switches
-        // made this kernel about a tenth of the intra stage's instructions, beside which it runs
-        const float* g32 = reinterpret_cast<const float*>(a.w.g);
-        const float* b32 = reinterpret_cast<const float*>(a.gate.dt_bias);
-        const i64 per = a.w.K / group;
-        const bool fast = a.w.g_dtype == 1 && a.w.l2norm && a.w.K % (4 * group) == 0 && (a.w.g & 15) == 0 &&
-                          (!bias || (a.gate.dt_bias_dtype == 1 && (a.gate.dt_bias & 15) == 0));
-        if (fast) {
-            const float4* gp = reinterpret_cast<const float4*>(g32 + (r * a.w.HV + hv) * a.w.K + sub * per);
-            const float4* bp = reinterpret_cast<const float4*>(b32 + hv * a.w.K + sub * per);
-            for (i64 q = 0; q < per / 4; ++q) {
-                const float4 g4 = gp[q];
-                const float4 b4 = bias ? bp[q] : make_float4(0.f, 0.f, 0.f, 0.f);
-                const double y[4] = {(double)g4.x + (double)b4.x, (double)g4.y + (double)b4.y, (double)g4.z + (double)b4.z,
-                                     (double)g4.w + (double)b4.w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    nan |= y[e] != y[e];
-                    lo = fmin(lo, y[e]);
-                    hi = fmax(hi, y[e]);
-                }
-            }
-        }
-        for (i64 i = sub; !fast && i < a.w.K; i += group) {
+        for (i64 i = sub; i < a.w.K; i += group) {
             double y = load_f<double>(reinterpret_cast<const void*>(a.w.g), a.w.g_dtype, (r * a.w.HV + hv) * a.w.K + i);
             if (gated) {
                 double b[1] = {0.0};
@@ -932,7 +894,7 @@ template <typename T>
 __device__ void kda_warm_bounds(const KdaWarmArgs& a) {
     const i64 hv = blockIdx.y;
     const KdaTerm<T> term{a, hv, hv / (a.w.HV / a.w.H)};
-    warm_bounds(term, reinterpret_cast<const i64*>(a.w.pieces), a.w.bt, a.w.wmax, a.w.HV, a.w.cpb, 1e-5, reinterpret_cast<double*>(a.w.lam));
+    warm_bounds(term, reinterpret_cast<const i64*>(a.w.pieces), a.w.bt, a.w.wmax, a.w.HV, 1e-5, reinterpret_cast<double*>(a.w.lam));
 }
 
 extern "C" __global__ void __launch_bounds__(WARM_THREADS) kda_warm_bounds_bf16(const KdaWarmArgs a) { kda_warm_bounds<bf16>(a); }

@@ -200,8 +200,6 @@ struct WarmArgs {
     g_dtype: i64,
     beta_dtype: i64,
     l2norm: i64,
-    /// Window chunks a CTA of the bound kernel takes ([`warm_chunks_per_block`]).
-    cpb: i64,
 }
 // SAFETY: as above.
 unsafe impl DeviceRepr for WarmArgs {}
@@ -294,18 +292,6 @@ impl Default for SplitRule {
 
 /// Threads of `gdn_warm_bounds` and `kda_warm_bounds` (`WARM_THREADS`).
 const WARM_THREADS: u32 = 256;
-
-/// Window chunks a CTA of the bound kernels takes (`cpb` of `warm_bounds`, at most `WARM_CPB` =
-/// 8): one where a token has keys to read (per-key gates, raw GDN keys), else (GDN with keys
-/// normalised in the kernel: one scalar term a token) as many chunks of `bt` tokens as fill the
-/// CTA's threads.
-fn warm_chunks_per_block(per_key: bool, l2norm: bool, bt: usize) -> usize {
-    if per_key || !l2norm || bt == 0 {
-        1
-    } else {
-        (WARM_THREADS as usize / bt).clamp(1, 8)
-    }
-}
 
 /// Threads of `warm_walk` (`WALK_THREADS`: a warp per (piece, value head)).
 const WALK_THREADS: u32 = 128;
@@ -2346,9 +2332,8 @@ impl DeltaFwdPlan {
     /// (`npieces` rows of the `[P, 5]` table, rows of `t`) into `policy.warm` (`[P · HV]` i64),
     /// by §5.10's bound, in two launches: the bound of every chunk of every piece's window
     /// (`gdn_warm_bounds` for a scalar gate, `kda_warm_bounds` for per-key gates: one CTA per
-    /// (piece, [`warm_chunks_per_block`] window chunks, value head), into `policy.lam`), then
-    /// `warm_walk` (a warp per (sequence, value head), a lane per piece) sums each window in
-    /// order up to `ln 2^-30`.
+    /// (piece, window chunk, value head), into `policy.lam`), then `warm_walk` (a warp per
+    /// (sequence, value head), a lane per piece) sums each window in order up to `ln 2^-30`.
     /// With `verdict` (its tensor and the longest chain the wide split may run), the walk also
     /// writes the verdict per (sequence, value head) of a split wider than the serial run. The
     /// split's warm-ups; the context-parallel summaries use it for the tail of a shard.
@@ -2390,10 +2375,8 @@ impl DeltaFwdPlan {
         if npieces == 0 || g.hv == 0 {
             return Ok(());
         }
-        let per_key = matches!(self.call, Call::Kda(_));
-        let cpb = warm_chunks_per_block(per_key, self.prep.l2norm, g.bt);
         let grid = grid_x(
-            npieces * wmax.div_ceil(cpb),
+            npieces * wmax,
             "v",
             "fewer than 2^31 (piece, window chunk) pairs",
         )?;
@@ -2412,7 +2395,6 @@ impl DeltaFwdPlan {
             g_dtype: dtype_code(t.g.dtype()),
             beta_dtype: dtype_code(t.beta.dtype()),
             l2norm: self.prep.l2norm as i64,
-            cpb: cpb as i64,
         };
         if let Call::Kda(_) = self.call {
             let args = KdaWarmArgs {
@@ -2559,24 +2541,6 @@ mod tests {
     use super::*;
     use attn_reference::varlen::Seq;
     use proptest::prelude::*;
-
-    #[test]
-    fn the_bound_kernels_take_several_chunks_a_cta_only_for_scalar_terms() {
-        for bt in [16, 32, 64] {
-            assert_eq!(warm_chunks_per_block(true, true, bt), 1);
-            assert_eq!(warm_chunks_per_block(true, false, bt), 1);
-            assert_eq!(warm_chunks_per_block(false, false, bt), 1);
-            let cpb = warm_chunks_per_block(false, true, bt);
-            // every chunk's tokens fill whole warps and the CTA's threads hold them all
-            assert!(
-                (1..=8).contains(&cpb) && cpb * bt <= WARM_THREADS as usize,
-                "{bt}: {cpb}"
-            );
-            assert!(WARM_THREADS as usize / (cpb * bt) * bt >= 32, "{bt}: {cpb}");
-        }
-        assert_eq!(warm_chunks_per_block(false, true, 64), 4);
-        assert_eq!(warm_chunks_per_block(false, true, 16), 8);
-    }
 
     /// [`exact_fallback_due`] under the `mma.sync` kernels' [`FALLBACK_COST_RATIO`].
     fn due(seq: &[usize], hv: usize, pc: &[usize], warm: &[i64], verdict: Option<&[i64]>) -> bool {
