@@ -121,6 +121,9 @@ __device__ __forceinline__ void stsm_x4_t(unsigned addr, unsigned r0, unsigned r
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                  : "memory");
 }
+__device__ __forceinline__ void stsm_x4(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -731,9 +734,7 @@ __device__ __forceinline__ void fh_stage_h(const unsigned (&sa)[8][4], unsigned 
         const int j = 2 * (kk % 4);
         const unsigned addr = v_first ? tile + sw128(16 * w + 8 * (mi & 1) + mr, j + (mi >> 1)) : tile + sw128(8 * (j + (mi >> 1)) + mr, 2 * w + (mi & 1));
         if (v_first)
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(sa[kk][0]), "r"(sa[kk][1]), "r"(sa[kk][2]),
-                         "r"(sa[kk][3])
-                         : "memory");
+            stsm_x4(addr, sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3]);
         else
             stsm_x4_t(addr, sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3]);
     }

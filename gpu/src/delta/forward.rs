@@ -1134,15 +1134,16 @@ impl DeltaFwdPlan {
         let (output_final_state, state_v_first) = call.state_flags();
         let split_rule = fused.map(|_| SplitRule::default());
         let pieces = Self::pieces(gpu, &geo, fused, split_rule)?;
-        let fallback = match holds_fallback(&geo, pieces.as_ref()) {
-            true => Some(Box::new(Self::new(
+        let fallback = if holds_fallback(&geo, pieces.as_ref()) {
+            Some(Box::new(Self::new(
                 gpu,
                 t,
                 cu_seqlens,
                 call,
                 ForwardPath::Staged,
-            )?)),
-            false => None,
+            )?))
+        } else {
+            None
         };
         Ok(DeltaFwdPlan {
             prep: call.prep(geo.k),
